@@ -1,0 +1,32 @@
+"""deepgemm: FP8/BF16 GEMM kernels for NVIDIA Hopper (sm_90a), JIT-compiled with NVRTC."""
+
+from deepgemm.api.backend import backend_for, supported
+from deepgemm.api.gemm import fp8_gemm_nt, precompile_fp8_gemm_nt
+from deepgemm.api.layout import to_mn_major_tma_aligned
+from deepgemm.api.quant import (
+    dequantize_per_block,
+    dequantize_per_token_group,
+    quantize_per_block,
+    quantize_per_token_group,
+)
+from deepgemm.errors import CompileError, DeepGemmError, GraphCaptureError, UnsupportedError
+from deepgemm.utils import calc_diff
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CompileError",
+    "DeepGemmError",
+    "GraphCaptureError",
+    "UnsupportedError",
+    "backend_for",
+    "calc_diff",
+    "dequantize_per_block",
+    "dequantize_per_token_group",
+    "fp8_gemm_nt",
+    "precompile_fp8_gemm_nt",
+    "quantize_per_block",
+    "quantize_per_token_group",
+    "supported",
+    "to_mn_major_tma_aligned",
+]

@@ -1,0 +1,3 @@
+from deepgemm.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,143 @@
+"""FP8 GEMM with DeepSeek-V3 fine-grained scaling: D = (A * sfa) @ (B * sfb)^T."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from deepgemm.api.backend import backend_for
+from deepgemm.api.layout import to_mn_major_tma_aligned
+from deepgemm.api.validation import (
+    require_dtype,
+    require_pair,
+    require_rank,
+    require_same_device,
+    require_shape,
+    require_tensor,
+    require_tma_rows,
+)
+from deepgemm.configs import GemmConfig
+from deepgemm.jit.resources import PtxasResources
+from deepgemm.reference import fp8_gemm_nt_reference
+from deepgemm.utils import align_up, ceil_div
+
+_WHERE = "fp8_gemm_nt"
+FP8 = torch.float8_e4m3fn
+OUT_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def _allocate_out(m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[m, n] output whose rows are 16-byte aligned (a narrowed view when n is not a multiple of 16 bytes)."""
+    elems_per_16b = 16 // torch.empty((), dtype=dtype).element_size()
+    padded = align_up(max(n, 1), elems_per_16b)
+    storage = torch.empty((m, padded), dtype=dtype, device=device)
+    return storage if padded == n else storage[:, :n]
+
+
+def fp8_gemm_nt(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    out: torch.Tensor | None = None,
+    *,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """D[M, N] = (A * sfa) @ (B * sfb)^T with FP32 accumulation promoted every 128 K.
+
+    a = (A e4m3 [M, K], sfa float32 [M, ceil(K/128)]): one scale per row and 128 columns, in any
+        layout (an M-major, 16-byte aligned one, as quantize_per_token_group returns, is used as is).
+    b = (B e4m3 [N, K], sfb float32 [ceil(N/128), ceil(K/128)]): one scale per 128x128 block.
+    out: optional [M, N] bfloat16/float32 tensor to write; else one of `out_dtype` (default bfloat16).
+    K must be a multiple of 16 (TMA rows are 16-byte aligned). On CPU tensors or GPUs other than
+    sm_90 the same result comes from the reference path (dequantize + float32 matmul).
+    """
+    a_q, sfa = require_pair(a, "a", _WHERE)
+    b_q, sfb = require_pair(b, "b", _WHERE)
+    require_dtype(a_q, "a[0]", _WHERE, (FP8,))
+    require_dtype(b_q, "b[0]", _WHERE, (FP8,))
+    require_rank(a_q, "a[0]", _WHERE, 2)
+    require_rank(b_q, "b[0]", _WHERE, 2)
+    m, k = a_q.shape
+    n, k_b = b_q.shape
+    if k_b != k:
+        raise ValueError(f"{_WHERE}: 'a[0]' is [M={m}, K={k}] but 'b[0]' is [N={n}, K={k_b}]; K must match")
+    require_dtype(sfa, "a[1]", _WHERE, (torch.float32,))
+    require_dtype(sfb, "b[1]", _WHERE, (torch.float32,))
+    k_groups = ceil_div(k, 128)
+    require_shape(sfa, "a[1]", _WHERE, (m, k_groups), "one scale per row and 128 K: [M, ceil(K/128)]")
+    require_shape(sfb, "b[1]", _WHERE, (ceil_div(n, 128), k_groups), "one scale per 128x128 block: [ceil(N/128), ceil(K/128)]")
+    if out is not None:
+        require_tensor(out, "out", _WHERE)
+        require_dtype(out, "out", _WHERE, OUT_DTYPES)
+        require_shape(out, "out", _WHERE, (m, n), "[M, N]")
+        if out_dtype is not None and out_dtype != out.dtype:
+            raise ValueError(f"{_WHERE}: 'out_dtype' is {out_dtype} but 'out' has dtype {out.dtype}")
+        device = require_same_device(_WHERE, a=a_q, sfa=sfa, b=b_q, sfb=sfb, out=out)
+    else:
+        dtype = torch.bfloat16 if out_dtype is None else out_dtype
+        if dtype not in OUT_DTYPES:
+            raise TypeError(f"{_WHERE}: 'out_dtype' must be torch.bfloat16 or torch.float32, got {dtype}")
+        device = require_same_device(_WHERE, a=a_q, sfa=sfa, b=b_q, sfb=sfb)
+        out = _allocate_out(m, n, dtype, device)
+
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    if backend_for(a_q) == "reference":
+        out.copy_(fp8_gemm_nt_reference(a_q, sfa, b_q, sfb))
+        return out
+
+    if k % 16 != 0:
+        raise ValueError(f"{_WHERE}: K={k} must be a multiple of 16 (each FP8 row must span whole 16-byte TMA units)")
+    require_tma_rows(a_q, "a[0]", _WHERE)
+    require_tma_rows(b_q, "b[0]", _WHERE)
+    require_tma_rows(out, "out", _WHERE)
+    from deepgemm.kernels.fp8_gemm import get_plan
+
+    plan = get_plan(device.index, m, n, k, out.dtype)
+    plan.launch(a_q, to_mn_major_tma_aligned(sfa), b_q, sfb.contiguous(), out)
+    return out
+
+
+@dataclass(frozen=True)
+class PrecompileInfo:
+    """What `precompile_fp8_gemm_nt` built: the config, ptxas resources and compile time."""
+
+    label: str
+    config: GemmConfig
+    resources: PtxasResources | None
+    compile_seconds: float
+    cubin_path: str
+
+
+def precompile_fp8_gemm_nt(
+    m: int, n: int, k: int, *, out_dtype: torch.dtype = torch.bfloat16, num_sms: int | None = None
+) -> PrecompileInfo:
+    """Compile (into the disk cache) the kernel fp8_gemm_nt would use for this shape; no GPU needed.
+
+    num_sms defaults to the current GPU's SM count, or 132 (H100/H200 SXM) without a GPU.
+    """
+    from deepgemm.kernels.device import DEFAULT_NUM_SMS, sm_count
+    from deepgemm.kernels.fp8_gemm import compile_spec, plan_spec
+
+    for name, value in (("m", m), ("n", n), ("k", k)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"precompile_fp8_gemm_nt: '{name}' must be a positive int, got {value!r}")
+    if k % 16 != 0:
+        raise ValueError(f"precompile_fp8_gemm_nt: K={k} must be a multiple of 16")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"precompile_fp8_gemm_nt: 'out_dtype' must be torch.bfloat16 or torch.float32, got {out_dtype}")
+    if num_sms is None:
+        num_sms = sm_count(torch.cuda.current_device()) if torch.cuda.is_available() else DEFAULT_NUM_SMS
+    spec = plan_spec(m, n, k, out_dtype, num_sms)
+    start = time.perf_counter()
+    compiled = compile_spec(spec)
+    return PrecompileInfo(
+        label=spec.label(),
+        config=spec.config,
+        resources=compiled.resources,
+        compile_seconds=time.perf_counter() - start,
+        cubin_path=str(compiled.cubin_path),
+    )

@@ -1,0 +1,45 @@
+"""Scale-factor layouts: what the GEMM's TMA reads, and conversions from natural layouts."""
+
+from __future__ import annotations
+
+import torch
+
+from deepgemm.utils import align_up
+
+
+def tma_aligned_rows(m: int) -> int:
+    """Rows of an M-major FP32 scale tensor padded so each column starts 16-byte aligned."""
+    return align_up(m, 4)
+
+
+def is_mn_major_tma_aligned(sf: torch.Tensor) -> bool:
+    m, groups = sf.shape
+    if m > 1 and sf.stride(0) != 1:
+        return False
+    if groups > 1 and (sf.stride(1) < m or sf.stride(1) % 4 != 0):
+        return False
+    return sf.data_ptr() % 16 == 0
+
+
+def to_mn_major_tma_aligned(sf: torch.Tensor) -> torch.Tensor:
+    """[M, G] float32 scales as a view with strides (1, align(M, 4)); no copy when already so."""
+    if is_mn_major_tma_aligned(sf):
+        return sf
+    m, groups = sf.shape
+    storage = torch.empty((groups, tma_aligned_rows(m)), dtype=torch.float32, device=sf.device)
+    view = storage[:, :m]
+    view.copy_(sf.t())
+    return view.t()
+
+
+def mn_major_row_stride(sf: torch.Tensor) -> int:
+    """Distance between scale groups (columns) of an M-major scale tensor, in elements."""
+    return sf.stride(1) if sf.shape[1] > 1 else tma_aligned_rows(sf.shape[0])
+
+
+def tma_row_stride(t: torch.Tensor) -> int:
+    """Row stride in elements to give TMA; a single-row tensor gets its padded width."""
+    if t.shape[0] > 1:
+        return t.stride(0)
+    elem = t.element_size()
+    return align_up(max(t.shape[1], 1) * elem, 16) // elem

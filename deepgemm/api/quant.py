@@ -1,0 +1,99 @@
+"""FP8 quantization in the layouts the GEMM reads, and the matching dequantization."""
+
+from __future__ import annotations
+
+import torch
+
+from deepgemm.api.backend import backend_for
+from deepgemm.api.layout import tma_aligned_rows
+from deepgemm.api.validation import require_dtype, require_int, require_rank, require_same_device, require_tensor
+from deepgemm.reference import (
+    dequantize_per_block as _dequantize_per_block,
+    dequantize_per_token_group as _dequantize_per_token_group,
+    quantize_per_block_reference,
+    quantize_per_token_group_reference,
+)
+from deepgemm.utils import ceil_div
+
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+GROUP_SIZES = tuple(range(32, 1025, 32))
+BLOCK_SIZES = (32, 64, 128)
+
+
+def _as_mn_major(sf: torch.Tensor) -> torch.Tensor:
+    """Row-major [M, G] scales -> the same values as an M-major view with strides (1, align(M, 4))."""
+    m, groups = sf.shape
+    storage = torch.zeros((groups, tma_aligned_rows(m)), dtype=torch.float32, device=sf.device)
+    storage[:, :m].copy_(sf.t())
+    return storage[:, :m].t()
+
+
+def _unit_column_stride(x: torch.Tensor) -> torch.Tensor:
+    return x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous()
+
+
+def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float32/bfloat16/float16 -> (q e4m3 [M, K], sf float32 [M, ceil(K/group_size)]).
+
+    sf[m, g] = max(amax(x[m, g*G:(g+1)*G]) / 448, FLT_MIN) and q = x / sf rounded to e4m3. sf is an
+    M-major view (strides (1, align(M, 4))): exactly what fp8_gemm_nt reads, with no copy.
+    """
+    where = "quantize_per_token_group"
+    require_tensor(x, "x", where)
+    require_dtype(x, "x", where, INPUT_DTYPES)
+    require_rank(x, "x", where, 2)
+    require_int(group_size, "group_size", where, GROUP_SIZES)
+    x = _unit_column_stride(x)
+    if backend_for(x) == "sm90":
+        from deepgemm.kernels.quantize import quantize_per_token_group_cuda
+
+        return quantize_per_token_group_cuda(x, group_size)
+    q, sf = quantize_per_token_group_reference(x, group_size)
+    return q, _as_mn_major(sf)
+
+
+def quantize_per_block(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] float32/bfloat16/float16 -> (q e4m3 [N, K], sf float32 [ceil(N/b), ceil(K/b)] row-major)."""
+    where = "quantize_per_block"
+    require_tensor(w, "w", where)
+    require_dtype(w, "w", where, INPUT_DTYPES)
+    require_rank(w, "w", where, 2)
+    require_int(block, "block", where, BLOCK_SIZES)
+    w = _unit_column_stride(w)
+    if backend_for(w) == "sm90":
+        from deepgemm.kernels.quantize import quantize_per_block_cuda
+
+        return quantize_per_block_cuda(w, block)
+    return quantize_per_block_reference(w, block)
+
+
+def dequantize_per_token_group(q: torch.Tensor, sf: torch.Tensor, group_size: int = 128,
+                               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """q [M, K] e4m3 with sf [M, ceil(K/group_size)] (any layout) -> [M, K] in `dtype`."""
+    where = "dequantize_per_token_group"
+    require_tensor(q, "q", where)
+    require_tensor(sf, "sf", where)
+    require_dtype(q, "q", where, (torch.float8_e4m3fn,))
+    require_rank(q, "q", where, 2)
+    require_int(group_size, "group_size", where, GROUP_SIZES)
+    expected = (q.shape[0], ceil_div(q.shape[1], group_size))
+    if tuple(sf.shape) != expected:
+        raise ValueError(f"{where}: 'sf' must have shape {expected} ([M, ceil(K/group_size)]), got {tuple(sf.shape)}")
+    require_same_device(where, q=q, sf=sf)
+    return _dequantize_per_token_group(q, sf, group_size, dtype)
+
+
+def dequantize_per_block(q: torch.Tensor, sf: torch.Tensor, block: int = 128,
+                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """q [N, K] e4m3 with sf [ceil(N/b), ceil(K/b)] -> [N, K] in `dtype`."""
+    where = "dequantize_per_block"
+    require_tensor(q, "q", where)
+    require_tensor(sf, "sf", where)
+    require_dtype(q, "q", where, (torch.float8_e4m3fn,))
+    require_rank(q, "q", where, 2)
+    require_int(block, "block", where, BLOCK_SIZES)
+    expected = (ceil_div(q.shape[0], block), ceil_div(q.shape[1], block))
+    if tuple(sf.shape) != expected:
+        raise ValueError(f"{where}: 'sf' must have shape {expected} ([ceil(N/b), ceil(K/b)]), got {tuple(sf.shape)}")
+    require_same_device(where, q=q, sf=sf)
+    return _dequantize_per_block(q, sf, block, dtype)

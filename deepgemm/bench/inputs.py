@@ -1,0 +1,80 @@
+"""Random GEMM operands on the GPU, in every form the implementations need, and float64 references."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepgemm.analysis.gpus import Precision
+from deepgemm.bench.suites import Shape
+
+GROUP = 128
+
+
+@dataclass
+class Problem:
+    """One shape's operands: ``D[m, n] = A[m, k] @ B[n, k]^T``.
+
+    fp8 problems hold e4m3 payloads with deepgemm's scales (``sfa`` M-major as quantize_per_token_group
+    returns it; ``sfa_cublas`` the same values with strides (1, M) as cuBLAS wants) and the dequantized
+    values rounded to bf16 for the bf16 peer; bf16 problems hold random bf16 operands only.
+    """
+
+    m: int
+    n: int
+    k: int
+    precision: Precision
+    a_bf16: Any
+    b_bf16: Any
+    a_fp8: Any = None
+    sfa: Any = None
+    sfa_cublas: Any = None
+    b_fp8: Any = None
+    sfb: Any = None
+    _exact_a: Any = field(default=None, repr=False)  # float64 values the fp8 operands stand for
+    _exact_b: Any = field(default=None, repr=False)
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def shape(self) -> Shape:
+        return self.m, self.n, self.k
+
+    def reference(self) -> Any:
+        """float64 product of the exact (dequantized) inputs."""
+        if "scaled" not in self._cache:
+            a, b = (self._exact_a, self._exact_b) if self.precision == "fp8" else (self.a_bf16, self.b_bf16)
+            self._cache["scaled"] = a.double() @ b.double().t()
+        return self._cache["scaled"]
+
+    def unscaled_reference(self) -> Any:
+        """float64 product of the raw e4m3 payloads (what a per-tensor scale of 1 computes)."""
+        if "unscaled" not in self._cache:
+            self._cache["unscaled"] = self.a_fp8.double() @ self.b_fp8.double().t()
+        return self._cache["unscaled"]
+
+
+def make_problem(shape: Shape, precision: Precision, *, device: Any, seed: int = 0) -> Problem:
+    import torch
+
+    m, n, k = shape
+    generator = torch.Generator(device=device).manual_seed(seed)
+    a = torch.randn((m, k), generator=generator, device=device, dtype=torch.float32)
+    b = torch.randn((n, k), generator=generator, device=device, dtype=torch.float32)
+    if precision == "bf16":
+        return Problem(m, n, k, "bf16", a.bfloat16(), b.bfloat16())
+    from deepgemm.api.quant import quantize_per_block, quantize_per_token_group
+
+    a_fp8, sfa = quantize_per_token_group(a, GROUP)
+    b_fp8, sfb = quantize_per_block(b, GROUP)
+    exact_a = _dequantize(a_fp8, sfa, GROUP, 1)
+    exact_b = _dequantize(b_fp8, sfb, GROUP, GROUP)
+    sfa_cublas = sfa if sfa.stride() == (1, m) else sfa.t().contiguous().t()
+    return Problem(m, n, k, "fp8", exact_a.bfloat16(), exact_b.bfloat16(), a_fp8, sfa, sfa_cublas, b_fp8, sfb,
+                   exact_a, exact_b)
+
+
+def _dequantize(q: Any, scales: Any, col_block: int, row_block: int) -> Any:
+    """Exact values in float64: every scale covers ``row_block`` rows x ``col_block`` columns."""
+    rows, cols = q.shape
+    expanded = scales.double().repeat_interleave(row_block, dim=0)[:rows].repeat_interleave(col_block, dim=1)
+    return q.double() * expanded[:, :cols]

@@ -1,0 +1,151 @@
+"""The implementations a benchmark runs: deepgemm and its cuBLAS peers.
+
+Each one turns a :class:`Problem` into a zero-argument callable, or raises
+:class:`Unavailable` with the reason it cannot serve that shape (reported as
+"n/a", never a crash).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from deepgemm.analysis.gpus import Precision
+from deepgemm.bench.inputs import GROUP, Problem
+
+SCALE_BYTES = 4
+
+
+class Unavailable(Exception):
+    """This implementation cannot run this problem; ``str(exc)`` says why."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    fn: Callable[[], Any]
+    reference: Callable[[], Any]  # the float64 result ``fn`` should approximate
+    bytes: int  # HBM bytes one call must move at least: A, B, D and scales
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    description: str
+    precision: Precision
+    prepare: Callable[[Problem], Prepared]
+
+    @property
+    def is_deepgemm(self) -> bool:
+        return self.name.startswith("deepgemm")
+
+
+def fp8_blockwise_bytes(m: int, n: int, k: int) -> int:
+    k_groups = -(-k // GROUP)
+    scales = (m * k_groups + -(-n // GROUP) * k_groups) * SCALE_BYTES
+    return m * k + n * k + 2 * m * n + scales
+
+
+def fp8_tensorwise_bytes(m: int, n: int, k: int) -> int:
+    return m * k + n * k + 2 * m * n + 2 * SCALE_BYTES
+
+
+def bf16_bytes(m: int, n: int, k: int) -> int:
+    return 2 * (m * k + n * k + m * n)
+
+
+# -- deepgemm ---------------------------------------------------------------------------------------------------
+
+def _prepare_deepgemm_fp8(problem: Problem) -> Prepared:
+    try:
+        from deepgemm import fp8_gemm_nt
+    except ImportError as exc:
+        raise Unavailable(f"kernel not available: deepgemm.fp8_gemm_nt ({exc})") from None
+    import torch
+
+    out = torch.empty((problem.m, problem.n), dtype=torch.bfloat16, device=problem.a_fp8.device)
+    a, b = (problem.a_fp8, problem.sfa), (problem.b_fp8, problem.sfb)
+    return Prepared(lambda: fp8_gemm_nt(a, b, out), problem.reference,
+                    fp8_blockwise_bytes(problem.m, problem.n, problem.k))
+
+
+def _prepare_deepgemm_bf16(problem: Problem) -> Prepared:
+    import deepgemm
+
+    gemm = getattr(deepgemm, "bf16_gemm_nt", None)
+    if gemm is None:
+        raise Unavailable("kernel not available: deepgemm.bf16_gemm_nt does not exist yet")
+    a, b = problem.a_bf16, problem.b_bf16
+    return Prepared(lambda: gemm(a, b), problem.reference, bf16_bytes(problem.m, problem.n, problem.k))
+
+
+# -- cuBLAS -----------------------------------------------------------------------------------------------------
+
+def _prepare_cublas_blockwise(problem: Problem) -> Prepared:
+    import torch
+    import torch.nn.functional as F
+
+    if problem.m == 1:
+        raise Unavailable("cuBLAS block-wise FP8 refuses M = 1")
+    if problem.n % 16:
+        raise Unavailable(f"cuBLAS block-wise FP8 needs N % 16 == 0 (N = {problem.n})")
+    a, b, sfa, sfb = problem.a_fp8, problem.b_fp8, problem.sfa_cublas, problem.sfb
+    if hasattr(F, "scaled_mm") and hasattr(F, "ScalingType"):
+        recipe_a, recipe_b = F.ScalingType.BlockWise1x128, F.ScalingType.BlockWise128x128
+
+        def run() -> Any:
+            return F.scaled_mm(a, b.t(), sfa, recipe_a, sfb.t(), recipe_b, output_dtype=torch.bfloat16)
+
+        note = "torch.nn.functional.scaled_mm"
+    elif hasattr(torch, "_scaled_mm"):
+        def run() -> Any:
+            return torch._scaled_mm(a, b.t(), scale_a=sfa, scale_b=sfb.t(), out_dtype=torch.bfloat16)
+
+        note = "torch._scaled_mm (block-wise scales inferred from their shapes)"
+    else:
+        raise Unavailable(f"this torch ({torch.__version__}) has neither F.scaled_mm nor torch._scaled_mm")
+    return Prepared(run, problem.reference, fp8_blockwise_bytes(problem.m, problem.n, problem.k), note)
+
+
+def _prepare_cublas_tensorwise(problem: Problem) -> Prepared:
+    import torch
+
+    if not hasattr(torch, "_scaled_mm"):
+        raise Unavailable(f"this torch ({torch.__version__}) has no torch._scaled_mm")
+    a, b = problem.a_fp8, problem.b_fp8
+    one = torch.tensor(1.0, device=a.device)
+
+    def run() -> Any:
+        return torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+    return Prepared(run, problem.unscaled_reference, fp8_tensorwise_bytes(problem.m, problem.n, problem.k),
+                    "unit per-tensor scales: an upper reference, not the same math")
+
+
+def _prepare_cublas_bf16(problem: Problem) -> Prepared:
+    import torch
+
+    a, b = problem.a_bf16, problem.b_bf16
+    note = "on the dequantized fp8 values rounded to bf16" if problem.precision == "fp8" else ""
+    return Prepared(lambda: torch.matmul(a, b.t()), problem.reference, bf16_bytes(problem.m, problem.n, problem.k),
+                    note)
+
+
+DEEPGEMM_FP8 = Implementation("deepgemm", "deepgemm.fp8_gemm_nt (1x128 / 128x128 scales)", "fp8",
+                              _prepare_deepgemm_fp8)
+DEEPGEMM_BF16 = Implementation("deepgemm-bf16", "deepgemm.bf16_gemm_nt", "bf16", _prepare_deepgemm_bf16)
+CUBLAS_BLOCKWISE = Implementation("cublas-blockwise", "cuBLAS FP8, 1x128 / 128x128 block scales", "fp8",
+                                  _prepare_cublas_blockwise)
+CUBLAS_TENSORWISE = Implementation("cublas-fp8-tensor", "cuBLAS FP8, per-tensor scales (upper reference)", "fp8",
+                                   _prepare_cublas_tensorwise)
+CUBLAS_BF16 = Implementation("cublas-bf16", "cuBLAS BF16 (torch.matmul)", "bf16", _prepare_cublas_bf16)
+
+IMPLEMENTATIONS: dict[Precision, tuple[Implementation, ...]] = {
+    "fp8": (DEEPGEMM_FP8, CUBLAS_BLOCKWISE, CUBLAS_TENSORWISE, CUBLAS_BF16),
+    "bf16": (DEEPGEMM_BF16, CUBLAS_BF16),
+}
+
+ALL_IMPLEMENTATIONS: dict[str, Implementation] = {
+    impl.name: impl for impls in IMPLEMENTATIONS.values() for impl in impls
+}

@@ -1,0 +1,110 @@
+"""Run every implementation on every shape on the GPU and collect :class:`BenchResults`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from deepgemm.analysis.gpus import Precision
+from deepgemm.analysis.roofline import Ceilings
+from deepgemm.bench.inputs import Problem, make_problem
+from deepgemm.bench.peers import IMPLEMENTATIONS, Implementation, Unavailable
+from deepgemm.bench.results import BenchResults, Measurement
+from deepgemm.bench.suites import Shape, format_shape
+from deepgemm.bench.timing import FLUSH_BYTES, bench_gpu
+
+Progress = Callable[[Sequence[Shape], str, Callable[[Shape], str]], Iterator[Shape]]
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    precision: Precision = "fp8"
+    iters: int = 30
+    warmup: int = 5
+    flush_l2: bool = True
+    use_graph: bool = True
+    seed: int = 0
+    suite: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dtype": self.precision, "iters": self.iters, "warmup": self.warmup,
+                "flush_l2_bytes": FLUSH_BYTES if self.flush_l2 else 0, "use_graph": self.use_graph,
+                "seed": self.seed, "suite": self.suite}
+
+
+def cuda_device_problem() -> str | None:
+    """None when a CUDA GPU is usable here, else a sentence saying why not."""
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        build = "a CPU-only PyTorch build" if torch.version.cuda is None else "no CUDA device visible"
+        return f"no CUDA GPU ({build}, torch {torch.__version__})"
+    return None
+
+
+def environment() -> dict[str, Any]:
+    import torch
+
+    import deepgemm
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {"device": props.name, "num_sms": props.multi_processor_count,
+            "compute_capability": f"{props.major}.{props.minor}", "torch": torch.__version__,
+            "cuda": torch.version.cuda, "deepgemm": getattr(deepgemm, "__version__", "unknown")}
+
+
+def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilings, *,
+              progress: Progress) -> BenchResults:
+    import torch
+
+    implementations = IMPLEMENTATIONS[settings.precision]
+    measurements: list[Measurement] = []
+    for shape in progress(list(shapes), "benchmarking", format_shape):
+        problem = make_problem(shape, settings.precision, device="cuda", seed=settings.seed)
+        measurements.extend(measure(impl, problem, settings) for impl in implementations)
+        del problem
+        torch.cuda.empty_cache()
+    return BenchResults(
+        ceilings=ceilings, measurements=measurements, environment=environment(), settings=settings.to_json(),
+        implementations={impl.name: impl.description for impl in implementations},
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def measure(impl: Implementation, problem: Problem, settings: BenchSettings) -> Measurement:
+    """One implementation on one problem: a checked eager call, then the timed graph replays.
+
+    A peer that refuses the shape (or raises) is "n/a"; deepgemm raising anything but
+    UnsupportedError is an "error". Neither stops the run.
+    """
+    import torch
+
+    from deepgemm.errors import UnsupportedError
+    from deepgemm.utils import calc_diff
+
+    base = {"m": problem.m, "n": problem.n, "k": problem.k, "impl": impl.name, "precision": impl.precision}
+    try:
+        prepared = impl.prepare(problem)
+    except (Unavailable, UnsupportedError) as exc:
+        return Measurement(**base, status="n/a", reason=str(exc))
+    try:
+        out = prepared.fn()
+        torch.cuda.synchronize()
+        diff = calc_diff(out, prepared.reference())
+        timing = bench_gpu(prepared.fn, iters=settings.iters, warmup=settings.warmup, flush_l2=settings.flush_l2,
+                           use_graph=settings.use_graph)
+    except Exception as exc:  # noqa: BLE001 - reported per shape, the run goes on
+        status = "n/a" if isinstance(exc, UnsupportedError) or not impl.is_deepgemm else "error"
+        reason = f"{type(exc).__name__}: {_first_line(exc)} ({format_shape(problem.shape)})"
+        return Measurement(**base, status=status, reason=reason, bytes=prepared.bytes, note=prepared.note)
+    return Measurement(**base, status="ok", median_us=timing.median_us, min_us=timing.min_us, p10_us=timing.p10_us,
+                       p90_us=timing.p90_us, samples=len(timing.samples_us), cuda_graph=timing.graph,
+                       calc_diff=diff, bytes=prepared.bytes, note=prepared.note)
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else "")[:limit]

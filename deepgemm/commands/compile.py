@@ -1,0 +1,49 @@
+"""`deepgemm compile --shape M,N,K`: build the kernel a shape would use and show its config and resources."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    parts = text.replace("x", ",").split(",")
+    try:
+        m, n, k = (int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape must be M,N,K with three positive integers, got {text!r}") from None
+    if min(m, n, k) <= 0:
+        raise argparse.ArgumentTypeError(f"--shape must be M,N,K with three positive integers, got {text!r}")
+    return m, n, k
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("compile", help="compile the kernel a GEMM shape would use (no GPU needed)")
+    parser.add_argument("--shape", type=parse_shape, action="append", required=True, metavar="M,N,K",
+                        help="GEMM shape; repeat for several")
+    parser.add_argument("--dtype", choices=["fp8"], default="fp8", help="operand type (fp8: e4m3 with 1x128/128x128 scales)")
+    parser.add_argument("--out-dtype", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--num-sms", type=int, default=None, help="SMs to plan for (default: this GPU's, else 132)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from deepgemm.api.gemm import precompile_fp8_gemm_nt
+
+    out_dtype = torch.float32 if args.out_dtype == "fp32" else torch.bfloat16
+    for m, n, k in args.shape:
+        info = precompile_fp8_gemm_nt(m, n, k, out_dtype=out_dtype, num_sms=args.num_sms)
+        config = dataclasses.asdict(info.config)
+        print(f"shape M={m} N={n} K={k}: {info.label}")
+        print("  config: " + ", ".join(f"{key}={value}" for key, value in config.items()))
+        r = info.resources
+        if r is None:
+            print("  ptxas: resource report unavailable")
+        else:
+            print(f"  ptxas: {r.registers} registers, {r.spill_stores} spill stores, {r.spill_loads} spill loads, "
+                  f"{r.stack_frame} bytes stack frame; dynamic smem {info.config.smem_bytes} bytes")
+        print(f"  compiled in {info.compile_seconds:.2f} s -> {info.cubin_path}")
+    return 0

@@ -1,0 +1,38 @@
+"""Kernel configurations as frozen data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Tile shape and pipeline of one FP8 GEMM instantiation.
+
+    block_m rows x block_n columns per tile, block_k = 128 (one scale group) per pipeline stage;
+    block_m / 64 math warpgroups plus one TMA producer warpgroup; a persistent grid of CTAs walking
+    tiles in bands of group_m (cluster) rows. cluster_m = 2 pairs vertically adjacent tiles in a
+    2-CTA cluster that multicasts the shared B tile. pipelined keeps two FP32 partial accumulators so
+    the next K block's MMAs overlap the promotion of the current one (needs 1.5 x block_n registers).
+    """
+
+    block_m: int
+    block_n: int
+    num_stages: int
+    num_sms: int
+    group_m: int = 8
+    cluster_m: int = 1
+    pipelined: bool = False
+    block_k: int = 128
+    smem_bytes: int = 0
+
+    @property
+    def num_math_warpgroups(self) -> int:
+        return self.block_m // 64
+
+    @property
+    def num_threads(self) -> int:
+        return 128 * (1 + self.num_math_warpgroups)
+
+    def label(self) -> str:
+        return f"bm{self.block_m} bn{self.block_n} st{self.num_stages} gm{self.group_m} cm{self.cluster_m} pp{int(self.pipelined)} sms{self.num_sms}"

@@ -1,0 +1,122 @@
+// Epilogue: one warpgroup's 64 x BLOCK_N FP32 accumulator fragment -> shared memory (BF16 or FP32)
+// -> TMA stores. TMA clips rows/columns outside the output tensor.
+//
+// Bank conflicts: a plain row-major tile puts the 8 rows a warp writes at once into the same banks.
+// Instead each row is cut into "pieces" of 128, 64, 32 or 16 bytes (as many 128-byte pieces as fit,
+// then the binary remainder). Piece p is stored as its own dense [64 rows][width] block using TMA's
+// swizzle of that width (16-byte chunk index XOR row bits), and stored with its own descriptor.
+// Within a warp the 8 rows then hit 8 different chunks: conflict-free.
+#pragma once
+#include <deepgemm/ptx/sync.cuh>
+#include <deepgemm/ptx/tma.cuh>
+
+namespace deepgemm {
+
+// One TMA descriptor per piece width, each with box [64 rows, width bytes] and the matching swizzle.
+struct OutputDescriptors {
+    TmaDescriptor width128;  // CU_TENSOR_MAP_SWIZZLE_128B
+    TmaDescriptor width64;   // CU_TENSOR_MAP_SWIZZLE_64B
+    TmaDescriptor width32;   // CU_TENSOR_MAP_SWIZZLE_32B
+    TmaDescriptor width16;   // CU_TENSOR_MAP_SWIZZLE_NONE
+};
+
+template <u32 kBlockN, bool kOutputFp32>
+struct WarpgroupTileStore {
+    static constexpr u32 kElemBytes = kOutputFp32 ? 4 : 2;
+    static constexpr u32 kRowBytes = kBlockN * kElemBytes;
+    static_assert(kRowBytes % 16 == 0, "output rows of a tile must be whole 16-byte chunks");
+    static constexpr u32 kFullPieces = kRowBytes / 128;
+    static constexpr u32 kTail = kRowBytes % 128;  // split into 64/32/16-byte pieces by its set bits
+    static constexpr u32 kPieceAlign = 1024;       // every swizzle pattern repeats within 1024 bytes
+    static constexpr u32 kFullBytes = kFullPieces * 64 * 128;
+    static constexpr u32 kTail64Offset = kFullBytes;
+    static constexpr u32 kTail32Offset = kTail64Offset + ((kTail & 64) ? 64 * 64 : 0);
+    static constexpr u32 kTail16Offset = align_up(kTail32Offset + ((kTail & 32) ? 64 * 32 : 0), kPieceAlign);
+    static constexpr u32 kBytes = align_up(kTail16Offset + ((kTail & 16) ? 64 * 16 : 0), kPieceAlign);
+
+    // Shared-memory offset of byte `byte_in_row` of tile row `row`, swizzled within its piece.
+    DG_DEVICE static u32 smem_offset(u32 row, u32 byte_in_row) {
+        u32 base;
+        u32 width;
+        u32 offset;
+        if (byte_in_row < kFullPieces * 128) {
+            base = (byte_in_row / 128) * 64 * 128;
+            width = 128;
+            offset = byte_in_row % 128;
+        } else {
+            u32 rest = byte_in_row - kFullPieces * 128;
+            if ((kTail & 64) && rest < 64) {
+                base = kTail64Offset, width = 64, offset = rest;
+            } else {
+                rest -= (kTail & 64);
+                if ((kTail & 32) && rest < 32) {
+                    base = kTail32Offset, width = 32, offset = rest;
+                } else {
+                    base = kTail16Offset, width = 16, offset = rest - (kTail & 32);
+                }
+            }
+        }
+        const u32 raw = row * width + offset;
+        const u32 chunk_mask = width / 16 - 1;
+        return base + (raw ^ (((raw >> 7) & chunk_mask) << 4));
+    }
+
+    // `values` is the wgmma m64nN accumulator layout: register 4j+r of lane l in warp w holds
+    // row 16w + l/4 + 8(r/2), column 8j + 2(l%4) + r%2.
+    DG_DEVICE static void store(const float (&values)[kBlockN / 2], u8* smem_tile, const OutputDescriptors* out,
+                                u32 col, u32 row, u32 thread_in_wg, u32 barrier_id) {
+        const u32 warp = thread_in_wg / 32;
+        const u32 lane = thread_in_wg % 32;
+        // The previous tile's stores must have finished reading this buffer.
+        if (thread_in_wg == 0) {
+            ptx::tma_store_wait_read<0>();
+        }
+        ptx::named_barrier_sync(barrier_id, 128);
+#pragma unroll
+        for (u32 j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+            for (u32 half = 0; half < 2; ++half) {
+                const u32 r = warp * 16 + lane / 4 + half * 8;
+                const u32 c = j * 8 + (lane % 4) * 2;
+                const float lo = values[j * 4 + half * 2];
+                const float hi = values[j * 4 + half * 2 + 1];
+                u8* dst = smem_tile + smem_offset(r, c * kElemBytes);
+                if constexpr (kOutputFp32) {
+                    *reinterpret_cast<float2*>(dst) = make_float2(lo, hi);
+                } else {
+                    *reinterpret_cast<u32*>(dst) = ptx::pack_bf16x2(lo, hi);
+                }
+            }
+        }
+        ptx::fence_proxy_async_smem();
+        ptx::named_barrier_sync(barrier_id, 128);
+        if (thread_in_wg == 0) {
+            const i32 y = static_cast<i32>(row);
+#pragma unroll
+            for (u32 p = 0; p < kFullPieces; ++p) {
+                ptx::tma_store_2d(&out->width128, smem_tile + p * 64 * 128, static_cast<i32>(col + p * 128 / kElemBytes), y);
+            }
+            u32 tail_col = col + kFullPieces * 128 / kElemBytes;
+            if constexpr ((kTail & 64) != 0) {
+                ptx::tma_store_2d(&out->width64, smem_tile + kTail64Offset, static_cast<i32>(tail_col), y);
+                tail_col += 64 / kElemBytes;
+            }
+            if constexpr ((kTail & 32) != 0) {
+                ptx::tma_store_2d(&out->width32, smem_tile + kTail32Offset, static_cast<i32>(tail_col), y);
+                tail_col += 32 / kElemBytes;
+            }
+            if constexpr ((kTail & 16) != 0) {
+                ptx::tma_store_2d(&out->width16, smem_tile + kTail16Offset, static_cast<i32>(tail_col), y);
+            }
+            ptx::tma_store_commit();
+        }
+    }
+
+    DG_DEVICE static void drain(u32 thread_in_wg) {
+        if (thread_in_wg == 0) {
+            ptx::tma_store_wait<0>();
+        }
+    }
+};
+
+}  // namespace deepgemm

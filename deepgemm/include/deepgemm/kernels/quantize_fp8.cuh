@@ -1,0 +1,139 @@
+// One-pass FP8 (e4m3) quantization kernels producing the scale layouts the FP8 GEMM reads.
+//   per-token-group: x [M,K] -> q [M,K] e4m3, sf[g, m] = amax(x[m, g*G : (g+1)*G]) / 448 stored M-major
+//                    (element (m, g) at sf + g * sf_stride + m; sf_stride = M rounded up to 4).
+//   per-block:       w [N,K] -> q [N,K] e4m3, sf[nb, kb] = amax of the B x B block / 448, row-major.
+// The scale is max(amax / 448, FLT_MIN): an all-zero group gets a tiny positive scale and zeros, never
+// NaN or Inf. q = x / scale (IEEE division), rounded to nearest-even and saturated to +-448.
+#pragma once
+#include <deepgemm/ptx/sync.cuh>
+
+namespace deepgemm {
+
+enum class InputKind : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+template <InputKind kKind>
+DG_DEVICE float load_as_float(const void* base, u64 index) {
+    if constexpr (kKind == InputKind::kFloat32) {
+        return static_cast<const float*>(base)[index];
+    } else if constexpr (kKind == InputKind::kBFloat16) {
+        const u32 bits = static_cast<const u16*>(base)[index];
+        return __uint_as_float(bits << 16);
+    } else {
+        const u16 bits = static_cast<const u16*>(base)[index];
+        float value;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
+        return value;
+    }
+}
+
+DG_DEVICE float fp8_scale_for(float amax) {
+    constexpr float kE4m3Max = 448.0f;
+    constexpr float kFloatMin = 1.17549435e-38f;
+    return fmaxf(amax / kE4m3Max, kFloatMin);
+}
+
+DG_DEVICE u8 to_e4m3(float value) {
+    return static_cast<u8>(ptx::pack_e4m3x2(value, 0.0f) & 0xFF);
+}
+
+DG_DEVICE float warp_max(float value) {
+#pragma unroll
+    for (u32 offset = 16; offset > 0; offset /= 2) {
+        value = fmaxf(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
+    }
+    return value;
+}
+
+// One warp per (row, group). Lane l handles columns l, l+32, ... of the group (coalesced).
+template <InputKind kKind, u32 kGroupSize>
+struct QuantizePerTokenGroup {
+    static_assert(kGroupSize % 32 == 0 && kGroupSize <= 1024, "group size must be a multiple of 32, at most 1024");
+    static constexpr u32 kPerLane = kGroupSize / 32;
+
+    DG_DEVICE static void run(const void* x, u64 x_row_stride, u8* q, u64 q_row_stride, float* sf, u32 sf_stride, u32 m,
+                              u32 k) {
+        const u32 groups_per_row = ceil_div(k, kGroupSize);
+        const u64 warp = (static_cast<u64>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+        const u32 lane = threadIdx.x % 32;
+        if (warp >= static_cast<u64>(m) * groups_per_row) {
+            return;
+        }
+        const u32 row = static_cast<u32>(warp / groups_per_row);
+        const u32 group = static_cast<u32>(warp % groups_per_row);
+        float values[kPerLane];
+        float amax = 0.0f;
+#pragma unroll
+        for (u32 i = 0; i < kPerLane; ++i) {
+            const u32 col = group * kGroupSize + i * 32 + lane;
+            values[i] = col < k ? load_as_float<kKind>(x, row * x_row_stride + col) : 0.0f;
+            amax = fmaxf(amax, fabsf(values[i]));
+        }
+        const float scale = fp8_scale_for(warp_max(amax));
+#pragma unroll
+        for (u32 i = 0; i < kPerLane; ++i) {
+            const u32 col = group * kGroupSize + i * 32 + lane;
+            if (col < k) {
+                q[row * q_row_stride + col] = to_e4m3(values[i] / scale);
+            }
+        }
+        if (lane == 0) {
+            sf[static_cast<u64>(group) * sf_stride + row] = scale;
+        }
+    }
+};
+
+// One CTA of 256 threads per kBlock x kBlock block; grid (ceil(K/kBlock), ceil(N/kBlock)).
+template <InputKind kKind, u32 kBlock>
+struct QuantizePerBlock {
+    static_assert(kBlock == 32 || kBlock == 64 || kBlock == 128, "block must be 32, 64 or 128");
+    static constexpr u32 kNumWarps = 8;
+    static constexpr u32 kRowsPerWarp = kBlock / kNumWarps;
+    static constexpr u32 kColsPerLane = kBlock / 32;
+
+    DG_DEVICE static void run(const void* w, u64 w_row_stride, u8* q, u64 q_row_stride, float* sf, u32 n, u32 k) {
+        __shared__ float warp_amax[kNumWarps];
+        const u32 warp = threadIdx.x / 32;
+        const u32 lane = threadIdx.x % 32;
+        const u32 row0 = blockIdx.y * kBlock + warp * kRowsPerWarp;
+        const u32 col0 = blockIdx.x * kBlock + lane;
+        float values[kRowsPerWarp][kColsPerLane];
+        float amax = 0.0f;
+#pragma unroll
+        for (u32 r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+            for (u32 c = 0; c < kColsPerLane; ++c) {
+                const u32 row = row0 + r;
+                const u32 col = col0 + c * 32;
+                values[r][c] = (row < n && col < k) ? load_as_float<kKind>(w, row * w_row_stride + col) : 0.0f;
+                amax = fmaxf(amax, fabsf(values[r][c]));
+            }
+        }
+        amax = warp_max(amax);
+        if (lane == 0) {
+            warp_amax[warp] = amax;
+        }
+        __syncthreads();
+        amax = warp_amax[0];
+#pragma unroll
+        for (u32 i = 1; i < kNumWarps; ++i) {
+            amax = fmaxf(amax, warp_amax[i]);
+        }
+        const float scale = fp8_scale_for(amax);
+#pragma unroll
+        for (u32 r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+            for (u32 c = 0; c < kColsPerLane; ++c) {
+                const u32 row = row0 + r;
+                const u32 col = col0 + c * 32;
+                if (row < n && col < k) {
+                    q[row * q_row_stride + col] = to_e4m3(values[r][c] / scale);
+                }
+            }
+        }
+        if (threadIdx.x == 0) {
+            sf[blockIdx.y * gridDim.x + blockIdx.x] = scale;
+        }
+    }
+};
+
+}  // namespace deepgemm

@@ -1,0 +1,340 @@
+// FP8 (e4m3) GEMM with DeepSeek-V3 fine-grained scaling on sm_90a:
+//   D[M,N] = (A * sfa) @ (B * sfb)^T,  A [M,K] e4m3 with 1x128 scales sfa, B [N,K] e4m3 with 128x128 scales sfb.
+// Every 128-wide K block is multiplied by wgmma into a fresh FP32 accumulator, then promoted into the
+// output accumulator with its scales on the CUDA cores (never one long FP8 accumulation).
+//
+// Roles (one CTA = 1 producer warpgroup + kBlockM/64 math warpgroups, persistent over tiles):
+//   producer  - one thread issues TMA loads of A, B (128B swizzle) and sfa into a kNumStages ring; with
+//               kClusterM = 2 the two CTAs of a cluster compute vertically adjacent tiles and each loads
+//               half of the shared B tile, multicast into both CTAs (half the L2 traffic for B);
+//   consumer  - each math warpgroup owns 64 rows of the tile: wgmma from shared memory, release the
+//               stage, then promote with sfa (per row, from the stage) x sfb (per 128 columns); with
+//               kPipelinedPromotion the next K block's MMAs are issued into a second accumulator first;
+//   epilogue  - registers -> shared memory -> TMA store (clipped at the tensor's edges).
+// M is a run-time value; N, K and every tile constant are compile-time.
+#pragma once
+#include <deepgemm/epilogue/store_fragment.cuh>
+#include <deepgemm/ptx/cluster.cuh>
+#include <deepgemm/ptx/mbarrier.cuh>
+#include <deepgemm/ptx/sync.cuh>
+#include <deepgemm/ptx/tma.cuh>
+#include <deepgemm/ptx/wgmma.cuh>
+#include <deepgemm/ptx/wgmma_fp8.cuh>
+#include <deepgemm/scheduler/persistent_tiles.cuh>
+
+namespace deepgemm {
+
+template <u32 kN, u32 kK, u32 kBlockM, u32 kBlockN, u32 kNumStages, u32 kGroupM, u32 kClusterM, bool kPipelinedPromotion,
+          bool kOutputFp32>
+struct Sm90Fp8Gemm1D2D {
+    static_assert(kBlockM == 64 || kBlockM == 128, "block_m must be 64 or 128");
+    static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "block_n must be a multiple of 8 in [8, 256]");
+    static_assert(kNumStages >= 2, "need at least two pipeline stages");
+    static_assert(kClusterM == 1 || (kClusterM == 2 && kBlockN % 16 == 0), "multicast halves of B need block_n % 16 == 0");
+    // Tiles start at multiples of block_n, so a tile's offset inside its 128-column scale block is at most
+    // 128 - gcd(block_n, 128); it must not reach a third scale block.
+    static_assert(128 - gcd(kBlockN, 128u) + kBlockN <= 256, "block_n would let a tile span three 128-column scale blocks");
+
+    static constexpr u32 kBlockK = 128;
+    static constexpr u32 kScaleBlock = 128;
+    static constexpr u32 kNumMathWarpgroups = kBlockM / 64;
+    static constexpr u32 kNumMathThreads = 128 * kNumMathWarpgroups;
+    static constexpr u32 kNumThreads = 128 + kNumMathThreads;
+    static constexpr u32 kNumKBlocks = ceil_div(kK, kBlockK);
+    static constexpr u32 kNumNBlocks = ceil_div(kN, kBlockN);
+    static constexpr u32 kNumScaleRowsB = ceil_div(kN, kScaleBlock);
+    // A tile straddles two 128-column scale blocks unless block_n divides 128.
+    static constexpr bool kMayStraddle = (kScaleBlock % kBlockN) != 0;
+    static constexpr u32 kScaleRowsPerTile = kMayStraddle ? 2 : 1;
+
+    static constexpr u32 kProducerRegisters = 40;
+    static constexpr u32 kMathRegisters = kNumMathWarpgroups == 1 ? 240 : 232;
+
+    using Store = WarpgroupTileStore<kBlockN, kOutputFp32>;
+    using Scheduler = PersistentTileScheduler<kBlockM, kNumNBlocks, kGroupM, kClusterM>;
+    static constexpr u32 kMulticastRowsB = kBlockN / kClusterM;
+    using Mma = ptx::WgmmaFp8<kBlockN>;
+
+    // Shared memory map. A/B stages first: each is a multiple of 1024 bytes, so every stage stays
+    // 1024-byte aligned as the 128B swizzle requires.
+    static constexpr u32 kStageABytes = kBlockM * kBlockK;
+    static constexpr u32 kStageBBytes = kBlockN * kBlockK;
+    static constexpr u32 kStageSfaBytes = kBlockM * 4;
+    static constexpr u32 kStageTxBytes = kStageABytes + kStageBBytes + kStageSfaBytes;
+    static constexpr u32 kDBytesPerWarpgroup = Store::kBytes;
+    static constexpr u32 kSfbBytesPerWarpgroup = align_up(kScaleRowsPerTile * kNumKBlocks * 4, 128u);
+    static constexpr u32 kOffsetA = 0;
+    static constexpr u32 kOffsetB = kOffsetA + kNumStages * kStageABytes;
+    static constexpr u32 kOffsetD = kOffsetB + kNumStages * kStageBBytes;
+    static constexpr u32 kOffsetSfa = kOffsetD + kNumMathWarpgroups * kDBytesPerWarpgroup;
+    static constexpr u32 kOffsetSfb = kOffsetSfa + kNumStages * kStageSfaBytes;
+    static constexpr u32 kOffsetBarriers = kOffsetSfb + kNumMathWarpgroups * kSfbBytesPerWarpgroup;
+    static constexpr u32 kSmemBytes = kOffsetBarriers + 2 * kNumStages * 8;
+    static_assert(kSmemBytes <= 232448, "shared memory budget (227 KB) exceeded: use fewer stages");
+
+    struct Ring {
+        u8* smem;
+        u64* full;
+        u64* empty;
+    };
+
+    DG_DEVICE static void producer(const Ring& ring, const TmaDescriptor* tma_a, const TmaDescriptor* tma_b,
+                                   const TmaDescriptor* tma_sfa, u32 m, u32 cta_rank) {
+        Scheduler scheduler(m, cta_rank);
+        u32 stage = 0;
+        u32 phase = 0;
+        u32 m_block;
+        u32 n_block;
+        while (scheduler.next(m_block, n_block)) {
+            const i32 row_a = static_cast<i32>(m_block * kBlockM);
+            const i32 row_b = static_cast<i32>(n_block * kBlockN);
+            for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
+                ptx::mbarrier_wait(&ring.empty[stage], phase ^ 1);
+                u64* full = &ring.full[stage];
+                const i32 k = static_cast<i32>(k_block * kBlockK);
+                ptx::mbarrier_arrive_expect_tx(full, kStageTxBytes);
+                ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes, tma_a, full, k, row_a);
+                if constexpr (kClusterM == 1) {
+                    ptx::tma_load_2d(ring.smem + kOffsetB + stage * kStageBBytes, tma_b, full, k, row_b);
+                } else {
+                    // This CTA's half of the B tile goes to the same offset in both CTAs of the cluster.
+                    const u32 half = cta_rank * kMulticastRowsB;
+                    ptx::tma_load_2d_multicast(ring.smem + kOffsetB + stage * kStageBBytes + half * kBlockK, tma_b, full, k,
+                                               row_b + static_cast<i32>(half), (1u << kClusterM) - 1);
+                }
+                ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, tma_sfa, full, row_a,
+                                 static_cast<i32>(k_block));
+                advance(stage, phase);
+            }
+        }
+    }
+
+    // Tell the producers of every CTA sharing this stage that this warp is done with it.
+    DG_DEVICE static void release_stage(const Ring& ring, u32 stage, u32 lane) {
+        __syncwarp();
+        if (lane == 0) {
+            if constexpr (kClusterM == 1) {
+                ptx::mbarrier_arrive(&ring.empty[stage]);
+            } else {
+#pragma unroll
+                for (u32 rank = 0; rank < kClusterM; ++rank) {
+                    ptx::mbarrier_arrive_cluster(&ring.empty[stage], rank);
+                }
+            }
+        }
+    }
+
+    DG_DEVICE static void advance(u32& stage, u32& phase) {
+        if (++stage == kNumStages) {
+            stage = 0;
+            phase ^= 1;
+        }
+    }
+
+    // sfa of this thread's two rows (row_in_wg and row_in_wg + 8) for one K block.
+    struct ScaleA {
+        float lo;
+        float hi;
+    };
+
+    // Wait for a stage, read its sfa, and issue the four k32 MMAs of one 128-wide K block into `partial`.
+    DG_DEVICE static void issue_block(const Ring& ring, u32 stage, u32 phase, u32 math_wg, u32 row_in_wg,
+                                      float (&partial)[kBlockN / 2], ScaleA& scale_a) {
+        ptx::mbarrier_wait(&ring.full[stage], phase);
+        const float* sfa_stage = reinterpret_cast<const float*>(ring.smem + kOffsetSfa + stage * kStageSfaBytes);
+        scale_a.lo = sfa_stage[math_wg * 64 + row_in_wg];
+        scale_a.hi = sfa_stage[math_wg * 64 + row_in_wg + 8];
+        const u64 desc_a =
+            ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetA + stage * kStageABytes + math_wg * 64 * kBlockK);
+        const u64 desc_b = ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetB + stage * kStageBBytes);
+        ptx::fence_accumulators(partial);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (u32 k = 0; k < kBlockK / 32; ++k) {
+            // +32 bytes along K inside the 128-byte swizzle atom = +2 in the descriptor's address field.
+            Mma::mma(desc_a + 2 * k, desc_b + 2 * k, partial, k > 0);
+        }
+        ptx::wgmma_commit_group();
+        ptx::fence_accumulators(partial);
+    }
+
+    // result += (sfa x sfb) * partial for one K block; sfb comes from the tile's staged scale rows.
+    struct Promotion {
+        const float* sfb_tile;
+        u32 straddle_col;  // tile columns at or past this offset use the next 128-column scale block
+
+        DG_DEVICE void apply(float (&result)[kBlockN / 2], const float (&partial)[kBlockN / 2], u32 k_block,
+                             const ScaleA& scale_a) const {
+            const float scale_b0 = sfb_tile[k_block];
+            const float lo0 = scale_a.lo * scale_b0;
+            const float hi0 = scale_a.hi * scale_b0;
+            float lo1 = lo0;
+            float hi1 = hi0;
+            if constexpr (kMayStraddle) {
+                const float scale_b1 = sfb_tile[kNumKBlocks + k_block];
+                lo1 = scale_a.lo * scale_b1;
+                hi1 = scale_a.hi * scale_b1;
+            }
+#pragma unroll
+            for (u32 j = 0; j < kBlockN / 8; ++j) {
+                const bool second = kMayStraddle && j * 8 >= straddle_col;
+                const float lo = second ? lo1 : lo0;
+                const float hi = second ? hi1 : hi0;
+                result[j * 4 + 0] += lo * partial[j * 4 + 0];
+                result[j * 4 + 1] += lo * partial[j * 4 + 1];
+                result[j * 4 + 2] += hi * partial[j * 4 + 2];
+                result[j * 4 + 3] += hi * partial[j * 4 + 3];
+            }
+        }
+    };
+
+    DG_DEVICE static void consumer(const Ring& ring, const OutputDescriptors* tma_d, const float* sfb, u32 m,
+                                   u32 cta_rank) {
+        const u32 math_wg = threadIdx.x / 128 - 1;
+        const u32 thread_in_wg = threadIdx.x % 128;
+        const u32 lane = thread_in_wg % 32;
+        const u32 row_in_wg = (thread_in_wg / 32) * 16 + lane / 4;  // and row_in_wg + 8
+        const u32 barrier_id = 1 + math_wg;
+        float* sfb_tile = reinterpret_cast<float*>(ring.smem + kOffsetSfb + math_wg * kSfbBytesPerWarpgroup);
+        u8* d_tile = ring.smem + kOffsetD + math_wg * kDBytesPerWarpgroup;
+
+        Scheduler scheduler(m, cta_rank);
+        u32 stage = 0;
+        u32 phase = 0;
+        u32 m_block;
+        u32 n_block;
+        while (scheduler.next(m_block, n_block)) {
+            const u32 col0 = n_block * kBlockN;
+            const u32 row0 = m_block * kBlockM + math_wg * 64;
+            const bool has_rows = row0 < m;
+
+            if (!has_rows) {
+                // All 64 rows of this warpgroup are past M: keep the ring moving, compute nothing.
+                for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
+                    ptx::mbarrier_wait(&ring.full[stage], phase);
+                    release_stage(ring, stage, lane);
+                    advance(stage, phase);
+                }
+                continue;
+            }
+
+            // This tile's B scales (one or two rows of sfb) into shared memory.
+            const u32 scale_row0 = col0 / kScaleBlock;
+            for (u32 i = thread_in_wg; i < kScaleRowsPerTile * kNumKBlocks; i += 128) {
+                const u32 row = min(scale_row0 + i / kNumKBlocks, kNumScaleRowsB - 1);
+                sfb_tile[i] = __ldg(sfb + row * kNumKBlocks + i % kNumKBlocks);
+            }
+            ptx::named_barrier_sync(barrier_id, 128);
+            const u32 straddle_col = kScaleBlock - col0 % kScaleBlock;
+
+            float result[kBlockN / 2];
+#pragma unroll
+            for (u32 i = 0; i < kBlockN / 2; ++i) {
+                result[i] = 0.0f;
+            }
+            const Promotion promotion{sfb_tile, straddle_col};
+
+            if constexpr (!kPipelinedPromotion) {
+                // One accumulator: issue, wait, release, promote. Two math warpgroups overlap each
+                // other's promotion with their MMAs.
+                float partial[kBlockN / 2];
+                for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
+                    ScaleA scale_a;
+                    issue_block(ring, stage, phase, math_wg, row_in_wg, partial, scale_a);
+                    ptx::wgmma_wait_group<0>();
+                    ptx::fence_accumulators(partial);
+                    release_stage(ring, stage, lane);
+                    advance(stage, phase);
+                    promotion.apply(result, partial, k_block, scale_a);
+                }
+            } else {
+                // Two accumulators: block k+1's MMAs run while block k is promoted, so the tensor cores
+                // stay busy even when every warpgroup promotes at the same time.
+                float partial0[kBlockN / 2];
+                float partial1[kBlockN / 2];
+                ScaleA scale0;
+                ScaleA scale1;
+                u32 issue_stage = stage;
+                u32 issue_phase = phase;
+                const auto issue = [&](float (&partial)[kBlockN / 2], ScaleA& scale_a) {
+                    issue_block(ring, issue_stage, issue_phase, math_wg, row_in_wg, partial, scale_a);
+                    advance(issue_stage, issue_phase);
+                };
+                const auto retire = [&](float (&partial)[kBlockN / 2]) {
+                    ptx::wgmma_wait_group<0>();
+                    ptx::fence_accumulators(partial);
+                    release_stage(ring, stage, lane);
+                    advance(stage, phase);
+                };
+                // Only wait_group<0> is used, and each promotion reads the accumulator retired by the
+                // previous wait while the other one's MMAs run: ptxas can then prove no in-flight
+                // accumulator is read and keeps the MMAs asynchronous (a wait_group<1> loop gets serialized).
+                issue(partial0, scale0);
+                u32 k_block = 0;
+                for (; k_block + 2 < kNumKBlocks; k_block += 2) {
+                    retire(partial0);
+                    issue(partial1, scale1);
+                    promotion.apply(result, partial0, k_block, scale0);
+                    retire(partial1);
+                    issue(partial0, scale0);
+                    promotion.apply(result, partial1, k_block + 1, scale1);
+                }
+                retire(partial0);
+                if constexpr (kNumKBlocks % 2 == 0) {
+                    issue(partial1, scale1);
+                    promotion.apply(result, partial0, k_block, scale0);
+                    retire(partial1);
+                    promotion.apply(result, partial1, k_block + 1, scale1);
+                } else {
+                    promotion.apply(result, partial0, k_block, scale0);
+                }
+            }
+
+            Store::store(result, d_tile, tma_d, col0, row0, thread_in_wg, barrier_id);
+        }
+        Store::drain(thread_in_wg);
+    }
+
+    DG_DEVICE static void run(const TmaDescriptor* tma_a, const TmaDescriptor* tma_b, const TmaDescriptor* tma_sfa,
+                              const OutputDescriptors* tma_d, const float* sfb, u32 m) {
+        extern __shared__ __align__(1024) u8 smem[];
+        Ring ring{smem, reinterpret_cast<u64*>(smem + kOffsetBarriers),
+                  reinterpret_cast<u64*>(smem + kOffsetBarriers) + kNumStages};
+
+        if (threadIdx.x == 0) {
+            ptx::tma_prefetch_descriptor(tma_a);
+            ptx::tma_prefetch_descriptor(tma_b);
+            ptx::tma_prefetch_descriptor(tma_sfa);
+            ptx::tma_prefetch_descriptor(&tma_d->width128);
+#pragma unroll
+            for (u32 s = 0; s < kNumStages; ++s) {
+                ptx::mbarrier_init(&ring.full[s], 1);
+                ptx::mbarrier_init(&ring.empty[s], kClusterM * kNumMathThreads / 32);
+            }
+            ptx::mbarrier_init_fence();
+        }
+        const u32 cta_rank = kClusterM == 1 ? 0 : ptx::cluster_cta_rank();
+        if constexpr (kClusterM == 1) {
+            __syncthreads();
+        } else {
+            ptx::cluster_sync();  // both CTAs' barriers exist before any multicast or remote arrive
+        }
+
+        if (threadIdx.x < 128) {
+            ptx::setmaxnreg_dec<kProducerRegisters>();
+            if (threadIdx.x == 0) {
+                producer(ring, tma_a, tma_b, tma_sfa, m, cta_rank);
+            }
+        } else {
+            ptx::setmaxnreg_inc<kMathRegisters>();
+            consumer(ring, tma_d, sfb, m, cta_rank);
+        }
+        if constexpr (kClusterM > 1) {
+            // The peer may still arrive on this CTA's barriers: neither CTA leaves before both are done.
+            __syncwarp();
+            ptx::cluster_sync();
+        }
+    }
+};
+
+}  // namespace deepgemm

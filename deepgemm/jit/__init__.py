@@ -1,0 +1,22 @@
+"""JIT layer: compile kernel sources to sm_90a cubins, cached on disk."""
+
+from deepgemm.jit.compiler import (
+    CompiledKernel,
+    KernelSource,
+    compile_kernel,
+    compiler_choice,
+    default_cache_dir,
+    include_dir,
+)
+from deepgemm.jit.resources import PtxasResources, parse_ptxas_log
+
+__all__ = [
+    "CompiledKernel",
+    "KernelSource",
+    "PtxasResources",
+    "compile_kernel",
+    "compiler_choice",
+    "default_cache_dir",
+    "include_dir",
+    "parse_ptxas_log",
+]

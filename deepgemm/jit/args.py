@@ -1,0 +1,40 @@
+"""Kernel parameters packed once into a ctypes buffer, with the void** array cuLaunchKernelEx reads."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+U32 = ctypes.c_uint32
+U64 = ctypes.c_uint64
+DESCRIPTOR_BYTES = 128
+
+
+class PackedArgs:
+    """Immutable packed kernel arguments.
+
+    Each value is either `bytes` (copied verbatim, e.g. a 128-byte TMA descriptor, placed at a
+    64-byte-aligned offset) or a ctypes scalar instance (c_uint32, c_uint64, ...). `address` is the
+    value to pass as `kernelParams`.
+    """
+
+    __slots__ = ("_buffer", "_pointers", "address")
+
+    def __init__(self, values: Sequence[bytes | ctypes._SimpleCData]) -> None:
+        offsets: list[int] = []
+        blobs: list[bytes] = []
+        cursor = 0
+        for value in values:
+            blob = value if isinstance(value, bytes) else bytes(value)
+            alignment = 64 if isinstance(value, bytes) else ctypes.sizeof(value)
+            cursor = -(-cursor // alignment) * alignment
+            offsets.append(cursor)
+            blobs.append(blob)
+            cursor += len(blob)
+        # Over-allocate so the block itself can start on a 64-byte boundary.
+        self._buffer = (ctypes.c_uint8 * (cursor + 64))()
+        base = -(-ctypes.addressof(self._buffer) // 64) * 64
+        for offset, blob in zip(offsets, blobs):
+            ctypes.memmove(base + offset, blob, len(blob))
+        self._pointers = (ctypes.c_void_p * len(values))(*(base + offset for offset in offsets))
+        self.address = ctypes.addressof(self._pointers)

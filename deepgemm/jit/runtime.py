@@ -1,0 +1,107 @@
+"""Loaded kernels and their launch: cuLibraryLoadData once, cuLaunchKernelEx per call."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from deepgemm.errors import GraphCaptureError
+from deepgemm.jit.driver import check, driver
+
+
+def current_raw_stream(device_index: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+def refuse_during_capture(what: str) -> None:
+    """Compiling or loading a module cannot be captured into a CUDA graph."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise GraphCaptureError(
+            f"{what} is not compiled/loaded yet and a CUDA graph is being captured; "
+            "run this shape once eagerly (or call the precompile/warm-up API) before capturing"
+        )
+
+
+class LoadedKernel:
+    """One kernel from a cubin, loaded context-independently (cuLibrary) and launchable on any device."""
+
+    def __init__(self, cubin: bytes, entry: str, dynamic_smem_bytes: int) -> None:
+        cu = driver()
+        self.entry = entry
+        self.dynamic_smem_bytes = dynamic_smem_bytes
+        self.library = check(cu.cuLibraryLoadData(cubin, None, None, 0, None, None, 0), "cuLibraryLoadData")
+        self.kernel = check(cu.cuLibraryGetKernel(self.library, entry.encode()), f"cuLibraryGetKernel({entry})")
+        self._lock = threading.Lock()
+        self._launch_configs: dict[tuple[int, int, tuple[int, int], int, int], Any] = {}
+        self._ready_devices: set[int] = set()
+
+    def _prepare_device(self, device_index: int) -> None:
+        cu = driver()
+        if self.dynamic_smem_bytes > 48 * 1024:
+            check(
+                cu.cuKernelSetAttribute(
+                    cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    self.dynamic_smem_bytes,
+                    self.kernel,
+                    cu.CUdevice(device_index),
+                ),
+                "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+            )
+        self._ready_devices.add(device_index)
+
+    def max_active_clusters(self, device_index: int, block: int, cluster: int) -> int:
+        """How many clusters of `cluster` CTAs can be resident at once (GPCs may leave SMs unpaired)."""
+        cu = driver()
+        with self._lock:
+            if device_index not in self._ready_devices:
+                self._prepare_device(device_index)
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = cluster, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+        config.sharedMemBytes = self.dynamic_smem_bytes
+        attribute = cu.CUlaunchAttribute()
+        attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attribute.value.clusterDim.x, attribute.value.clusterDim.y, attribute.value.clusterDim.z = cluster, 1, 1
+        config.attrs = [attribute]
+        config.numAttrs = 1
+        function = check(cu.cuKernelGetFunction(self.kernel), "cuKernelGetFunction")
+        return int(check(cu.cuOccupancyMaxActiveClusters(function, config), "cuOccupancyMaxActiveClusters"))
+
+    def launch_config(self, device_index: int, stream: int, grid: int, block: int, cluster: int = 1) -> Any:
+        """A CUlaunchConfig per (device, stream, grid, block, cluster), built once and never mutated."""
+        return self.launch_config_2d(device_index, stream, (grid, 1), block, cluster)
+
+    def launch_config_2d(self, device_index: int, stream: int, grid: tuple[int, int], block: int, cluster: int = 1) -> Any:
+        key = (device_index, stream, grid, block, cluster)
+        config = self._launch_configs.get(key)
+        if config is not None:
+            return config
+        with self._lock:
+            if len(self._launch_configs) >= 4096:
+                self._launch_configs.clear()
+            if device_index not in self._ready_devices:
+                self._prepare_device(device_index)
+            cu = driver()
+            config = cu.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = grid[0], grid[1], 1
+            config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+            config.sharedMemBytes = self.dynamic_smem_bytes
+            config.hStream = cu.CUstream(stream)
+            if cluster > 1:
+                attribute = cu.CUlaunchAttribute()
+                attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+                attribute.value.clusterDim.x, attribute.value.clusterDim.y, attribute.value.clusterDim.z = cluster, 1, 1
+                config.attrs = [attribute]
+                config.numAttrs = 1
+            else:
+                config.numAttrs = 0
+            self._launch_configs[key] = config
+        return config
+
+    def launch(self, config: Any, args_address: int) -> None:
+        cu = driver()
+        err, = cu.cuLaunchKernelEx(config, self.kernel, args_address, 0)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            check((err,), f"cuLaunchKernelEx({self.entry})")

@@ -1,0 +1,1 @@
+"""Host side of each kernel family: render the instantiation, compile, load, launch."""

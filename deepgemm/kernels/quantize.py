@@ -1,0 +1,83 @@
+"""GPU FP8 quantization kernels (per-token-group and per-block): instantiation and launch."""
+
+from __future__ import annotations
+
+import torch
+
+from deepgemm.jit.args import U32, U64, PackedArgs
+from deepgemm.jit.compiler import KernelSource
+from deepgemm.jit.runtime import current_raw_stream
+from deepgemm.kernels.loader import load_kernel
+from deepgemm.utils import align_up, ceil_div
+
+INPUT_KINDS = {
+    torch.float32: "deepgemm::InputKind::kFloat32",
+    torch.bfloat16: "deepgemm::InputKind::kBFloat16",
+    torch.float16: "deepgemm::InputKind::kFloat16",
+}
+_THREADS = 256
+
+
+def _token_group_source(dtype: torch.dtype, group_size: int) -> KernelSource:
+    code = f"""\
+#include <deepgemm/kernels/quantize_fp8.cuh>
+using Kernel = deepgemm::QuantizePerTokenGroup<{INPUT_KINDS[dtype]}, {group_size}u>;
+extern "C" __global__ void __launch_bounds__({_THREADS})
+deepgemm_quantize_per_token_group(const void* x, deepgemm::u64 x_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride, float* sf,
+                deepgemm::u32 sf_stride, deepgemm::u32 m, deepgemm::u32 k) {{
+    Kernel::run(x, x_row_stride, q, q_row_stride, sf, sf_stride, m, k);
+}}
+"""
+    return KernelSource(code=code, entry="deepgemm_quantize_per_token_group", label=f"quantize_per_token_group {dtype} g={group_size}")
+
+
+def _block_source(dtype: torch.dtype, block: int) -> KernelSource:
+    code = f"""\
+#include <deepgemm/kernels/quantize_fp8.cuh>
+using Kernel = deepgemm::QuantizePerBlock<{INPUT_KINDS[dtype]}, {block}u>;
+extern "C" __global__ void __launch_bounds__({_THREADS})
+deepgemm_quantize_per_block(const void* w, deepgemm::u64 w_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride, float* sf,
+                deepgemm::u32 n, deepgemm::u32 k) {{
+    Kernel::run(w, w_row_stride, q, q_row_stride, sf, n, k);
+}}
+"""
+    return KernelSource(code=code, entry="deepgemm_quantize_per_block", label=f"quantize_per_block {dtype} b={block}")
+
+
+def quantize_per_token_group_cuda(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (unit column stride) -> (q e4m3 [M, K], sf [M, ceil(K/g)] with strides (1, align(M, 4)))."""
+    m, k = x.shape
+    groups = ceil_div(k, group_size)
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    sf_storage = torch.empty((groups, align_up(m, 4)), dtype=torch.float32, device=x.device)
+    sf = sf_storage[:, :m].t()
+    if m == 0 or k == 0:
+        return q, sf
+    kernel = load_kernel(_token_group_source(x.dtype, group_size), 0)
+    warps = m * groups
+    grid = ceil_div(warps * 32, _THREADS)
+    args = PackedArgs(
+        [U64(x.data_ptr()), U64(x.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf_storage.data_ptr()),
+         U32(sf_storage.stride(0)), U32(m), U32(k)]
+    )
+    device_index = x.device.index
+    kernel.launch(kernel.launch_config(device_index, current_raw_stream(device_index), grid, _THREADS), args.address)
+    return q, sf
+
+
+def quantize_per_block_cuda(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] (unit column stride) -> (q e4m3 [N, K], sf [ceil(N/b), ceil(K/b)] row-major)."""
+    n, k = w.shape
+    q = torch.empty((n, k), dtype=torch.float8_e4m3fn, device=w.device)
+    sf = torch.empty((ceil_div(n, block), ceil_div(k, block)), dtype=torch.float32, device=w.device)
+    if n == 0 or k == 0:
+        return q, sf
+    kernel = load_kernel(_block_source(w.dtype, block), 0)
+    args = PackedArgs(
+        [U64(w.data_ptr()), U64(w.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf.data_ptr()), U32(n), U32(k)]
+    )
+    device_index = w.device.index
+    # Grid: blockIdx.x walks K blocks, blockIdx.y walks N blocks.
+    config = kernel.launch_config_2d(device_index, current_raw_stream(device_index), (sf.shape[1], sf.shape[0]), _THREADS)
+    kernel.launch(config, args.address)
+    return q, sf

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
+# print the benchmark table last. Full logs go to $OUT. Usage: scripts/gpu_check.sh [step ...]
+# Steps: install smoke tests sanitize host sass bench (default: all).
+set -uo pipefail
+OUT=${OUT:-/tmp/deepgemm-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 DEEPGEMM_CACHE_DIR=${DEEPGEMM_CACHE_DIR:-/tmp/deepgemm-cache}
+steps=${*:-install smoke tests sanitize host sass bench}
+has() { [[ " $steps " == *" $1 "* ]]; }
+
+if has install; then
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee "$OUT/gpu.txt"
+  python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"
+fi
+if has smoke; then
+  timeout 120 python3 scripts/sanitize_check.py 2>&1 | tee "$OUT/smoke.log" | tail -12
+fi
+if has tests; then
+  timeout 420 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/pytest_gpu.log" | grep -E "passed|failed|Error|error" | tail -25
+fi
+if has sanitize; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 python3 scripts/sanitize_check.py >"$OUT/sanitizer.log" 2>&1
+  echo "memcheck exit=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+fi
+if has host; then
+  python3 scripts/host_overhead.py 2>&1 | tee "$OUT/host.txt"
+fi
+if has sass; then
+  cubin=$(grep -l "fp8_gemm_nt n=7168 k=16384" "$DEEPGEMM_CACHE_DIR"/kernels/*/*/meta.json 2>/dev/null | head -1 | xargs -r dirname)/kernel.cubin
+  if [ -f "$cubin" ]; then
+    cuobjdump --dump-sass "$cubin" >"$OUT/largest_kernel.sass" 2>&1
+    echo "sass (n=7168 k=16384 GEMM): QGMMA=$(grep -c QGMMA "$OUT/largest_kernel.sass") LDL/STL=$(grep -cE 'LDL|STL' "$OUT/largest_kernel.sass")"
+  fi
+fi
+if has bench; then
+  if python3 -c "import deepgemm.commands.bench" 2>/dev/null; then
+    python3 -m deepgemm bench --suite deepseek-v3 --json "$OUT/bench.json" --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log" | tail -32
+  else
+    python3 scripts/quick_bench.py 2>&1 | tee "$OUT/bench.log"
+  fi
+fi
+if has ncu; then
+  for tag in ${NCU_SHAPES:-4096x7168x16384}; do
+    shape=$(echo $tag | tr x ' ')
+    stalls=$(for r in barrier long_scoreboard wait math_pipe_throttle mio_throttle membar sleeping short_scoreboard dispatch_stall misc no_instruction branch_resolving selected not_selected lg_throttle; do printf "smsp__average_warps_issue_stalled_%s_per_issue_active.ratio," $r; done)
+    ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+      --metrics ${stalls}l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum,lts__t_sectors.sum,dram__bytes.sum \
+      python3 scripts/profile_shape.py $shape >"$OUT/ncu_$tag.txt" 2>&1
+    echo "ncu $tag:"; grep -E "Duration|SM Frequency|stalled|pipe_|bank_conflicts|wavefronts|inst_executed|sectors|dram__bytes" "$OUT/ncu_$tag.txt" | awk '{print $1, $NF}' | head -30
+  done
+fi
+if has clusters; then
+  python3 - <<'PY'
+import torch, deepgemm
+from deepgemm.kernels.fp8_gemm import get_plan
+for m, n, k in [(128, 2112, 7168), (4096, 7168, 16384)]:
+    plan = get_plan(0, m, n, k, torch.bfloat16)
+    print(f"plan {m}x{n}x{k}: {plan.spec.label()} grid={plan.grid}")
+PY
+fi

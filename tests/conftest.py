@@ -1,0 +1,28 @@
+"""Shared test configuration: the `gpu` marker skips unless a Hopper (sm_90) GPU is present."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def hopper_available() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hopper_available():
+        return
+    skip = pytest.mark.skip(reason="needs a Hopper (sm_90) GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unless a test sets its own, compile into one per-session cache dir (never the user's ~/.cache)."""
+    import os
+
+    if "DEEPGEMM_CACHE_DIR" not in os.environ:
+        monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "deepgemm-cache"))

@@ -1,0 +1,106 @@
+"""Hugging Face config.json parsing and model lookup."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from deepgemm.analysis.hf_config import load_hf_config
+from deepgemm.analysis.models import ModelConfigError
+from deepgemm.analysis.presets import PRESETS, resolve_model
+
+LLAMA_3_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "vocab_size": 128256, "hidden_act": "silu", "rope_theta": 500000.0, "tie_word_embeddings": False,
+}
+
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1, "q_lora_rank": 1536,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "vocab_size": 129280, "hidden_act": "silu", "num_nextn_predict_layers": 1,
+}
+
+
+def write(tmp_path: Path, content: object, name: str = "config.json") -> Path:
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def test_llama_config_matches_preset(tmp_path: Path) -> None:
+    spec = load_hf_config(write(tmp_path, LLAMA_3_8B))
+    preset = PRESETS["llama-3-8b"]
+    for attr in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                 "vocab_size", "gated_mlp", "mla", "moe"):
+        assert getattr(spec, attr) == getattr(preset, attr), attr
+    assert spec.attention_kind == "GQA"
+
+
+def test_deepseek_v3_config_reads_mla_and_moe_fields(tmp_path: Path) -> None:
+    spec = load_hf_config(write(tmp_path, DEEPSEEK_V3))
+    assert spec.mla == PRESETS["deepseek-v3"].mla
+    assert spec.moe == PRESETS["deepseek-v3"].moe
+    assert (spec.num_moe_layers, spec.num_dense_mlp_layers) == (58, 3)
+
+
+def test_mixtral_and_qwen_moe_fields(tmp_path: Path) -> None:
+    mixtral = load_hf_config(write(tmp_path, {**LLAMA_3_8B, "model_type": "mixtral", "vocab_size": 32000,
+                                              "num_local_experts": 8, "num_experts_per_tok": 2}))
+    assert mixtral.moe is not None
+    assert (mixtral.moe.num_experts, mixtral.moe.experts_per_token, mixtral.moe.expert_intermediate_size) == (
+        8, 2, 14336)
+    assert mixtral.num_dense_mlp_layers == 0
+    qwen_moe = load_hf_config(write(tmp_path, {
+        "model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 151936, "num_experts": 60,
+        "num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+        "decoder_sparse_step": 1}, "qwen.json"))
+    assert qwen_moe.moe is not None
+    assert (qwen_moe.moe.num_shared_experts, qwen_moe.moe.shared_intermediate_size) == (1, 5632)
+    assert qwen_moe.moe.expert_intermediate_size == 1408
+
+
+def test_mla_without_q_lora_gpt2_keys_and_text_config(tmp_path: Path) -> None:
+    lite = load_hf_config(write(tmp_path, {**DEEPSEEK_V3, "q_lora_rank": None}))
+    assert lite.mla is not None and lite.mla.q_lora_rank is None
+    gpt2 = load_hf_config(write(tmp_path, {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
+                                           "vocab_size": 50257, "activation_function": "gelu_new"}, "g.json"))
+    assert (gpt2.gated_mlp, gpt2.intermediate_size, gpt2.head_dim, gpt2.activation) == (
+        False, 3072, 64, "gelu_new")
+    wrapped = load_hf_config(write(tmp_path, {"model_type": "llava", "text_config": LLAMA_3_8B}, "mm.json"))
+    assert wrapped.hidden_size == 4096
+
+
+def test_resolve_model_takes_presets_files_and_folders(tmp_path: Path) -> None:
+    assert resolve_model("Llama-3-8B") is PRESETS["llama-3-8b"]
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    write(folder, LLAMA_3_8B)
+    assert resolve_model(str(folder)).name == "my-model"
+    with pytest.raises(ModelConfigError, match="unknown model 'nope'"):
+        resolve_model("nope")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ({k: v for k, v in LLAMA_3_8B.items() if k != "hidden_size"}, "missing required key 'hidden_size'"),
+        ({**LLAMA_3_8B, "num_hidden_layers": -4}, "'num_hidden_layers' must be a positive integer"),
+        ({**LLAMA_3_8B, "num_attention_heads": "32"}, "'num_attention_heads' must be a positive integer"),
+        ({**LLAMA_3_8B, "num_key_value_heads": 5}, "not a multiple"),
+        ({**DEEPSEEK_V3, "num_experts_per_tok": 300}, "exceeds the number of experts"),
+        ({**DEEPSEEK_V3, "v_head_dim": None}, "missing required key 'v_head_dim'"),
+    ],
+)
+def test_malformed_configs_raise_clear_errors(tmp_path: Path, content: object, message: str) -> None:
+    path = write(tmp_path, content)
+    with pytest.raises(ModelConfigError, match=message):
+        load_hf_config(path)

@@ -1,0 +1,91 @@
+"""The benchmark on a real Hopper GPU: every implementation runs (or says why not) and is accurate."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from deepgemm.analysis.gpus import get_gpu
+from deepgemm.analysis.roofline import Ceilings
+from deepgemm.bench.results import BenchResults
+from deepgemm.bench.runner import BenchSettings, run_bench
+from deepgemm.bench.suites import Shape, suite_shapes
+
+pytestmark = pytest.mark.gpu
+
+
+def quiet(items: Sequence[Shape], description: str, label: Callable[[Shape], str]) -> Iterator[Shape]:
+    return iter(items)
+
+
+def datasheet() -> Ceilings:
+    return Ceilings.from_spec(get_gpu("h200"))
+
+
+def test_smoke_suite_every_implementation_within_tolerance(tmp_path: Path) -> None:
+    results = run_bench(suite_shapes("smoke"), BenchSettings(suite="smoke"), datasheet(), progress=quiet)
+    assert len(results.shapes()) == 3
+    for m in results.measurements:
+        assert m.status in ("ok", "n/a"), f"{m.shape} {m.impl}: {m.reason}"
+        if m.ok:
+            assert m.accurate, f"{m.shape} {m.impl}: calc_diff {m.calc_diff}"
+            assert m.samples == 30 and m.min_us <= m.median_us <= m.p90_us  # type: ignore[operator]
+            assert m.cuda_graph, f"{m.shape} {m.impl} fell back to eager launches"
+    for shape in results.shapes():
+        subject = results.subject(shape)
+        assert subject is not None and subject.ok, f"deepgemm did not run {shape}: {subject and subject.reason}"
+        assert {"cublas-blockwise", "cublas-fp8-tensor", "cublas-bf16"} <= set(results.speedups(shape))
+    path = tmp_path / "smoke.json"
+    results.save(path)
+    assert BenchResults.load(path).measurements == results.measurements
+
+
+def test_cublas_blockwise_refuses_m1_as_not_applicable() -> None:
+    results = run_bench([(1, 2112, 7168)], BenchSettings(iters=5, warmup=1), datasheet(), progress=quiet)
+    blockwise = results.find((1, 2112, 7168), "cublas-blockwise")
+    assert blockwise is not None and blockwise.status == "n/a" and "M = 1" in (blockwise.reason or "")
+    deepgemm = results.subject((1, 2112, 7168))
+    assert deepgemm is not None and deepgemm.ok and deepgemm.accurate
+
+
+def test_bench_gpu_samples_and_spread() -> None:
+    import torch
+
+    from deepgemm.bench.timing import bench_gpu
+
+    x = torch.randn(4096, 4096, device="cuda")
+    timing = bench_gpu(lambda: x.mul_(1.0), iters=30, warmup=2)
+    assert len(timing.samples_us) == 30 and timing.graph
+    assert 0 < timing.min_us <= timing.p10_us <= timing.median_us <= timing.p90_us
+
+
+def test_measured_ceilings_are_plausible() -> None:
+    import torch
+
+    from deepgemm.bench.ceilings import measure_ceilings
+
+    ceilings = measure_ceilings(torch.cuda.get_device_name(), get_gpu("h200"))
+    assert 1000 < ceilings.bandwidth_gbs < 10000
+    assert 200 < ceilings.bf16_tflops < 1200
+    assert ceilings.fp8_tflops is not None and ceilings.fp8_tflops > ceilings.bf16_tflops
+
+
+def test_bench_and_report_commands_end_to_end(tmp_path: Path) -> None:
+    from deepgemm.commands import bench, report
+
+    parser = argparse.ArgumentParser(prog="deepgemm")
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench.register(sub)
+    report.register(sub)
+    out = tmp_path / "smoke.json"
+    args = parser.parse_args(["bench", "--suite", "smoke", "--datasheet", "--json", str(out), "--markdown",
+                              str(tmp_path / "smoke.md")])
+    assert args.func(args) == 0
+    args = parser.parse_args(["bench", "--compare", str(out), "--suite", "smoke", "--datasheet", "--fail-below", "0.5"])
+    assert args.func(args) == 0
+    args = parser.parse_args(["report", str(out), "--plot", str(tmp_path / "roofline.png")])
+    assert args.func(args) == 0
+    assert (tmp_path / "roofline.png").stat().st_size > 0 and (tmp_path / "roofline-speedup.png").exists()

@@ -1,0 +1,125 @@
+"""FP8 GEMM on an sm_90 GPU against a float64 reference: main shapes, odd shapes, graphs, determinism."""
+
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import deepgemm
+from tests.helpers import assert_close_to_reference, random_operands, reference_abs_fp64, reference_fp64
+
+pytestmark = pytest.mark.gpu
+
+MAIN_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+MAIN_SHAPES = [(m, n, k) for m in (64, 128, 4096) for n, k in MAIN_NK]
+ODD_SHAPES = list(itertools.product((1, 7, 63, 65, 129, 1000, 4097), (8, 136, 2056, 7168), (128, 144, 7168, 7296)))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _precompile_all() -> None:
+    """Compile every kernel these tests need in parallel (compiles run out of process)."""
+    shapes = MAIN_SHAPES + ODD_SHAPES
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        jobs = [pool.submit(deepgemm.precompile_fp8_gemm_nt, m, n, k) for m, n, k in shapes]
+        jobs += [pool.submit(deepgemm.precompile_fp8_gemm_nt, 129, 136, 144, out_dtype=torch.float32)]
+        for job in jobs:
+            job.result()
+
+
+def _run_poisoned(a, b, m: int, n: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+    result = deepgemm.fp8_gemm_nt(a, b, out)
+    assert result is out
+    return out
+
+
+@pytest.mark.parametrize("m,n,k", MAIN_SHAPES, ids=lambda v: str(v))
+def test_main_shapes(m: int, n: int, k: int) -> None:
+    a, b = random_operands(m, n, k, "cuda")
+    out = _run_poisoned(a, b, m, n)
+    assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b))
+    again = _run_poisoned(a, b, m, n)
+    assert torch.equal(out, again), "two calls on the same inputs differ"
+
+
+@pytest.mark.parametrize("m,n,k", ODD_SHAPES, ids=lambda v: str(v))
+def test_odd_shapes(m: int, n: int, k: int) -> None:
+    a, b = random_operands(m, n, k, "cuda")
+    out = _run_poisoned(a, b, m, n)
+    assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b))
+
+
+def test_fp32_output() -> None:
+    m, n, k = 129, 136, 144
+    a, b = random_operands(m, n, k, "cuda")
+    out = _run_poisoned(a, b, m, n, torch.float32)
+    assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b), max_diff=1e-5)
+    allocated = deepgemm.fp8_gemm_nt(a, b, out_dtype=torch.float32)
+    assert allocated.dtype == torch.float32 and torch.equal(allocated, out)
+
+
+def test_natural_scale_layout_matches_mn_major() -> None:
+    m, n, k = 65, 2056, 7168
+    a, b = random_operands(m, n, k, "cuda")
+    natural = a[1].contiguous()  # row-major [M, K/128]
+    assert natural.stride() != a[1].stride()
+    out_natural = deepgemm.fp8_gemm_nt((a[0], natural), b)
+    out_aligned = deepgemm.fp8_gemm_nt(a, b)
+    assert torch.equal(out_natural, out_aligned)
+
+
+def test_unaligned_n_allocates_padded_rows() -> None:
+    m, n, k = 33, 20, 256  # 20 bf16 = 40 bytes per row: allocated with a padded row stride
+    a, b = random_operands(m, n, k, "cuda")
+    out = deepgemm.fp8_gemm_nt(a, b)
+    assert out.shape == (m, n)
+    assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b))
+
+
+def test_empty_dimensions() -> None:
+    a, b = random_operands(0, 256, 256, "cuda")
+    assert deepgemm.fp8_gemm_nt(a, b).shape == (0, 256)
+    a, b = random_operands(16, 0, 256, "cuda")
+    assert deepgemm.fp8_gemm_nt(a, b).shape == (16, 0)
+    a = (torch.empty(16, 0, dtype=torch.float8_e4m3fn, device="cuda"), torch.empty(16, 0, device="cuda"))
+    b = (torch.empty(24, 0, dtype=torch.float8_e4m3fn, device="cuda"), torch.empty(1, 0, device="cuda"))
+    out = torch.full((16, 24), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.fp8_gemm_nt(a, b, out)
+    assert (out == 0).all()
+
+
+def test_misaligned_rows_are_rejected() -> None:
+    a, b = random_operands(64, 256, 512, "cuda")
+    sliced = a[0][:, 8:264]  # base pointer 8 bytes into a row
+    with pytest.raises(ValueError, match="a\\[0\\]"):
+        deepgemm.fp8_gemm_nt((sliced, a[1][:, :2]), (b[0][:, :256], b[1][:, :2]))
+
+
+def test_cuda_graph_capture_and_replay() -> None:
+    m, n, k = 128, 4096, 7168
+    a, b = random_operands(m, n, k, "cuda")
+    out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+    deepgemm.fp8_gemm_nt(a, b, out)  # warm: compile + load + descriptors
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deepgemm.fp8_gemm_nt(a, b, out)
+    fresh_a, fresh_b = random_operands(m, n, k, "cuda")
+    for dst, src in zip((a[0], a[1], b[0], b[1]), (fresh_a[0], fresh_a[1], fresh_b[0], fresh_b[1])):
+        dst.copy_(src)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_to_reference(out, reference_fp64(fresh_a, fresh_b), reference_abs_fp64(fresh_a, fresh_b))
+
+
+def test_capturing_a_cold_shape_raises() -> None:
+    m, n, k = 48, 4104, 1024  # a shape nothing else compiles
+    a, b = random_operands(m, n, k, "cuda")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(deepgemm.GraphCaptureError, match="warm|eagerly"):
+        with torch.cuda.graph(graph):
+            deepgemm.fp8_gemm_nt(a, b)

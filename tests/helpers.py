@@ -1,0 +1,53 @@
+"""Inputs and float64 references shared by the CPU and GPU tests."""
+
+from __future__ import annotations
+
+import torch
+
+from deepgemm.reference import fp8_gemm_nt_reference
+
+
+def random_operands(m: int, n: int, k: int, device: str | torch.device, seed: int | None = None):
+    """Fresh random FP8 operands with scales, quantized by deepgemm's own quantizers on `device`.
+
+    Rows get different magnitudes so per-row and per-block scales matter.
+    """
+    import deepgemm
+
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed if seed is not None else torch.seed() % (2**31))
+    x = torch.randn(m, k, generator=gen) * torch.exp(torch.randn(m, 1, generator=gen))
+    w = torch.randn(n, k, generator=gen) * torch.exp(torch.randn(n, 1, generator=gen) * 0.5)
+    x = x.to(device=device, dtype=torch.bfloat16)
+    w = w.to(device=device, dtype=torch.bfloat16)
+    a = deepgemm.quantize_per_token_group(x)
+    b = deepgemm.quantize_per_block(w)
+    return a, b
+
+
+def reference_fp64(a, b) -> torch.Tensor:
+    return fp8_gemm_nt_reference(a[0], a[1], b[0], b[1], compute_dtype=torch.float64)
+
+
+def reference_abs_fp64(a, b) -> torch.Tensor:
+    """|A*sfa| @ |B*sfb|^T: the magnitude of each output's summands, the basis of summation error."""
+    return fp8_gemm_nt_reference(a[0].float().abs(), a[1].abs(), b[0].float().abs(), b[1].abs(), compute_dtype=torch.float64)
+
+
+def assert_close_to_reference(out: torch.Tensor, ref: torch.Tensor, ref_abs: torch.Tensor, max_diff: float = 1e-3) -> None:
+    """calc_diff below `max_diff`, no NaN/Inf, and every element within output rounding plus summation error.
+
+    The element bound is 2^-7 |ref| (bf16 output rounding) + 2^-10 (|A| |B|^T) (tensor-core FP8 partial
+    sums carry ~14 mantissa bits before each 128-K promotion): a wrong scale, a missing K block or a
+    misplaced tile breaks it by orders of magnitude.
+    """
+    import deepgemm
+
+    assert out.shape == ref.shape
+    out64 = out.double()
+    assert torch.isfinite(out64).all(), "output has NaN/Inf (unwritten or overflowed elements)"
+    diff = deepgemm.calc_diff(out64, ref)
+    assert diff < max_diff, f"calc_diff {diff:.3e} >= {max_diff:.1e}"
+    tolerance = 2**-7 * ref.abs() + 2**-10 * ref_abs + 1e-30
+    excess = ((out64 - ref).abs() - tolerance).max().item() if ref.numel() else -1.0
+    assert excess <= 0, f"element-wise error exceeds the bound by {excess:.3e}"
