@@ -36,7 +36,7 @@ if has sass; then
 fi
 if has bench; then
   if python3 -c "import deepgemm.commands.bench" 2>/dev/null; then
-    python3 -m deepgemm bench --suite deepseek-v3 --json "$OUT/bench.json" --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log" | tail -32
+    python3 -m deepgemm bench --suite deepseek-v3 --json "$OUT/bench.json" --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log" | grep -E "deepgemm |blockwise|geometric|rror"
   else
     python3 scripts/quick_bench.py 2>&1 | tee "$OUT/bench.log"
   fi
@@ -53,10 +53,13 @@ if has ncu; then
 fi
 if has clusters; then
   python3 - <<'PY'
-import torch, deepgemm
+import torch
+from deepgemm.configs.heuristics import make_config
 from deepgemm.kernels.fp8_gemm import get_plan
-for m, n, k in [(128, 2112, 7168), (4096, 7168, 16384)]:
-    plan = get_plan(0, m, n, k, torch.bfloat16)
-    print(f"plan {m}x{n}x{k}: {plan.spec.label()} grid={plan.grid}")
+torch.zeros(1, device="cuda")
+for m, n, k in [(4096, 7168, 16384), (4096, 2112, 7168)]:
+    config = make_config(m, n, k, 128, 128, 132, cluster_m=2)
+    plan = get_plan(0, m, n, k, torch.bfloat16, config)
+    print(f"cluster plan {m}x{n}x{k}: {plan.spec.label()} grid={plan.grid} (132 SMs)")
 PY
 fi

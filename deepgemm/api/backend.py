@@ -44,7 +44,14 @@ def supported(device: torch.device | int | str | None = None) -> bool:
 
 def backend_for(*tensors: torch.Tensor) -> Backend:
     """The path a call on these tensors takes: "sm90" (our kernels) or "reference"."""
-    device = tensors[0].device if tensors else None
-    if device is None or device.type != "cuda":
+    if not tensors:
+        return "reference"
+    return _backend_for_device(tensors[0].device)
+
+
+@functools.cache
+def _backend_for_device(device: torch.device) -> Backend:
+    # Cached per device: the launch path must not re-query the driver or the environment per call.
+    if device.type != "cuda":
         return "reference"
     return "sm90" if supported(device) else "reference"

@@ -36,6 +36,20 @@ def _allocate_out(m: int, n: int, dtype: torch.dtype, device: torch.device) -> t
     return storage if padded == n else storage[:, :n]
 
 
+# Launch-ready work for argument sets seen before: metadata key -> (plan, packed kernel arguments).
+# Only filled for calls that needed no layout copy, so the cached pointers are the caller's own.
+_ready: dict[tuple, tuple] = {}
+_READY_CAPACITY = 4096
+
+
+def _metadata_key(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor,
+                  out: torch.Tensor) -> tuple:
+    # Data pointers are unique across devices (unified addressing), so they also pin the device.
+    return (a_q.data_ptr(), a_q.shape, a_q.stride(), a_q.dtype, sfa.data_ptr(), sfa.shape, sfa.stride(), sfa.dtype,
+            b_q.data_ptr(), b_q.shape, b_q.stride(), b_q.dtype, sfb.data_ptr(), sfb.shape, sfb.stride(), sfb.dtype,
+            out.data_ptr(), out.shape, out.stride(), out.dtype, a_q.device)
+
+
 def fp8_gemm_nt(
     a: tuple[torch.Tensor, torch.Tensor],
     b: tuple[torch.Tensor, torch.Tensor],
@@ -52,6 +66,22 @@ def fp8_gemm_nt(
     K must be a multiple of 16 (TMA rows are 16-byte aligned). On CPU tensors or GPUs other than
     sm_90 the same result comes from the reference path (dequantize + float32 matmul).
     """
+    if out is not None and type(a) is tuple and type(b) is tuple and len(a) == 2 and len(b) == 2 and out_dtype is None:
+        try:
+            key = _metadata_key(a[0], a[1], b[0], b[1], out)
+        except (AttributeError, TypeError):
+            key = None
+        ready = _ready.get(key) if key is not None else None
+        if ready is not None:
+            ready[0].launch_packed(ready[1])
+            return out
+    return _fp8_gemm_nt_checked(a, b, out, out_dtype)
+
+
+def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
+                         out: torch.Tensor | None, out_dtype: torch.dtype | None) -> torch.Tensor:
+    """The full path: validate everything, normalize layouts, plan, launch, and remember the result."""
+    out_given = out is not None
     a_q, sfa = require_pair(a, "a", _WHERE)
     b_q, sfb = require_pair(b, "b", _WHERE)
     require_dtype(a_q, "a[0]", _WHERE, (FP8,))
@@ -97,7 +127,14 @@ def fp8_gemm_nt(
     from deepgemm.kernels.fp8_gemm import get_plan
 
     plan = get_plan(device.index, m, n, k, out.dtype)
-    plan.launch(a_q, to_mn_major_tma_aligned(sfa), b_q, sfb.contiguous(), out)
+    sfa_tma = to_mn_major_tma_aligned(sfa)
+    sfb_rows = sfb.contiguous()
+    args = plan.packed_args(a_q, sfa_tma, b_q, sfb_rows, out)
+    plan.launch_packed(args)
+    if out_given and sfa_tma is sfa and sfb_rows is sfb and out_dtype is None:
+        if len(_ready) >= _READY_CAPACITY:
+            _ready.clear()
+        _ready[_metadata_key(a_q, sfa, b_q, sfb, out)] = (plan, args)
     return out
 
 
@@ -123,7 +160,7 @@ def precompile_fp8_gemm_nt(
     from deepgemm.kernels.fp8_gemm import compile_spec, plan_spec
 
     for name, value in (("m", m), ("n", n), ("k", k)):
-        if not isinstance(value, int) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"precompile_fp8_gemm_nt: '{name}' must be a positive int, got {value!r}")
     if k % 16 != 0:
         raise ValueError(f"precompile_fp8_gemm_nt: K={k} must be a multiple of 16")

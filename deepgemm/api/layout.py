@@ -23,6 +23,8 @@ def is_mn_major_tma_aligned(sf: torch.Tensor) -> bool:
 
 def to_mn_major_tma_aligned(sf: torch.Tensor) -> torch.Tensor:
     """[M, G] float32 scales as a view with strides (1, align(M, 4)); no copy when already so."""
+    if not isinstance(sf, torch.Tensor) or sf.dtype != torch.float32 or sf.dim() != 2:
+        raise TypeError(f"to_mn_major_tma_aligned: 'sf' must be a 2-D float32 tensor, got {getattr(sf, 'dtype', type(sf))}")
     if is_mn_major_tma_aligned(sf):
         return sf
     m, groups = sf.shape

@@ -14,6 +14,7 @@ import math
 import os
 
 from deepgemm.configs.config import GemmConfig
+from deepgemm.errors import UnsupportedError
 from deepgemm.utils import align_up, ceil_div
 
 SMEM_CAPACITY = 232_448  # bytes of dynamic shared memory a CTA may use on sm_90
@@ -26,8 +27,11 @@ L2_TO_SM_BYTES_PER_S = 1.0e11  # one SM's share of L2 read bandwidth
 MMA_OVERHEAD_COLUMNS = 24  # wgmma issue overhead, in equivalent N columns
 # Share of time the tensor cores work when promotion is not pipelined (measured: ~58% tensor-pipe
 # activity with two warpgroups at bm128 bn160; one warpgroup cannot overlap at all).
-UNPIPELINED_MMA_SHARE = {64: 0.55, 128: 0.7}
+UNPIPELINED_MMA_SHARE = {64: 0.4, 128: 0.8}
 PIPELINED_MMA_SHARE = {64: 0.7, 128: 0.9}
+# Tiles whose block_n does not divide 128 straddle two sfb blocks: per-column scale selects in the
+# promotion. Fitted on the H200 sweep (benchmarks/h200-tune-sweep.json): such tiles ran ~30% slower.
+STRADDLE_SHARE = 0.7
 MAX_PIPELINED_BLOCK_N = 128  # 3 x block_n/2 accumulator registers must fit next to ~40 others
 
 
@@ -63,19 +67,14 @@ def max_block_n(block_m: int) -> int:
     return 192
 
 
-MIN_M_BLOCKS_FOR_CLUSTER = 4  # measured: with 2 M-blocks the cross-CTA handshake costs more than it saves
-
-
 def cluster_m_for(m: int, block_m: int, block_n: int, num_sms: int) -> int:
-    """Pair vertically adjacent tiles (B multicast) when M is large enough for L2 traffic to matter.
+    """1 by default: the 2-CTA B multicast measured slower than no cluster on 17 of 18 H200 shapes
+    (benchmarks/h200-tune-sweep.json; e.g. 4096x7168x16384 962 vs 841 us), so it is opt-in.
 
-    DEEPGEMM_CLUSTER_M=1|2 overrides the choice where the tile allows it (for experiments).
+    DEEPGEMM_CLUSTER_M=2 enables it where the tile allows it (block_n % 16 == 0, two or more M-blocks).
     """
-    allowed = block_n % 16 == 0 and num_sms % 2 == 0
-    forced = os.environ.get("DEEPGEMM_CLUSTER_M")
-    if forced in ("1", "2"):
-        return 2 if forced == "2" and allowed else 1
-    return 2 if allowed and ceil_div(m, block_m) >= MIN_M_BLOCKS_FOR_CLUSTER else 1
+    allowed = block_n % 16 == 0 and num_sms % 2 == 0 and ceil_div(m, block_m) >= 2
+    return 2 if allowed and os.environ.get("DEEPGEMM_CLUSTER_M") == "2" else 1
 
 
 def pipelined_for(block_n: int) -> bool:
@@ -83,6 +82,16 @@ def pipelined_for(block_n: int) -> bool:
 
 
 def estimate_seconds(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int, out_elem_bytes: int) -> float:
+    """Estimated run time: the slower of the tile schedule and the HBM floor."""
+    return max(tile_schedule_seconds(m, n, k, block_m, block_n, num_sms), hbm_seconds(m, n, k, out_elem_bytes))
+
+
+def hbm_seconds(m: int, n: int, k: int, out_elem_bytes: int) -> float:
+    return (m * k + n * k + m * n * out_elem_bytes) / HBM_BYTES_PER_S
+
+
+def tile_schedule_seconds(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> float:
+    """waves x per-tile time, the per-tile time being the slower of MMA and streaming operands from L2."""
     k_padded = align_up(max(k, 1), 128)
     cluster_m = cluster_m_for(m, block_m, block_n, num_sms)
     tiles = align_up(ceil_div(m, block_m), cluster_m) * ceil_div(n, block_n)
@@ -90,11 +99,11 @@ def estimate_seconds(m: int, n: int, k: int, block_m: int, block_n: int, num_sms
     mma_efficiency = block_n / (block_n + MMA_OVERHEAD_COLUMNS)
     shares = PIPELINED_MMA_SHARE if pipelined_for(block_n) else UNPIPELINED_MMA_SHARE
     mma_efficiency *= shares[block_m]
+    if 128 % block_n != 0:
+        mma_efficiency *= STRADDLE_SHARE
     mma = 2 * block_m * block_n * k_padded / (FP8_DENSE_FLOPS / num_sms * mma_efficiency)
     stream = (block_m + block_n / cluster_m) * k_padded / L2_TO_SM_BYTES_PER_S
-    tile_time = max(mma, stream)
-    hbm_bytes = m * k + n * k + m * n * out_elem_bytes
-    return max(waves * tile_time, hbm_bytes / HBM_BYTES_PER_S)
+    return waves * max(mma, stream)
 
 
 def spans_at_most_two_scale_blocks(block_n: int) -> bool:
@@ -113,28 +122,44 @@ def candidate_tiles(m: int, n: int) -> list[tuple[int, int]]:
     ]
 
 
-def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2) -> GemmConfig:
-    """Pick block sizes and stages for D[m, n] = A[m, k] B[n, k]^T on `num_sms` SMs."""
-    if min(m, n, k) <= 0 or num_sms <= 0:
-        raise ValueError(f"choose_fp8_gemm_config needs positive m, n, k, num_sms; got {m}, {n}, {k}, {num_sms}")
-    best: tuple[float, int, int, int] | None = None
-    for block_m, block_n in candidate_tiles(m, n):
-        if max_stages(block_m, block_n, k, out_elem_bytes) < 2:
-            continue
-        seconds = estimate_seconds(m, n, k, block_m, block_n, num_sms, out_elem_bytes)
-        tiles = ceil_div(m, block_m) * ceil_div(n, block_n)
-        key = (seconds * (1 - 1e-9), tiles, block_m, block_n)
-        if best is None or key[:2] < best[:2]:
-            best = key
-    assert best is not None, "no FP8 GEMM tile fits in shared memory"
-    _, _, block_m, block_n = best
+def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int, out_elem_bytes: int = 2,
+                cluster_m: int | None = None) -> GemmConfig:
+    """A complete config for a tile choice: deepest pipeline that fits, cluster and pipelining rules."""
     stages = max_stages(block_m, block_n, k, out_elem_bytes)
     return GemmConfig(
         block_m=block_m,
         block_n=block_n,
         num_stages=stages,
         num_sms=num_sms,
-        cluster_m=cluster_m_for(m, block_m, block_n, num_sms),
+        cluster_m=cluster_m_for(m, block_m, block_n, num_sms) if cluster_m is None else cluster_m,
         pipelined=pipelined_for(block_n),
         smem_bytes=fp8_gemm_smem_bytes(block_m, block_n, stages, k, out_elem_bytes),
     )
+
+
+def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2) -> list[tuple[float, int, int]]:
+    """(estimated seconds, block_m, block_n) for every feasible tile, fastest first.
+
+    Ties (several tiles at the HBM floor) go to the faster tile schedule, then to fewer tiles.
+    """
+    ranked = []
+    for block_m, block_n in candidate_tiles(m, n):
+        if max_stages(block_m, block_n, k, out_elem_bytes) < 2:
+            continue
+        schedule = tile_schedule_seconds(m, n, k, block_m, block_n, num_sms)
+        seconds = max(schedule, hbm_seconds(m, n, k, out_elem_bytes))
+        tiles = ceil_div(m, block_m) * ceil_div(n, block_n)
+        ranked.append((seconds, schedule, tiles, block_m, block_n))
+    ranked.sort()
+    return [(seconds, block_m, block_n) for seconds, _, _, block_m, block_n in ranked]
+
+
+def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2) -> GemmConfig:
+    """Pick block sizes and stages for D[m, n] = A[m, k] B[n, k]^T on `num_sms` SMs."""
+    if min(m, n, k) <= 0 or num_sms <= 0:
+        raise ValueError(f"choose_fp8_gemm_config needs positive m, n, k, num_sms; got {m}, {n}, {k}, {num_sms}")
+    ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes)
+    if not ranked:
+        raise UnsupportedError(f"no FP8 GEMM tile for m={m} n={n} k={k} fits in shared memory")
+    _, block_m, block_n = ranked[0]
+    return make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes)

@@ -110,7 +110,9 @@ class Fp8GemmPlan:
             ]
         )
 
-    def launch(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor) -> None:
+    def packed_args(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
+                    d: torch.Tensor) -> PackedArgs:
+        """Kernel arguments (TMA descriptors + scalars) for these tensors, packed once per pointer set."""
         key = (a.data_ptr(), a.stride(0), sfa.data_ptr(), sfa.stride(1), b.data_ptr(), b.stride(0), sfb.data_ptr(),
                d.data_ptr(), d.stride(0))
         args = self._args.get(key)
@@ -118,21 +120,33 @@ class Fp8GemmPlan:
             if len(self._args) >= self._ARGS_CAPACITY:
                 self._args.clear()
             args = self._args[key] = self._pack(a, sfa, b, sfb, d)
+        return args
+
+    def launch_packed(self, args: PackedArgs) -> None:
         config = self.kernel.launch_config(self.device_index, current_raw_stream(self.device_index), self.grid, self.block,
                                            self.spec.config.cluster_m)
         self.kernel.launch(config, args.address)
 
+    def launch(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor) -> None:
+        """Launch on the current stream; `sfa` must already be M-major and TMA-aligned, `sfb` contiguous."""
+        self.launch_packed(self.packed_args(a, sfa, b, sfb, d))
 
-_plans: dict[tuple[int, int, int, int, torch.dtype], Fp8GemmPlan] = {}
+
+_plans: dict[tuple[int, int, int, int, torch.dtype, GemmConfig | None], Fp8GemmPlan] = {}
 _plans_lock = threading.Lock()
 
 
-def get_plan(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype) -> Fp8GemmPlan:
-    key = (device_index, m, n, k, out_dtype)
+def get_plan(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype,
+             config: GemmConfig | None = None) -> Fp8GemmPlan:
+    """The plan for a shape; `config` overrides the heuristic's choice (used by the tuner)."""
+    key = (device_index, m, n, k, out_dtype, config)
     plan = _plans.get(key)
     if plan is not None:
         return plan
-    spec = plan_spec(m, n, k, out_dtype, sm_count(device_index))
+    if config is None:
+        spec = plan_spec(m, n, k, out_dtype, sm_count(device_index))
+    else:
+        spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
     if os.environ.get("DEEPGEMM_PRINT_CONFIGS"):
         print(f"deepgemm: m={m} {spec.label()}", file=sys.stderr)
     kernel = load_kernel(render_source(spec), spec.config.smem_bytes)

@@ -52,6 +52,20 @@ def test_odd_shapes(m: int, n: int, k: int) -> None:
     assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b))
 
 
+@pytest.mark.parametrize("m,n,k,block_m,block_n", [(300, 2112, 7168, 128, 128), (129, 4096, 7296, 64, 192), (4097, 136, 144, 128, 64)])
+def test_cluster_multicast_configs(m: int, n: int, k: int, block_m: int, block_n: int) -> None:
+    """The opt-in 2-CTA B-multicast path (odd M-block counts leave a CTA with no rows)."""
+    from deepgemm.configs.heuristics import make_config
+    from deepgemm.kernels.fp8_gemm import get_plan
+
+    config = make_config(m, n, k, block_m, block_n, torch.cuda.get_device_properties(0).multi_processor_count, cluster_m=2)
+    plan = get_plan(0, m, n, k, torch.bfloat16, config)
+    a, b = random_operands(m, n, k, "cuda")
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    plan.launch(a[0], a[1], b[0], b[1], out)
+    assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b))
+
+
 def test_fp32_output() -> None:
     m, n, k = 129, 136, 144
     a, b = random_operands(m, n, k, "cuda")

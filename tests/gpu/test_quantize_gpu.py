@@ -54,3 +54,13 @@ def test_round_trip_error_is_fp8_sized() -> None:
     w = torch.randn(384, 640, device="cuda")
     qw, sfw = deepgemm.quantize_per_block(w)
     assert deepgemm.calc_diff(deepgemm.dequantize_per_block(qw, sfw), w) < 1e-3
+
+
+def test_nan_groups_match_reference() -> None:
+    x = torch.randn(8, 256)
+    x[3, 10] = float("nan")
+    q, sf = deepgemm.quantize_per_token_group(x.cuda())
+    q_ref, sf_ref = quantize_per_token_group_reference(x)
+    assert torch.equal(sf.cpu().isnan(), sf_ref.isnan()) and sf.cpu()[3, 0].isnan()
+    finite = ~sf_ref.isnan()
+    assert torch.equal(sf.cpu()[finite], sf_ref[finite])

@@ -3,7 +3,8 @@
 //                    (element (m, g) at sf + g * sf_stride + m; sf_stride = M rounded up to 4).
 //   per-block:       w [N,K] -> q [N,K] e4m3, sf[nb, kb] = amax of the B x B block / 448, row-major.
 // The scale is max(amax / 448, FLT_MIN): an all-zero group gets a tiny positive scale and zeros, never
-// NaN or Inf. q = x / scale (IEEE division), rounded to nearest-even and saturated to +-448.
+// NaN or Inf. q = x / scale (IEEE division), rounded to nearest-even and saturated to +-448. A NaN in a
+// group makes its scale (and q) NaN, matching the CPU reference.
 #pragma once
 #include <deepgemm/ptx/sync.cuh>
 
@@ -26,10 +27,17 @@ DG_DEVICE float load_as_float(const void* base, u64 index) {
     }
 }
 
+// max that propagates NaN (fmaxf would drop it), so a NaN input gives a NaN scale, as torch's amax does.
+DG_DEVICE float max_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
 DG_DEVICE float fp8_scale_for(float amax) {
     constexpr float kE4m3Max = 448.0f;
     constexpr float kFloatMin = 1.17549435e-38f;
-    return fmaxf(amax / kE4m3Max, kFloatMin);
+    return max_nan(amax / kE4m3Max, kFloatMin);
 }
 
 DG_DEVICE u8 to_e4m3(float value) {
@@ -39,7 +47,7 @@ DG_DEVICE u8 to_e4m3(float value) {
 DG_DEVICE float warp_max(float value) {
 #pragma unroll
     for (u32 offset = 16; offset > 0; offset /= 2) {
-        value = fmaxf(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
+        value = max_nan(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
     }
     return value;
 }
@@ -66,7 +74,7 @@ struct QuantizePerTokenGroup {
         for (u32 i = 0; i < kPerLane; ++i) {
             const u32 col = group * kGroupSize + i * 32 + lane;
             values[i] = col < k ? load_as_float<kKind>(x, row * x_row_stride + col) : 0.0f;
-            amax = fmaxf(amax, fabsf(values[i]));
+            amax = max_nan(amax, fabsf(values[i]));
         }
         const float scale = fp8_scale_for(warp_max(amax));
 #pragma unroll
@@ -105,7 +113,7 @@ struct QuantizePerBlock {
                 const u32 row = row0 + r;
                 const u32 col = col0 + c * 32;
                 values[r][c] = (row < n && col < k) ? load_as_float<kKind>(w, row * w_row_stride + col) : 0.0f;
-                amax = fmaxf(amax, fabsf(values[r][c]));
+                amax = max_nan(amax, fabsf(values[r][c]));
             }
         }
         amax = warp_max(amax);
@@ -116,7 +124,7 @@ struct QuantizePerBlock {
         amax = warp_amax[0];
 #pragma unroll
         for (u32 i = 1; i < kNumWarps; ++i) {
-            amax = fmaxf(amax, warp_amax[i]);
+            amax = max_nan(amax, warp_amax[i]);
         }
         const float scale = fp8_scale_for(amax);
 #pragma unroll

@@ -1,0 +1,209 @@
+"""Real sm_90a compile-only builds (NVRTC, no GPU): the GEMM kernels the planner picks, a few
+hand-picked configs the planner may pick, and the quantize kernels. Each must compile without
+register spills, stack frame, or wgmma serialization (ptxas C7514)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import torch
+
+import deepgemm
+from deepgemm.configs import GemmConfig
+from deepgemm.configs.heuristics import SMEM_CAPACITY, fp8_gemm_smem_bytes, max_stages, pipelined_for
+from deepgemm.errors import CompileError
+from deepgemm.jit import compile_kernel
+from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec, render_source
+from deepgemm.kernels.quantize import _block_source, _token_group_source
+
+BF16, FP32 = torch.bfloat16, torch.float32
+
+# Through precompile_fp8_gemm_nt: (id, m, n, k, out_dtype, num_sms, DEEPGEMM_CLUSTER_M or None).
+PLANNED = [
+    ("n8", 1, 8, 128, BF16, 132, None),
+    ("large_compute_bound", 4096, 7168, 16384, BF16, 132, None),
+    ("k144_fp32", 4096, 136, 144, FP32, 132, None),
+    ("k7296_sms114", 1000, 2056, 7296, BF16, 114, None),
+    ("fp32_wide_sms78", 129, 7168, 16384, FP32, 78, None),
+    ("n32768_k512_sms78", 65, 32768, 512, BF16, 78, None),
+    ("decode_sms114", 129, 2112, 7168, BF16, 114, None),
+    ("n7_k16", 1, 7, 16, BF16, 132, None),
+    ("k7184_fp32", 4096, 4100, 7184, FP32, 132, None),
+    ("cluster_large", 4096, 7168, 16384, BF16, 132, "2"),
+    ("cluster_k144", 4096, 136, 144, BF16, 78, "2"),
+    ("cluster_fp32_k7296", 1000, 2056, 7296, FP32, 132, "2"),
+]
+
+# Hand-built configs (tiles the candidate set allows), to cover what the current heuristic may not
+# pick: (id, block_m, block_n, cluster_m, n, k, out_dtype).
+EXPLICIT = [
+    ("bm64_bn192", 64, 192, 1, 24576, 1536, BF16),
+    ("bm64_bn136_fp32_k144", 64, 136, 1, 136, 144, FP32),
+    ("bm128_bn192_cm2_fp32", 128, 192, 2, 32768, 512, FP32),
+    ("bm128_bn144_cm2_k7296", 128, 144, 2, 2056, 7296, BF16),
+    ("bm128_bn104_k7296", 128, 104, 1, 2056, 7296, BF16),
+]
+
+QUANTIZE = [
+    ("token_group_bf16_128", _token_group_source, BF16, 128),
+    ("token_group_fp32_128", _token_group_source, FP32, 128),
+    ("token_group_fp16_64", _token_group_source, torch.float16, 64),
+    ("block_bf16_128", _block_source, BF16, 128),
+    ("block_fp32_128", _block_source, FP32, 128),
+    ("token_group_fp32_1024", _token_group_source, FP32, 1024),
+    ("block_fp16_32", _block_source, torch.float16, 32),
+]
+
+
+@dataclasses.dataclass
+class Build:
+    name: str
+    spec: Fp8GemmSpec | None
+    resources: Any
+    log: str
+    extra: dict
+
+
+def explicit_spec(block_m: int, block_n: int, cluster_m: int, n: int, k: int, out_dtype: torch.dtype) -> Fp8GemmSpec:
+    out_bytes = 4 if out_dtype == FP32 else 2
+    stages = max_stages(block_m, block_n, k, out_bytes)
+    config = GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_sms=132, cluster_m=cluster_m,
+                        pipelined=pipelined_for(block_n),
+                        smem_bytes=fp8_gemm_smem_bytes(block_m, block_n, stages, k, out_bytes))
+    return Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
+
+
+def _precompile(request) -> Build:
+    name, m, n, k, out_dtype, num_sms, _ = request
+    info = deepgemm.precompile_fp8_gemm_nt(m, n, k, out_dtype=out_dtype, num_sms=num_sms)
+    spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=info.config)
+    compiled = compile_kernel(render_source(spec))  # memo/disk hit: the same build, with its log
+    return Build(name, spec, info.resources, compiled.log,
+                 {"m": m, "label": info.label, "cubin": info.cubin_path, "same_cubin": str(compiled.cubin_path) == info.cubin_path})
+
+
+def _explicit(request) -> Build:
+    name, bm, bn, cm, n, k, out_dtype = request
+    spec = explicit_spec(bm, bn, cm, n, k, out_dtype)
+    compiled = compile_spec(spec)
+    return Build(name, spec, compiled.resources, compiled.log, {"label": spec.label()})
+
+
+def _quantize(request) -> Build:
+    name, make_source, dtype, size = request
+    compiled = compile_kernel(make_source(dtype, size))
+    return Build(name, None, compiled.resources, compiled.log, {})
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
+    # Module fixtures run before the function-scoped cache isolation of conftest: isolate here too.
+    with pytest.MonkeyPatch.context() as mp:
+        if "DEEPGEMM_CACHE_DIR" not in os.environ:
+            mp.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "deepgemm-cache"))
+        results: list[Build] = []
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            # The cluster choice reads the environment when the config is planned, so the planned
+            # builds go in two batches; everything else compiles alongside the first batch.
+            mp.delenv("DEEPGEMM_CLUSTER_M", raising=False)
+            others = [pool.submit(_explicit, r) for r in EXPLICIT] + [pool.submit(_quantize, r) for r in QUANTIZE]
+            results += pool.map(_precompile, [r for r in PLANNED if r[6] is None])
+            mp.setenv("DEEPGEMM_CLUSTER_M", "2")
+            results += pool.map(_precompile, [r for r in PLANNED if r[6] == "2"])
+            mp.delenv("DEEPGEMM_CLUSTER_M")
+            results += [f.result() for f in others]
+    by_name = {b.name: b for b in results}
+    print("\ncovered GEMM configs:")
+    for b in results:
+        if b.spec is not None:
+            r = b.resources
+            print(f"  {b.name:24s} {b.spec.label()}  regs={r.registers if r else '?'}")
+    return by_name
+
+
+GEMM_IDS = [r[0] for r in PLANNED] + [r[0] for r in EXPLICIT]
+ALL_IDS = GEMM_IDS + [r[0] for r in QUANTIZE]
+
+
+@pytest.mark.parametrize("name", ALL_IDS)
+def test_no_spills_no_stack(builds: dict[str, Build], name: str) -> None:
+    b = builds[name]
+    r = b.resources
+    assert r is not None, f"{name}: no ptxas resource report in log:\n{b.log}"
+    assert r.spill_stores == 0 and r.spill_loads == 0, f"{name}: spills {r}"
+    assert r.stack_frame == 0, f"{name}: stack frame {r}"
+    assert 0 < r.registers <= 255
+    if b.spec is not None:
+        assert r.registers * b.spec.config.num_threads <= 65536, f"{name}: {r.registers} registers x {b.spec.config.num_threads} threads"
+
+
+@pytest.mark.parametrize("name", ALL_IDS)
+def test_no_wgmma_serialization(builds: dict[str, Build], name: str) -> None:
+    log = builds[name].log
+    assert "Compiling entry function" in log  # the log is ptxas's verbose report, not empty
+    assert "C7514" not in log, f"{name}: ptxas serialized wgmma:\n{log}"
+
+
+@pytest.mark.parametrize("name", [r[0] for r in PLANNED])
+def test_planned_builds_match_the_heuristic(builds: dict[str, Build], name: str) -> None:
+    b = builds[name]
+    c = b.spec.config
+    assert b.extra["same_cubin"], "the config precompile reports is not the one it built"
+    assert c.smem_bytes <= SMEM_CAPACITY and c.num_stages >= 2
+    assert c.num_sms == next(r[5] for r in PLANNED if r[0] == name)
+    assert b.extra["label"] == b.spec.label()
+
+
+def test_configs_covered(builds: dict[str, Build]) -> None:
+    """The set of builds spans the kernel's template space the brief asks for."""
+    specs = [builds[n].spec for n in GEMM_IDS]
+    configs = [s.config for s in specs]
+    assert {c.block_m for c in configs} == {64, 128}
+    assert {c.pipelined for c in configs} == {True, False}
+    assert {c.cluster_m for c in configs} == {1, 2}
+    assert any(128 % c.block_n != 0 for c in configs), "no tile straddles scale blocks"
+    assert any(128 % c.block_n != 0 and c.block_n > 128 for c in configs)
+    assert any(s.k % 128 != 0 for s in specs), "no K tail"
+    assert any(s.n == 8 for s in specs)
+    assert any(s.out_dtype == FP32 for s in specs)
+    assert any(s.out_dtype == FP32 and c.cluster_m == 2 for s, c in zip(specs, configs))
+    # Clusters were really planned (not only hand-built) when enabled.
+    assert any(builds[r[0]].spec.config.cluster_m == 2 for r in PLANNED if r[6] == "2")
+
+
+def test_static_assert_catches_smem_mismatch(builds: dict[str, Build]) -> None:
+    """render_source pins the host's smem size against the kernel's; a wrong one must not compile."""
+    spec = builds["k144_fp32"].spec
+    bad = dataclasses.replace(spec, config=dataclasses.replace(spec.config, smem_bytes=spec.config.smem_bytes + 1024))
+    with pytest.raises(CompileError):
+        compile_spec(bad)
+
+
+def test_precompile_defaults_to_132_sms_without_gpu(builds: dict[str, Build]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: num_sms defaults to its SM count")
+    info = deepgemm.precompile_fp8_gemm_nt(1, 8, 128)
+    assert info.config.num_sms == 132
+    assert info.config == builds["n8"].spec.config
+    assert info.cubin_path == builds["n8"].extra["cubin"]
+
+
+@pytest.mark.parametrize(
+    "args,kwargs,exc,match",
+    [
+        ((0, 8, 128), {}, ValueError, "'m'"),
+        ((1, -8, 128), {}, ValueError, "'n'"),
+        ((1, 8, 0), {}, ValueError, "'k'"),
+        ((1, 8, 100), {}, ValueError, "K=100"),
+        ((1.0, 8, 128), {}, ValueError, "'m'"),
+        ((1, 8, 128), {"out_dtype": torch.float16}, TypeError, "out_dtype"),
+        ((1, 8, 128), {"num_sms": 0}, ValueError, "num_sms"),
+    ],
+)
+def test_precompile_rejects_bad_arguments(args, kwargs, exc, match: str) -> None:
+    with pytest.raises(exc, match=match):
+        deepgemm.precompile_fp8_gemm_nt(*args, **kwargs)

@@ -1,0 +1,272 @@
+"""Scale layouts (to_mn_major_tma_aligned, tma_row_stride) and the FP8 GEMM config heuristic."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import pytest
+import torch
+
+import deepgemm
+from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
+from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
+from deepgemm.configs.heuristics import SMEM_CAPACITY, fp8_gemm_smem_bytes
+
+# ---------------------------------------------------------------- layouts
+
+
+def aligned_rows(m: int) -> int:
+    return -(-m // 4) * 4
+
+
+def m_major(values: torch.Tensor, pad_value: float = float("nan")) -> torch.Tensor:
+    """values [M, G] as an M-major view with strides (1, align(M, 4)); padding poisoned."""
+    m, g = values.shape
+    storage = torch.full((g, aligned_rows(m)), pad_value)
+    storage[:, :m] = values.t()
+    return storage[:, :m].t()
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 64, 129])
+@pytest.mark.parametrize("g", [2, 3, 57])
+def test_row_major_input_is_copied_to_m_major(m: int, g: int) -> None:
+    sf = torch.rand(m, g)
+    out = deepgemm.to_mn_major_tma_aligned(sf)
+    assert out.shape == (m, g)
+    assert out.dtype == torch.float32
+    assert out.stride() == (1, aligned_rows(m))
+    assert out.data_ptr() % 16 == 0
+    assert out.data_ptr() != sf.data_ptr()
+    assert torch.equal(out, sf)
+    assert mn_major_row_stride(out) == aligned_rows(m)
+    # The source is left alone.
+    assert sf.is_contiguous()
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 64, 129])
+@pytest.mark.parametrize("g", [1, 2, 57])
+def test_already_aligned_is_returned_without_copy(m: int, g: int) -> None:
+    values = torch.rand(m, g)
+    sf = m_major(values)
+    out = deepgemm.to_mn_major_tma_aligned(sf)
+    assert out.data_ptr() == sf.data_ptr()
+    assert out.stride() == sf.stride() == (1, aligned_rows(m))
+    assert torch.equal(out, values)
+
+
+def test_m_major_with_unaligned_column_stride_is_copied() -> None:
+    m, g = 5, 3
+    values = torch.rand(m, g)
+    sf = torch.rand(g, m).t()  # strides (1, 5): columns are not 16-byte aligned
+    sf.copy_(values)
+    assert sf.stride() == (1, 5)
+    out = deepgemm.to_mn_major_tma_aligned(sf)
+    assert out.data_ptr() != sf.data_ptr()
+    assert out.stride() == (1, 8)
+    assert torch.equal(out, values)
+
+
+def test_misaligned_base_pointer_is_copied() -> None:
+    m, g = 8, 3
+    big = torch.rand(g, m + 1)
+    sf = big[:, 1:].t()  # strides (1, 9), base offset 4 bytes
+    assert sf.data_ptr() % 16 != 0
+    out = deepgemm.to_mn_major_tma_aligned(sf)
+    assert out.data_ptr() % 16 == 0 and out.stride() == (1, 8)
+    assert torch.equal(out, sf)
+    # Aligned stride but misaligned base.
+    storage = torch.rand(4 * g * 8 + 1)
+    sf2 = storage[1:1 + g * 8].view(g, 8).t()
+    assert sf2.stride() == (1, 8) and sf2.data_ptr() % 16 != 0
+    out2 = deepgemm.to_mn_major_tma_aligned(sf2)
+    assert out2.data_ptr() % 16 == 0 and out2.stride() == (1, 8)
+    assert torch.equal(out2, sf2)
+
+
+def test_single_group_column() -> None:
+    """G=1: the column stride is meaningless; values must survive and rows must be unit-stride."""
+    for m in (1, 3, 4, 129):
+        sf = torch.rand(m, 1)
+        out = deepgemm.to_mn_major_tma_aligned(sf)
+        assert torch.equal(out, sf)
+        assert m == 1 or out.stride(0) == 1
+        assert out.data_ptr() % 16 == 0
+        assert mn_major_row_stride(out) == aligned_rows(m)
+    # A G=1 column cut from a row-major matrix (row stride 3) must be copied.
+    wide = torch.rand(6, 3)
+    col = wide[:, :1]
+    assert col.stride() == (3, 1)
+    out = deepgemm.to_mn_major_tma_aligned(col)
+    assert out.stride(0) == 1 and torch.equal(out, col)
+
+
+def test_single_row() -> None:
+    """M=1: the row stride is meaningless, the column stride must be 4 floats (16 bytes)."""
+    sf = torch.rand(1, 9)
+    out = deepgemm.to_mn_major_tma_aligned(sf)
+    assert out.shape == (1, 9)
+    assert out.stride(1) == 4
+    assert torch.equal(out, sf)
+    assert mn_major_row_stride(out) == 4
+
+
+def test_gemm_accepts_any_sfa_layout_with_the_same_result() -> None:
+    gen = torch.Generator().manual_seed(torch.seed() % (2**31))
+    m, n, k = 13, 136, 300
+    a = (torch.randn(m, k, generator=gen) * 30).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, k, generator=gen) * 30).to(torch.float8_e4m3fn)
+    sfa = torch.rand(m, 3, generator=gen) + 0.1
+    sfb = torch.rand(2, 3, generator=gen) + 0.1
+    outs = [
+        deepgemm.fp8_gemm_nt((a, layout), (b, sfb), out_dtype=torch.float32)
+        for layout in (sfa, m_major(sfa), deepgemm.to_mn_major_tma_aligned(sfa), sfa.t().contiguous().t())
+    ]
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+
+
+@pytest.mark.parametrize(
+    "shape,dtype,expected",
+    [
+        ((1, 7), torch.float8_e4m3fn, 16),
+        ((1, 16), torch.float8_e4m3fn, 16),
+        ((1, 17), torch.float8_e4m3fn, 32),
+        ((1, 0), torch.float8_e4m3fn, 16),
+        ((1, 3), torch.bfloat16, 8),
+        ((1, 200), torch.bfloat16, 200),
+        ((1, 201), torch.bfloat16, 208),
+        ((1, 5), torch.float32, 8),
+        ((1, 1), torch.float32, 4),
+    ],
+)
+def test_tma_row_stride_single_row(shape, dtype, expected: int) -> None:
+    t = torch.zeros(shape, dtype=dtype)
+    stride = tma_row_stride(t)
+    assert stride == expected
+    assert stride * t.element_size() % 16 == 0 and stride >= shape[1]
+
+
+def test_tma_row_stride_uses_the_real_stride_for_several_rows() -> None:
+    t = torch.zeros(5, 208, dtype=torch.bfloat16)
+    assert tma_row_stride(t) == 208
+    assert tma_row_stride(t[:, :200]) == 208
+    assert tma_row_stride(torch.zeros(3, 300, dtype=torch.float8_e4m3fn)) == 300
+
+
+# ---------------------------------------------------------------- heuristics
+
+MS = [1, 7, 64, 65, 128, 129, 1000, 4096, 4097]
+NKS = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (8, 128), (136, 144),
+       (2056, 7296)]
+SMS = [132, 114, 78]
+
+
+@pytest.fixture(autouse=True)
+def _no_cluster_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DEEPGEMM_CLUSTER_M", raising=False)
+
+
+def check_config(c: GemmConfig, m: int, n: int, k: int, num_sms: int, out_bytes: int) -> None:
+    where = f"m={m} n={n} k={k} sms={num_sms} out={out_bytes}: {c}"
+    assert c.num_sms == num_sms, where
+    assert c.block_k == 128, where
+    assert c.block_m in (64, 128), where
+    assert c.block_n % 8 == 0 and 8 <= c.block_n <= 192, where
+    assert 128 - math.gcd(c.block_n, 128) + c.block_n <= 256, where
+    assert c.num_stages >= 2, where
+    assert c.smem_bytes <= SMEM_CAPACITY, where
+    assert c.smem_bytes == fp8_gemm_smem_bytes(c.block_m, c.block_n, c.num_stages, k, out_bytes), where
+    # Pipeline depth: the most stages that fit (32 is the cap).
+    assert c.num_stages == 32 or fp8_gemm_smem_bytes(c.block_m, c.block_n, c.num_stages + 1, k, out_bytes) > SMEM_CAPACITY, where
+    # Independent lower bound: the stages' A, B and sfa tiles plus the output staging tile.
+    lower = c.num_stages * (c.block_m * 128 + c.block_n * 128 + c.block_m * 4) + c.block_m * c.block_n * out_bytes
+    assert c.smem_bytes >= lower, where
+    assert c.cluster_m in (1, 2), where
+    if c.cluster_m == 2:
+        assert c.block_n % 16 == 0 and num_sms % 2 == 0, where
+    if c.pipelined:
+        assert c.block_n <= 128, where
+    if m <= 64:
+        assert c.block_m == 64, where
+    # No tile wider than the (8-aligned) problem needs.
+    assert c.block_n <= max(-(-n // 8) * 8, 16), where
+    assert c.num_threads == 128 * (1 + c.block_m // 64)
+
+
+@pytest.mark.parametrize("cluster_env", [None, "2"])
+@pytest.mark.parametrize("num_sms", SMS)
+@pytest.mark.parametrize("out_bytes", [2, 4])
+def test_config_grid(num_sms: int, out_bytes: int, cluster_env: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every invariant on the whole grid, with the default cluster policy and with clusters enabled."""
+    if cluster_env is not None:
+        monkeypatch.setenv("DEEPGEMM_CLUSTER_M", cluster_env)
+    for m, (n, k) in itertools.product(MS, NKS):
+        c = choose_fp8_gemm_config(m, n, k, num_sms, out_bytes)
+        check_config(c, m, n, k, num_sms, out_bytes)
+
+
+def test_config_odd_sm_count_never_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPGEMM_CLUSTER_M", "2")
+    for m, (n, k) in itertools.product(MS, NKS):
+        c = choose_fp8_gemm_config(m, n, k, 133)
+        check_config(c, m, n, k, 133, 2)
+        assert c.cluster_m == 1
+
+
+def test_config_small_m_uses_block_m_64() -> None:
+    for m, (n, k), sms in itertools.product([1, 7, 33, 64], NKS, SMS):
+        assert choose_fp8_gemm_config(m, n, k, sms).block_m == 64
+
+
+def test_config_large_compute_bound_shape_uses_block_m_128() -> None:
+    c = choose_fp8_gemm_config(4096, 7168, 16384, 132)
+    assert c.block_m == 128
+    assert c.block_n >= 64  # a compute-bound shape must not pick a narrow, overhead-bound tile
+
+
+def test_config_is_deterministic() -> None:
+    first = [choose_fp8_gemm_config(m, n, k, s) for m, (n, k), s in itertools.product(MS, NKS, SMS)]
+    second = [choose_fp8_gemm_config(m, n, k, s) for m, (n, k), s in itertools.product(MS, NKS, SMS)]
+    assert first == second
+
+
+def test_config_covers_a_variety_of_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grid exercises both block_m values, pipelining and (with clusters enabled) cluster_m 2."""
+    grid = list(itertools.product(MS, NKS, SMS, (2, 4)))
+    configs = {choose_fp8_gemm_config(m, n, k, s, o) for m, (n, k), s, o in grid}
+    assert {c.block_m for c in configs} == {64, 128}
+    assert {c.pipelined for c in configs} == {True, False}
+    monkeypatch.setenv("DEEPGEMM_CLUSTER_M", "2")
+    clustered = {choose_fp8_gemm_config(m, n, k, s, o) for m, (n, k), s, o in grid}
+    assert {c.cluster_m for c in clustered} == {1, 2}
+    monkeypatch.setenv("DEEPGEMM_CLUSTER_M", "1")
+    assert {choose_fp8_gemm_config(m, n, k, s, o).cluster_m for m, (n, k), s, o in grid} == {1}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [(0, 128, 128, 132), (1, 0, 128, 132), (1, 128, 0, 132), (1, 128, 128, 0), (-1, 128, 128, 132), (1, 128, 128, -132)],
+)
+def test_config_invalid_args(args) -> None:
+    with pytest.raises(ValueError):
+        choose_fp8_gemm_config(*args)
+
+
+def test_gemm_config_is_frozen() -> None:
+    c = choose_fp8_gemm_config(128, 4096, 7168, 132)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.block_n = 64  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.num_stages = 1  # type: ignore[misc]
+    assert hash(c) == hash(dataclasses.replace(c))
+    assert c == dataclasses.replace(c)
+    assert c != dataclasses.replace(c, num_stages=c.num_stages - 1)
+
+
+def test_smem_grows_with_stages_and_k() -> None:
+    base = fp8_gemm_smem_bytes(128, 128, 4, 7168, 2)
+    assert fp8_gemm_smem_bytes(128, 128, 5, 7168, 2) - base == 128 * 128 + 128 * 128 + 128 * 4 + 16
+    assert fp8_gemm_smem_bytes(128, 128, 4, 7168 * 4, 2) > base
+    assert fp8_gemm_smem_bytes(128, 128, 4, 7168, 4) > base

@@ -1,0 +1,269 @@
+"""quantize_per_token_group / quantize_per_block on CPU against scales and codes computed here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import deepgemm
+from deepgemm.utils import calc_diff
+
+FP8 = torch.float8_e4m3fn
+FLT_MIN = torch.finfo(torch.float32).tiny
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def _gen() -> torch.Generator:
+    gen = torch.Generator()
+    gen.manual_seed(torch.seed() % (2**31))
+    return gen
+
+
+def random_input(rows: int, cols: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """Normal data whose rows differ in magnitude by orders of magnitude (kept inside fp16's range)."""
+    x = torch.randn(rows, cols, generator=gen, dtype=torch.float64)
+    x = x * torch.exp(torch.randn(rows, 1, generator=gen, dtype=torch.float64) * 1.5)
+    return x.to(dtype)
+
+
+def scale_rule(amax64: torch.Tensor) -> torch.Tensor:
+    """max(amax / 448, FLT_MIN), in float64, then rounded to float32."""
+    return torch.clamp(amax64 / 448.0, min=FLT_MIN).to(torch.float32)
+
+
+def expected_token_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    m, k = x.shape
+    groups = math.ceil(k / group)
+    x64 = x.to(torch.float64)
+    sf = torch.empty(m, groups, dtype=torch.float32)
+    q = torch.empty(m, k, dtype=FP8)
+    for g in range(groups):
+        lo, hi = g * group, min(k, (g + 1) * group)
+        chunk = x64[:, lo:hi]
+        scale = scale_rule(chunk.abs().amax(dim=1))
+        sf[:, g] = scale
+        # IEEE float32 division of float32 operands == float64 division rounded once to float32.
+        q[:, lo:hi] = (chunk / scale.to(torch.float64).unsqueeze(1)).to(torch.float32).to(FP8)
+    return q, sf
+
+
+def expected_block(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    n, k = w.shape
+    nb, kb = math.ceil(n / block), math.ceil(k / block)
+    w64 = w.to(torch.float64)
+    sf = torch.empty(nb, kb, dtype=torch.float32)
+    q = torch.empty(n, k, dtype=FP8)
+    for i in range(nb):
+        for j in range(kb):
+            tile = w64[i * block:(i + 1) * block, j * block:(j + 1) * block]
+            scale = scale_rule(tile.abs().max())
+            sf[i, j] = scale
+            q[i * block:(i + 1) * block, j * block:(j + 1) * block] = (tile / float(scale)).to(torch.float32).to(FP8)
+    return q, sf
+
+
+def e4m3_round(v: torch.Tensor) -> torch.Tensor:
+    """Round-to-nearest-even onto the e4m3 grid (3 mantissa bits, min normal 2^-6), in float64.
+
+    Written from the format definition, independently of torch's float8 conversion.
+    """
+    v = v.to(torch.float64)
+    _, exponent = torch.frexp(v)  # v = mantissa * 2^exponent with |mantissa| in [0.5, 1)
+    step = torch.pow(2.0, (exponent - 4).to(torch.float64)).clamp(min=2.0**-9)
+    return torch.round(v / step) * step  # torch.round rounds half to even
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k", [(1, 128), (7, 300), (65, 1000), (129, 144)])
+def test_token_group_scales_and_codes(dtype: torch.dtype, m: int, k: int) -> None:
+    x = random_input(m, k, dtype, _gen())
+    q, sf = deepgemm.quantize_per_token_group(x)
+    want_q, want_sf = expected_token_group(x, 128)
+    assert q.dtype == FP8 and q.shape == (m, k)
+    assert sf.dtype == torch.float32 and sf.shape == (m, math.ceil(k / 128))
+    assert torch.equal(sf, want_sf)
+    assert same_bits(q, want_q)
+    # And against the e4m3 grid derived from the format itself.
+    ratio = x.to(torch.float64) / sf.to(torch.float64).repeat_interleave(128, dim=1)[:, :k]
+    assert torch.equal(q.to(torch.float64), e4m3_round(ratio.to(torch.float32)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(200, 300), (128, 128), (1, 7), (129, 1000)])
+def test_block_scales_and_codes(dtype: torch.dtype, n: int, k: int) -> None:
+    w = random_input(n, k, dtype, _gen())
+    q, sf = deepgemm.quantize_per_block(w)
+    want_q, want_sf = expected_block(w, 128)
+    assert q.dtype == FP8 and q.shape == (n, k)
+    assert sf.dtype == torch.float32 and sf.shape == (math.ceil(n / 128), math.ceil(k / 128))
+    assert torch.equal(sf, want_sf)
+    assert same_bits(q, want_q)
+    scale = sf.to(torch.float64).repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+    assert torch.equal(q.to(torch.float64), e4m3_round((w.to(torch.float64) / scale).to(torch.float32)))
+
+
+def test_partial_last_group_uses_only_its_own_elements() -> None:
+    """K=300: the last group holds 44 elements; its scale must not see padding or other groups."""
+    x = torch.zeros(2, 300)
+    x[0, :256] = 1000.0
+    x[0, 256:] = torch.linspace(-3.0, 2.0, 44)
+    x[1, 299] = -0.5
+    q, sf = deepgemm.quantize_per_token_group(x)
+    assert sf[0, 2].item() == pytest.approx(3.0 / 448, rel=1e-7)
+    assert sf[0, 0].item() == pytest.approx(1000.0 / 448, rel=1e-7)
+    assert sf[1, 2].item() == pytest.approx(0.5 / 448, rel=1e-7)
+    assert q[0, 256].float().item() == -448.0
+    assert q[1, 299].float().item() == -448.0
+    w = torch.zeros(200, 300)
+    w[199, 299] = 7.0
+    w[0, 0] = -2.0
+    qw, sfw = deepgemm.quantize_per_block(w)
+    assert sfw.shape == (2, 3)
+    assert sfw[1, 2].item() == pytest.approx(7.0 / 448, rel=1e-7)
+    assert sfw[0, 0].item() == pytest.approx(2.0 / 448, rel=1e-7)
+    assert qw[199, 299].float().item() == 448.0
+    assert qw[0, 0].float().item() == -448.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_zero_groups(dtype: torch.dtype) -> None:
+    x = random_input(5, 300, dtype, _gen())
+    x[1] = 0
+    x[3, 128:256] = 0
+    q, sf = deepgemm.quantize_per_token_group(x)
+    assert torch.isfinite(sf).all() and (sf > 0).all()
+    assert torch.equal(sf[1], torch.full((3,), FLT_MIN))
+    assert sf[3, 1].item() == FLT_MIN
+    assert not torch.isnan(q.float()).any()
+    assert (q[1].float() == 0).all() and (q[3, 128:256].float() == 0).all()
+    w = random_input(200, 300, dtype, _gen())
+    w[128:, :] = 0
+    qw, sfw = deepgemm.quantize_per_block(w)
+    assert torch.isfinite(sfw).all() and (sfw > 0).all()
+    assert torch.equal(sfw[1], torch.full((3,), FLT_MIN))
+    assert not torch.isnan(qw.float()).any() and (qw[128:].float() == 0).all()
+    for deq in (deepgemm.dequantize_per_token_group(q, sf), deepgemm.dequantize_per_block(qw, sfw)):
+        assert torch.isfinite(deq).all()
+
+
+def test_tiny_group_gets_the_floor_scale() -> None:
+    """amax/448 below FLT_MIN: the scale is FLT_MIN and the codes are x / FLT_MIN rounded."""
+    x = torch.tensor([[1e-40, -3e-41, 0.0, 5e-39] + [0.0] * 124])
+    q, sf = deepgemm.quantize_per_token_group(x)
+    assert sf.item() == FLT_MIN
+    want = (x.to(torch.float64) / FLT_MIN).to(torch.float32).to(FP8)
+    assert same_bits(q, want)
+    assert q[0, 3].float().item() == pytest.approx(5e-39 / FLT_MIN, rel=2**-4)
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 13])
+@pytest.mark.parametrize("k", [100, 128, 300])
+def test_token_group_sf_is_m_major(m: int, k: int) -> None:
+    x = random_input(m, k, torch.bfloat16, _gen())
+    _, sf = deepgemm.quantize_per_token_group(x)
+    aligned = -(-m // 4) * 4
+    assert sf.stride() == (1, aligned)
+    assert sf.data_ptr() % 16 == 0
+    # The GEMM uses it as is.
+    assert deepgemm.to_mn_major_tma_aligned(sf) is sf
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group", [64, 128, 256])
+def test_token_group_round_trip(dtype: torch.dtype, group: int) -> None:
+    x = random_input(33, 1000, dtype, _gen())
+    q, sf = deepgemm.quantize_per_token_group(x, group)
+    assert sf.shape == (33, math.ceil(1000 / group))
+    want_q, want_sf = expected_token_group(x, group)
+    assert torch.equal(sf, want_sf) and same_bits(q, want_q)
+    deq = deepgemm.dequantize_per_token_group(q, sf, group)
+    assert deq.dtype == torch.float32
+    x64 = x.to(torch.float64)
+    assert calc_diff(deq, x64) < 1e-3
+    # Element-wise: half an e4m3 step (2^-4 relative, or 2^-10 * scale in the subnormal range).
+    scale = sf.to(torch.float64).repeat_interleave(group, 1)[:, :1000]
+    assert ((deq.to(torch.float64) - x64).abs() <= 2**-4 * x64.abs() + 2**-10 * scale).all()
+    deq_bf16 = deepgemm.dequantize_per_token_group(q, sf, group, torch.bfloat16)
+    assert deq_bf16.dtype == torch.bfloat16
+    assert calc_diff(deq_bf16, x64) < 1e-3
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block", [32, 64, 128])
+def test_block_round_trip(dtype: torch.dtype, block: int) -> None:
+    w = random_input(200, 300, dtype, _gen())
+    q, sf = deepgemm.quantize_per_block(w, block)
+    want_q, want_sf = expected_block(w, block)
+    assert torch.equal(sf, want_sf) and same_bits(q, want_q)
+    deq = deepgemm.dequantize_per_block(q, sf, block)
+    w64 = w.to(torch.float64)
+    # Rows differ in magnitude by design, so a block's scale can dwarf its smaller rows: compare
+    # with the error bound rather than calc_diff alone.
+    assert calc_diff(deq, w64) < 1e-3
+    scale = sf.to(torch.float64).repeat_interleave(block, 0).repeat_interleave(block, 1)[:200, :300]
+    assert ((deq.to(torch.float64) - w64).abs() <= 2**-4 * w64.abs() + 2**-10 * scale).all()
+
+
+def test_round_trip_on_normal_data() -> None:
+    gen = _gen()
+    x = torch.randn(256, 2048, generator=gen)
+    q, sf = deepgemm.quantize_per_token_group(x)
+    assert calc_diff(deepgemm.dequantize_per_token_group(q, sf), x) < 1e-3
+    qw, sfw = deepgemm.quantize_per_block(x)
+    assert calc_diff(deepgemm.dequantize_per_block(qw, sfw), x) < 1e-3
+
+
+def test_non_contiguous_input() -> None:
+    x = random_input(300, 65, torch.float32, _gen()).t()  # [65, 300], column stride 65
+    q, sf = deepgemm.quantize_per_token_group(x)
+    want_q, want_sf = expected_token_group(x, 128)
+    assert torch.equal(sf, want_sf) and same_bits(q, want_q)
+    qw, sfw = deepgemm.quantize_per_block(x)
+    want_qw, want_sfw = expected_block(x, 128)
+    assert torch.equal(sfw, want_sfw) and same_bits(qw, want_qw)
+
+
+def test_empty_inputs() -> None:
+    q, sf = deepgemm.quantize_per_token_group(torch.zeros(0, 300))
+    assert q.shape == (0, 300) and sf.shape == (0, 3)
+    q, sf = deepgemm.quantize_per_token_group(torch.zeros(5, 0))
+    assert q.shape == (5, 0) and sf.shape == (5, 0)
+    qw, sfw = deepgemm.quantize_per_block(torch.zeros(0, 300))
+    assert qw.shape == (0, 300) and sfw.shape == (0, 3)
+    qw, sfw = deepgemm.quantize_per_block(torch.zeros(5, 0))
+    assert qw.shape == (5, 0) and sfw.shape == (1, 0)
+
+
+def test_dequantize_checks_its_arguments() -> None:
+    q, sf = deepgemm.quantize_per_token_group(torch.randn(5, 300))
+    with pytest.raises(ValueError, match="'sf'"):
+        deepgemm.dequantize_per_token_group(q, sf[:, :2])
+    with pytest.raises(TypeError, match="'q'"):
+        deepgemm.dequantize_per_token_group(q.float(), sf)
+    with pytest.raises(ValueError, match="group_size"):
+        deepgemm.dequantize_per_token_group(q, sf, 100)
+    qw, sfw = deepgemm.quantize_per_block(torch.randn(200, 300))
+    with pytest.raises(ValueError, match="'sf'"):
+        deepgemm.dequantize_per_block(qw, sfw.t())
+    with pytest.raises(ValueError, match="block"):
+        deepgemm.dequantize_per_block(qw, sfw, 256)
+
+
+@pytest.mark.parametrize("group_size", [100, 0, -128, True, 128.0, 16, 2048, "128", None])
+def test_invalid_group_size(group_size) -> None:
+    x = torch.randn(4, 256)
+    with pytest.raises(ValueError, match="group_size"):
+        deepgemm.quantize_per_token_group(x, group_size)
+
+
+@pytest.mark.parametrize("block", [256, 100, 0, True, 128.0, 16, -64])
+def test_invalid_block(block) -> None:
+    w = torch.randn(4, 256)
+    with pytest.raises(ValueError, match="block"):
+        deepgemm.quantize_per_block(w, block)
