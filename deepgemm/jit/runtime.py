@@ -33,6 +33,8 @@ class LoadedKernel:
         self.dynamic_smem_bytes = dynamic_smem_bytes
         self.library = check(cu.cuLibraryLoadData(cubin, None, None, 0, None, None, 0), "cuLibraryLoadData")
         self.kernel = check(cu.cuLibraryGetKernel(self.library, entry.encode()), f"cuLibraryGetKernel({entry})")
+        self._launch_ex = cu.cuLaunchKernelEx
+        self._success = cu.CUresult.CUDA_SUCCESS
         self._lock = threading.Lock()
         self._launch_configs: dict[tuple[int, int, tuple[int, int], int, int], Any] = {}
         self._ready_devices: set[int] = set()
@@ -101,7 +103,6 @@ class LoadedKernel:
         return config
 
     def launch(self, config: Any, args_address: int) -> None:
-        cu = driver()
-        err, = cu.cuLaunchKernelEx(config, self.kernel, args_address, 0)
-        if err != cu.CUresult.CUDA_SUCCESS:
+        err, = self._launch_ex(config, self.kernel, args_address, 0)
+        if err != self._success:
             check((err,), f"cuLaunchKernelEx({self.entry})")

@@ -89,6 +89,7 @@ class Fp8GemmPlan:
         self.grid = min(resident, cluster_tiles) * c.cluster_m
         self.block = c.num_threads
         self._args: dict[tuple[int, ...], PackedArgs] = {}
+        self._configs: dict[int, object] = {}  # launch config per stream
 
     def _pack(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor) -> PackedArgs:
         c, m, n, k = self.spec.config, self.m, self.spec.n, self.spec.k
@@ -123,8 +124,11 @@ class Fp8GemmPlan:
         return args
 
     def launch_packed(self, args: PackedArgs) -> None:
-        config = self.kernel.launch_config(self.device_index, current_raw_stream(self.device_index), self.grid, self.block,
-                                           self.spec.config.cluster_m)
+        stream = current_raw_stream(self.device_index)
+        config = self._configs.get(stream)
+        if config is None:
+            config = self._configs[stream] = self.kernel.launch_config(
+                self.device_index, stream, self.grid, self.block, self.spec.config.cluster_m)
         self.kernel.launch(config, args.address)
 
     def launch(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor) -> None:
