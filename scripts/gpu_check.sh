@@ -35,11 +35,8 @@ if has sass; then
   fi
 fi
 if has bench; then
-  if python3 -c "import deepgemm.commands.bench" 2>/dev/null; then
-    python3 -m deepgemm bench --suite deepseek-v3 --json "$OUT/bench.json" --markdown "$OUT/bench.md" >"$OUT/bench.log" 2>&1; grep -E "deepgemm |blockwise|geometric|rror" "$OUT/bench.log"
-  else
-    python3 scripts/quick_bench.py 2>&1 | tee "$OUT/bench.log"
-  fi
+  python3 -m deepgemm bench --suite deepseek-v3 --json "$OUT/bench.json" --markdown "$OUT/bench.md" >"$OUT/bench.log" 2>&1
+  grep -E "deepgemm |blockwise|geometric|rror" "$OUT/bench.log"
 fi
 if has ncu; then
   for tag in ${NCU_SHAPES:-4096x7168x16384}; do
