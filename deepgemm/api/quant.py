@@ -67,19 +67,23 @@ def quantize_per_block(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor,
     return quantize_per_block_reference(w, block)
 
 
-def dequantize_per_token_group(q: torch.Tensor, sf: torch.Tensor, group_size: int = 128,
-                               dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """q [M, K] e4m3 with sf [M, ceil(K/group_size)] (any layout) -> [M, K] in `dtype`."""
-    where = "dequantize_per_token_group"
+def _require_quantized(q: torch.Tensor, sf: torch.Tensor, where: str, expected_sf: tuple[int, int], rule: str) -> None:
     require_tensor(q, "q", where)
     require_tensor(sf, "sf", where)
     require_dtype(q, "q", where, (torch.float8_e4m3fn,))
     require_rank(q, "q", where, 2)
-    require_int(group_size, "group_size", where, GROUP_SIZES)
-    expected = (q.shape[0], ceil_div(q.shape[1], group_size))
-    if tuple(sf.shape) != expected:
-        raise ValueError(f"{where}: 'sf' must have shape {expected} ([M, ceil(K/group_size)]), got {tuple(sf.shape)}")
+    if tuple(sf.shape) != expected_sf:
+        raise ValueError(f"{where}: 'sf' must have shape {expected_sf} ({rule}), got {tuple(sf.shape)}")
     require_same_device(where, q=q, sf=sf)
+
+
+def dequantize_per_token_group(q: torch.Tensor, sf: torch.Tensor, group_size: int = 128,
+                               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """q [M, K] e4m3 with sf [M, ceil(K/group_size)] (any layout) -> [M, K] in `dtype`."""
+    where = "dequantize_per_token_group"
+    require_int(group_size, "group_size", where, GROUP_SIZES)
+    shape = tuple(q.shape) if isinstance(q, torch.Tensor) and q.dim() == 2 else (0, 0)
+    _require_quantized(q, sf, where, (shape[0], ceil_div(shape[1], group_size)), "[M, ceil(K/group_size)]")
     return _dequantize_per_token_group(q, sf, group_size, dtype)
 
 
@@ -87,13 +91,7 @@ def dequantize_per_block(q: torch.Tensor, sf: torch.Tensor, block: int = 128,
                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """q [N, K] e4m3 with sf [ceil(N/b), ceil(K/b)] -> [N, K] in `dtype`."""
     where = "dequantize_per_block"
-    require_tensor(q, "q", where)
-    require_tensor(sf, "sf", where)
-    require_dtype(q, "q", where, (torch.float8_e4m3fn,))
-    require_rank(q, "q", where, 2)
     require_int(block, "block", where, BLOCK_SIZES)
-    expected = (ceil_div(q.shape[0], block), ceil_div(q.shape[1], block))
-    if tuple(sf.shape) != expected:
-        raise ValueError(f"{where}: 'sf' must have shape {expected} ([ceil(N/b), ceil(K/b)]), got {tuple(sf.shape)}")
-    require_same_device(where, q=q, sf=sf)
+    shape = tuple(q.shape) if isinstance(q, torch.Tensor) and q.dim() == 2 else (0, 0)
+    _require_quantized(q, sf, where, (ceil_div(shape[0], block), ceil_div(shape[1], block)), "[ceil(N/b), ceil(K/b)]")
     return _dequantize_per_block(q, sf, block, dtype)
