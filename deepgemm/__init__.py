@@ -2,6 +2,11 @@
 
 from deepgemm.api.backend import backend_for, supported
 from deepgemm.api.gemm import fp8_gemm_nt, precompile_fp8_gemm_nt
+from deepgemm.api.grouped import (
+    get_m_alignment_for_contiguous_layout,
+    m_grouped_fp8_gemm_nt_contiguous,
+    m_grouped_fp8_gemm_nt_masked,
+)
 from deepgemm.api.layout import to_mn_major_tma_aligned
 from deepgemm.api.quant import (
     dequantize_per_block,
@@ -24,6 +29,9 @@ __all__ = [
     "dequantize_per_block",
     "dequantize_per_token_group",
     "fp8_gemm_nt",
+    "get_m_alignment_for_contiguous_layout",
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_masked",
     "precompile_fp8_gemm_nt",
     "quantize_per_block",
     "quantize_per_token_group",

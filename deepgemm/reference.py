@@ -63,3 +63,27 @@ def fp8_gemm_nt_reference(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, s
     a_deq = dequantize_per_token_group(a, sfa, 128, compute_dtype)
     b_deq = dequantize_per_block(b, sfb, 128, compute_dtype)
     return a_deq @ b_deq.t()
+
+
+def m_grouped_contiguous_reference(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
+                                   m_indices: torch.Tensor, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rows of group g (m_indices == g) times B[g]; rows with any other index (padding, -1) are zero."""
+    out = torch.zeros((a.shape[0], b.shape[1]), dtype=compute_dtype, device=a.device)
+    for group in range(b.shape[0]):
+        rows = (m_indices == group).nonzero().flatten()
+        if rows.numel():
+            out[rows] = fp8_gemm_nt_reference(a[rows], sfa[rows], b[group], sfb[group], compute_dtype)
+    return out
+
+
+def m_grouped_masked_reference(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
+                               masked_m: torch.Tensor, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The first masked_m[g] rows of A[g] times B[g]; the remaining rows are zero."""
+    groups, max_m, _ = a.shape
+    out = torch.zeros((groups, max_m, b.shape[1]), dtype=compute_dtype, device=a.device)
+    for group, count in enumerate(masked_m.tolist()):
+        count = max(0, min(int(count), max_m))
+        if count:
+            out[group, :count] = fp8_gemm_nt_reference(a[group, :count], sfa[group, :count], b[group], sfb[group],
+                                                       compute_dtype)
+    return out

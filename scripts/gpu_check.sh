@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: scripts/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench (default: all).
+# Steps: install smoke tests sanitize host sass bench grouped clusters ncu (default: the first six).
 set -uo pipefail
 OUT=${OUT:-/tmp/deepgemm-out}
 mkdir -p "$OUT"
@@ -37,6 +37,10 @@ fi
 if has bench; then
   python3 -m deepgemm bench --suite deepseek-v3 --json "$OUT/bench.json" --markdown "$OUT/bench.md" >"$OUT/bench.log" 2>&1
   grep -E "deepgemm |blockwise|geometric|rror" "$OUT/bench.log"
+fi
+if has grouped; then
+  timeout 300 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider tests/gpu/test_grouped_gpu.py 2>&1 | tee "$OUT/pytest_grouped.log" | grep -E "passed|failed|Error|error" | tail -15
+  timeout 200 python3 scripts/bench_grouped.py 2>&1 | tee "$OUT/bench_grouped.md"
 fi
 if has ncu; then
   for tag in ${NCU_SHAPES:-4096x7168x16384}; do

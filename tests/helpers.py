@@ -51,3 +51,25 @@ def assert_close_to_reference(out: torch.Tensor, ref: torch.Tensor, ref_abs: tor
     tolerance = 2**-7 * ref.abs() + 2**-10 * ref_abs + 1e-30
     excess = ((out64 - ref).abs() - tolerance).max().item() if ref.numel() else -1.0
     assert excess <= 0, f"element-wise error exceeds the bound by {excess:.3e}"
+
+
+def random_grouped_weights(groups: int, n: int, k: int, device: str | torch.device, seed: int):
+    """(B e4m3 [G, N, K], sfb [G, ceil(N/128), ceil(K/128)]) quantized per expert with deepgemm's quantizer."""
+    import deepgemm
+
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed)
+    w = (torch.randn(groups, n, k, generator=gen) * torch.exp(torch.randn(groups, n, 1, generator=gen) * 0.5))
+    w = w.to(device=device, dtype=torch.bfloat16)
+    parts = [deepgemm.quantize_per_block(w[g]) for g in range(groups)]
+    return torch.stack([q for q, _ in parts]), torch.stack([s for _, s in parts])
+
+
+def random_activations(rows: int, k: int, device: str | torch.device, seed: int):
+    """(A e4m3 [rows, K], sfa [rows, ceil(K/128)] M-major) with per-row magnitudes."""
+    import deepgemm
+
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen) * torch.exp(torch.randn(rows, 1, generator=gen))
+    return deepgemm.quantize_per_token_group(x.to(device=device, dtype=torch.bfloat16))

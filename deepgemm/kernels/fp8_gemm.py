@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
+from deepgemm.configs.heuristics import make_config
 from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream
@@ -22,14 +24,23 @@ from deepgemm.utils import ceil_div
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
+class GemmKind(enum.IntEnum):
+    """Mirrors deepgemm::GemmKind in sm90_fp8_gemm_1d2d.cuh."""
+
+    DENSE = 0
+    GROUPED_CONTIGUOUS = 1
+    GROUPED_MASKED = 2
+
+
 @dataclass(frozen=True)
 class Fp8GemmSpec:
-    """Everything that is compiled into one instantiation (M stays a run-time argument)."""
+    """Everything that is compiled into one instantiation (M and the group counts stay run-time arguments)."""
 
     n: int
     k: int
     out_dtype: torch.dtype
     config: GemmConfig
+    kind: GemmKind = GemmKind.DENSE
 
     @property
     def out_elem_bytes(self) -> int:
@@ -37,7 +48,9 @@ class Fp8GemmSpec:
 
     def label(self) -> str:
         out = "fp32" if self.out_dtype == torch.float32 else "bf16"
-        return f"fp8_gemm_nt n={self.n} k={self.k} out={out} {self.config.label()}"
+        name = {GemmKind.DENSE: "fp8_gemm_nt", GemmKind.GROUPED_CONTIGUOUS: "m_grouped_fp8_gemm_nt_contiguous",
+                GemmKind.GROUPED_MASKED: "m_grouped_fp8_gemm_nt_masked"}[self.kind]
+        return f"{name} n={self.n} k={self.k} out={out} {self.config.label()}"
 
 
 def plan_spec(m: int, n: int, k: int, out_dtype: torch.dtype, num_sms: int) -> Fp8GemmSpec:
@@ -52,14 +65,15 @@ def render_source(spec: Fp8GemmSpec) -> KernelSource:
 #include <deepgemm/kernels/sm90_fp8_gemm_1d2d.cuh>
 
 using Kernel = deepgemm::Sm90Fp8Gemm1D2D<{spec.n}u, {spec.k}u, {c.block_m}u, {c.block_n}u, {c.num_stages}u, {c.group_m}u,
-                                         {c.cluster_m}u, {"true" if c.pipelined else "false"}, {fp32}>;
+                                         {c.cluster_m}u, {"true" if c.pipelined else "false"}, {fp32},
+                                         static_cast<deepgemm::GemmKind>({int(spec.kind)})>;
 static_assert(Kernel::kSmemBytes == {c.smem_bytes}u, "host and device disagree on the shared-memory size");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
 deepgemm_fp8_gemm_1d2d(const __grid_constant__ deepgemm::TmaDescriptor tma_a, const __grid_constant__ deepgemm::TmaDescriptor tma_b,
                 const __grid_constant__ deepgemm::TmaDescriptor tma_sfa, const __grid_constant__ deepgemm::OutputDescriptors tma_d,
-                const float* sfb, deepgemm::u32 m) {{
-    Kernel::run(&tma_a, &tma_b, &tma_sfa, &tma_d, sfb, m);
+                const float* sfb, deepgemm::u32 m, const int* grouping, deepgemm::u32 num_groups, deepgemm::u32 max_m) {{
+    Kernel::run(&tma_a, &tma_b, &tma_sfa, &tma_d, sfb, deepgemm::GemmProblem{{m, grouping, num_groups, max_m}});
 }}
 """
     return KernelSource(code=code, entry="deepgemm_fp8_gemm_1d2d", label=spec.label())
@@ -70,57 +84,87 @@ def compile_spec(spec: Fp8GemmSpec) -> CompiledKernel:
     return compile_kernel(render_source(spec))
 
 
+@dataclass(frozen=True)
+class Geometry:
+    """Run-time extent of a launch: the rows of the flattened A/D views and the group layout.
+
+    dense: rows = M; contiguous: rows = M_total, groups = G; masked: rows = G * max_m, groups = G,
+    max_m rows per group (a multiple of 64 so a 64-row store never crosses into the next group).
+    """
+
+    rows: int
+    groups: int = 1
+    max_m: int = 0
+    tiles_known: bool = field(default=True)  # masked: tile count lives in device memory
+
+
 class Fp8GemmPlan:
-    """Launch state for one (device, M, N, K, out dtype): kernel, grid, and packed arguments per pointer set."""
+    """Launch state for one (device, kind, geometry, N, K, out dtype): kernel, grid, packed arguments."""
 
     _ARGS_CAPACITY = 1024
 
-    def __init__(self, device_index: int, m: int, spec: Fp8GemmSpec, kernel: LoadedKernel) -> None:
+    def __init__(self, device_index: int, geometry: Geometry, spec: Fp8GemmSpec, kernel: LoadedKernel) -> None:
         c = spec.config
         self.device_index = device_index
-        self.m = m
+        self.geometry = geometry
+        self.m = geometry.rows
         self.spec = spec
         self.kernel = kernel
-        cluster_tiles = ceil_div(ceil_div(m, c.block_m), c.cluster_m) * ceil_div(spec.n, c.block_n)
         resident = c.num_sms // c.cluster_m
         if c.cluster_m > 1:
             # A persistent grid must be fully resident: some SMs may have no cluster partner.
             resident = min(resident, kernel.max_active_clusters(device_index, c.num_threads, c.cluster_m))
-        self.grid = min(resident, cluster_tiles) * c.cluster_m
+        if geometry.tiles_known:
+            cluster_tiles = ceil_div(ceil_div(geometry.rows, c.block_m), c.cluster_m) * ceil_div(spec.n, c.block_n)
+            resident = min(resident, cluster_tiles)
+        self.grid = max(resident, 1) * c.cluster_m
         self.block = c.num_threads
         self._args: dict[tuple[int, ...], PackedArgs] = {}
         self._configs: dict[int, object] = {}  # launch config per stream
 
-    def _pack(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor) -> PackedArgs:
-        c, m, n, k = self.spec.config, self.m, self.spec.n, self.spec.k
+    def _pack(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
+              grouping: torch.Tensor | None) -> PackedArgs:
+        c, g, n, k = self.spec.config, self.geometry, self.spec.n, self.spec.k
+        rows = g.rows
+        k_blocks = ceil_div(k, 128)
         fp8 = torch.float8_e4m3fn
-        d_stride = tma_row_stride(d)
+        d_stride = d.stride(-2) if d.dim() == 3 else tma_row_stride(d)
         d_elems_per_16b = 16 // d.element_size()
         output_descriptors = b"".join(
-            encode_2d(d.data_ptr(), d.dtype, m, n, d_stride, 64, width // 16 * d_elems_per_16b, width if width > 16 else 0)
+            encode_2d(d.data_ptr(), d.dtype, rows, n, d_stride, 64, width // 16 * d_elems_per_16b, width if width > 16 else 0)
             for width in (128, 64, 32, 16)
         )
+        a_stride = a.stride(-2) if a.dim() == 3 else tma_row_stride(a)
+        b_stride = b.stride(-2) if b.dim() == 3 else tma_row_stride(b)
+        if self.spec.kind == GemmKind.GROUPED_MASKED:
+            # sfa [G, max_m, K/128] stored M-major per group: rows are (group, K block), columns M.
+            sfa_desc = encode_2d(sfa.data_ptr(), torch.float32, g.groups * k_blocks, g.max_m, sfa.stride(-1), 1, c.block_m, 0)
+        else:
+            sfa_desc = encode_2d(sfa.data_ptr(), torch.float32, k_blocks, rows, mn_major_row_stride(sfa), 1, c.block_m, 0)
         return PackedArgs(
             [
-                encode_2d(a.data_ptr(), fp8, m, k, tma_row_stride(a), c.block_m, c.block_k, 128),
-                encode_2d(b.data_ptr(), fp8, n, k, tma_row_stride(b), c.block_n // c.cluster_m, c.block_k, 128),
-                encode_2d(sfa.data_ptr(), torch.float32, ceil_div(k, 128), m, mn_major_row_stride(sfa), 1, c.block_m, 0),
+                encode_2d(a.data_ptr(), fp8, rows, k, a_stride, c.block_m, c.block_k, 128),
+                encode_2d(b.data_ptr(), fp8, g.groups * n, k, b_stride, c.block_n // c.cluster_m, c.block_k, 128),
+                sfa_desc,
                 output_descriptors,
                 U64(sfb.data_ptr()),
-                U32(m),
+                U32(rows),
+                U64(grouping.data_ptr() if grouping is not None else 0),
+                U32(g.groups),
+                U32(g.max_m),
             ]
         )
 
     def packed_args(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
-                    d: torch.Tensor) -> PackedArgs:
+                    d: torch.Tensor, grouping: torch.Tensor | None = None) -> PackedArgs:
         """Kernel arguments (TMA descriptors + scalars) for these tensors, packed once per pointer set."""
-        key = (a.data_ptr(), a.stride(0), sfa.data_ptr(), sfa.stride(1), b.data_ptr(), b.stride(0), sfb.data_ptr(),
-               d.data_ptr(), d.stride(0))
+        key = (a.data_ptr(), a.stride(-2), sfa.data_ptr(), sfa.stride(-1), b.data_ptr(), b.stride(-2), sfb.data_ptr(),
+               d.data_ptr(), d.stride(-2), grouping.data_ptr() if grouping is not None else 0)
         args = self._args.get(key)
         if args is None:
             if len(self._args) >= self._ARGS_CAPACITY:
                 self._args.clear()
-            args = self._args[key] = self._pack(a, sfa, b, sfb, d)
+            args = self._args[key] = self._pack(a, sfa, b, sfb, d, grouping)
         return args
 
     def launch_packed(self, args: PackedArgs) -> None:
@@ -131,9 +175,10 @@ class Fp8GemmPlan:
                 self.device_index, stream, self.grid, self.block, self.spec.config.cluster_m)
         self.kernel.launch(config, args.address)
 
-    def launch(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor) -> None:
+    def launch(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
+               grouping: torch.Tensor | None = None) -> None:
         """Launch on the current stream; `sfa` must already be M-major and TMA-aligned, `sfb` contiguous."""
-        self.launch_packed(self.packed_args(a, sfa, b, sfb, d))
+        self.launch_packed(self.packed_args(a, sfa, b, sfb, d, grouping))
 
 
 _plans: dict[tuple[int, int, int, int, torch.dtype, GemmConfig | None], Fp8GemmPlan] = {}
@@ -155,7 +200,42 @@ def get_plan(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype,
         print(f"deepgemm: m={m} {spec.label()}", file=sys.stderr)
     kernel = load_kernel(render_source(spec), spec.config.smem_bytes)
     with _plans_lock:
-        plan = _plans.setdefault(key, Fp8GemmPlan(device_index, m, spec, kernel))
+        plan = _plans.setdefault(key, Fp8GemmPlan(device_index, Geometry(rows=m), spec, kernel))
     return plan
+
+
+_grouped_plans: dict[tuple, Fp8GemmPlan] = {}
+
+
+def get_grouped_plan(device_index: int, kind: GemmKind, geometry: Geometry, n: int, k: int, out_dtype: torch.dtype,
+                     work_m: int) -> Fp8GemmPlan:
+    """Plan for a grouped GEMM. `work_m` sizes the config: rows per group times groups for contiguous
+    (all of A), expected rows per group for masked (its tile count is then work_m/bm x groups x N-blocks)."""
+    key = (device_index, kind, geometry, n, k, out_dtype, work_m)
+    plan = _grouped_plans.get(key)
+    if plan is not None:
+        return plan
+    sms = sm_count(device_index)
+    if kind == GemmKind.GROUPED_MASKED:
+        # Same tile count and weight bytes as one GEMM of N x groups columns.
+        base = choose_fp8_gemm_config(max(work_m, 1), n * geometry.groups, k, sms, 4 if out_dtype == torch.float32 else 2)
+        config = make_config(max(work_m, 1), n, k, base.block_m, min(base.block_n, max_block_n_for(n)), sms,
+                             4 if out_dtype == torch.float32 else 2, cluster_m=1)
+    else:
+        base = choose_fp8_gemm_config(max(work_m, 1), n, k, sms, 4 if out_dtype == torch.float32 else 2)
+        config = make_config(max(work_m, 1), n, k, base.block_m, base.block_n, sms,
+                             4 if out_dtype == torch.float32 else 2, cluster_m=1)
+    spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config, kind=kind)
+    if os.environ.get("DEEPGEMM_PRINT_CONFIGS"):
+        print(f"deepgemm: {geometry} {spec.label()}", file=sys.stderr)
+    kernel = load_kernel(render_source(spec), spec.config.smem_bytes)
+    with _plans_lock:
+        plan = _grouped_plans.setdefault(key, Fp8GemmPlan(device_index, geometry, spec, kernel))
+    return plan
+
+
+def max_block_n_for(n: int) -> int:
+    """Widest useful block_n for N columns (multiple of 8, at least 16)."""
+    return max(16, -(-n // 8) * 8)
 
 

@@ -20,17 +20,69 @@
 #include <deepgemm/ptx/tma.cuh>
 #include <deepgemm/ptx/wgmma.cuh>
 #include <deepgemm/ptx/wgmma_fp8.cuh>
+#include <deepgemm/scheduler/grouped_tiles.cuh>
 #include <deepgemm/scheduler/persistent_tiles.cuh>
 
 namespace deepgemm {
 
+// Which rows of A/D and which B a tile uses (B is [G, N, K] for the grouped kinds).
+enum class GemmKind : int { kDense = 0, kGroupedContiguous = 1, kGroupedMasked = 2 };
+
+// Run-time problem description: dense uses m; contiguous uses m (total rows) and grouping = m_indices;
+// masked uses grouping = masked_m [num_groups] with max_m rows per group.
+struct GemmProblem {
+    u32 m;
+    const i32* grouping;
+    u32 num_groups;
+    u32 max_m;
+};
+
+// One tile sequence per kind, as GroupedTile records (dense: group 0, no padding).
+template <GemmKind kKind, u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM>
+struct TileSource;
+
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM>
+struct TileSource<GemmKind::kDense, kBlockM, kNumNBlocks, kGroupM, kClusterM> {
+    PersistentTileScheduler<kBlockM, kNumNBlocks, kGroupM, kClusterM> scheduler;
+    u32 m;
+
+    DG_DEVICE TileSource(const GemmProblem& p, u32 cta_rank) : scheduler(p.m, cta_rank), m(p.m) {}
+
+    DG_DEVICE bool next(GroupedTile& tile) {
+        tile.group = 0;
+        tile.row_begin = 0;
+        tile.rows = m;
+        tile.padding = false;
+        return scheduler.next(tile.m_block, tile.n_block);
+    }
+};
+
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM>
+struct TileSource<GemmKind::kGroupedContiguous, kBlockM, kNumNBlocks, kGroupM, kClusterM> {
+    ContiguousTileScheduler<kBlockM, kNumNBlocks> scheduler;
+
+    DG_DEVICE TileSource(const GemmProblem& p, u32) : scheduler(p.grouping, p.m, p.num_groups) {}
+
+    DG_DEVICE bool next(GroupedTile& tile) { return scheduler.next(tile); }
+};
+
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM>
+struct TileSource<GemmKind::kGroupedMasked, kBlockM, kNumNBlocks, kGroupM, kClusterM> {
+    MaskedTileScheduler<kBlockM, kNumNBlocks> scheduler;
+
+    DG_DEVICE TileSource(const GemmProblem& p, u32) : scheduler(p.grouping, p.num_groups, p.max_m) {}
+
+    DG_DEVICE bool next(GroupedTile& tile) { return scheduler.next(tile); }
+};
+
 template <u32 kN, u32 kK, u32 kBlockM, u32 kBlockN, u32 kNumStages, u32 kGroupM, u32 kClusterM, bool kPipelinedPromotion,
-          bool kOutputFp32>
+          bool kOutputFp32, GemmKind kKind = GemmKind::kDense>
 struct Sm90Fp8Gemm1D2D {
     static_assert(kBlockM == 64 || kBlockM == 128, "block_m must be 64 or 128");
     static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "block_n must be a multiple of 8 in [8, 256]");
     static_assert(kNumStages >= 2, "need at least two pipeline stages");
     static_assert(kClusterM == 1 || (kClusterM == 2 && kBlockN % 16 == 0), "multicast halves of B need block_n % 16 == 0");
+    static_assert(kClusterM == 1 || kKind == GemmKind::kDense, "grouped GEMMs run without clusters");
     // Tiles start at multiples of block_n, so a tile's offset inside its 128-column scale block is at most
     // 128 - gcd(block_n, 128); it must not reach a third scale block.
     static_assert(128 - gcd(kBlockN, 128u) + kBlockN <= 256, "block_n would let a tile span three 128-column scale blocks");
@@ -51,7 +103,7 @@ struct Sm90Fp8Gemm1D2D {
     static constexpr u32 kMathRegisters = kNumMathWarpgroups == 1 ? 240 : 232;
 
     using Store = WarpgroupTileStore<kBlockN, kOutputFp32>;
-    using Scheduler = PersistentTileScheduler<kBlockM, kNumNBlocks, kGroupM, kClusterM>;
+    using Tiles = TileSource<kKind, kBlockM, kNumNBlocks, kGroupM, kClusterM>;
     static constexpr u32 kMulticastRowsB = kBlockN / kClusterM;
     using Mma = ptx::WgmmaFp8<kBlockN>;
 
@@ -79,15 +131,20 @@ struct Sm90Fp8Gemm1D2D {
     };
 
     DG_DEVICE static void producer(const Ring& ring, const TmaDescriptor* tma_a, const TmaDescriptor* tma_b,
-                                   const TmaDescriptor* tma_sfa, u32 m, u32 cta_rank) {
-        Scheduler scheduler(m, cta_rank);
+                                   const TmaDescriptor* tma_sfa, const GemmProblem& problem, u32 cta_rank) {
+        Tiles tiles(problem, cta_rank);
+        GroupedTile tile;
         u32 stage = 0;
         u32 phase = 0;
-        u32 m_block;
-        u32 n_block;
-        while (scheduler.next(m_block, n_block)) {
-            const i32 row_a = static_cast<i32>(m_block * kBlockM);
-            const i32 row_b = static_cast<i32>(n_block * kBlockN);
+        while (tiles.next(tile)) {
+            if (tile.padding) {
+                continue;  // a block of padding rows: nothing to load (the consumers skip it too)
+            }
+            const i32 row_a = static_cast<i32>(tile.row_begin + tile.m_block * kBlockM);
+            const i32 row_b = static_cast<i32>(tile.group * kN + tile.n_block * kBlockN);
+            // sfa is M-major: its rows are K blocks (per group for the masked layout), its columns M.
+            const i32 sfa_col = static_cast<i32>(tile.m_block * kBlockM + (kKind == GemmKind::kGroupedMasked ? 0 : tile.row_begin));
+            const u32 sfa_row0 = kKind == GemmKind::kGroupedMasked ? tile.group * kNumKBlocks : 0;
             for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
                 ptx::mbarrier_wait(&ring.empty[stage], phase ^ 1);
                 u64* full = &ring.full[stage];
@@ -102,8 +159,8 @@ struct Sm90Fp8Gemm1D2D {
                     ptx::tma_load_2d_multicast(ring.smem + kOffsetB + stage * kStageBBytes + half * kBlockK, tma_b, full, k,
                                                row_b + static_cast<i32>(half), (1u << kClusterM) - 1);
                 }
-                ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, tma_sfa, full, row_a,
-                                 static_cast<i32>(k_block));
+                ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, tma_sfa, full, sfa_col,
+                                 static_cast<i32>(sfa_row0 + k_block));
                 advance(stage, phase);
             }
         }
@@ -188,8 +245,8 @@ struct Sm90Fp8Gemm1D2D {
         }
     };
 
-    DG_DEVICE static void consumer(const Ring& ring, const OutputDescriptors* tma_d, const float* sfb, u32 m,
-                                   u32 cta_rank) {
+    DG_DEVICE static void consumer(const Ring& ring, const OutputDescriptors* tma_d, const float* sfb,
+                                   const GemmProblem& problem, u32 cta_rank) {
         const u32 math_wg = threadIdx.x / 128 - 1;
         const u32 thread_in_wg = threadIdx.x % 128;
         const u32 lane = thread_in_wg % 32;
@@ -198,16 +255,28 @@ struct Sm90Fp8Gemm1D2D {
         float* sfb_tile = reinterpret_cast<float*>(ring.smem + kOffsetSfb + math_wg * kSfbBytesPerWarpgroup);
         u8* d_tile = ring.smem + kOffsetD + math_wg * kDBytesPerWarpgroup;
 
-        Scheduler scheduler(m, cta_rank);
+        Tiles tiles(problem, cta_rank);
+        GroupedTile tile;
         u32 stage = 0;
         u32 phase = 0;
-        u32 m_block;
-        u32 n_block;
-        while (scheduler.next(m_block, n_block)) {
-            const u32 col0 = n_block * kBlockN;
-            const u32 row0 = m_block * kBlockM + math_wg * 64;
-            const bool has_rows = row0 < m;
+        while (tiles.next(tile)) {
+            const u32 col0 = tile.n_block * kBlockN;
+            const u32 row_in_tensor = tile.m_block * kBlockM + math_wg * 64;  // within the group's rows
+            const u32 row0 = tile.row_begin + row_in_tensor;                  // in the flattened output
+            const bool has_rows = row_in_tensor < tile.rows;
 
+            if (tile.padding) {
+                // Contiguous layout: a block of padding rows stores zeros and reads nothing.
+                if (has_rows) {
+                    float zeros[kBlockN / 2];
+#pragma unroll
+                    for (u32 i = 0; i < kBlockN / 2; ++i) {
+                        zeros[i] = 0.0f;
+                    }
+                    Store::store(zeros, d_tile, tma_d, col0, row0, thread_in_wg, barrier_id);
+                }
+                continue;
+            }
             if (!has_rows) {
                 // All 64 rows of this warpgroup are past M: keep the ring moving, compute nothing.
                 for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
@@ -218,11 +287,12 @@ struct Sm90Fp8Gemm1D2D {
                 continue;
             }
 
-            // This tile's B scales (one or two rows of sfb) into shared memory.
+            // This tile's B scales (one or two rows of this group's sfb) into shared memory.
             const u32 scale_row0 = col0 / kScaleBlock;
+            const float* group_sfb = sfb + tile.group * kNumScaleRowsB * kNumKBlocks;
             for (u32 i = thread_in_wg; i < kScaleRowsPerTile * kNumKBlocks; i += 128) {
                 const u32 row = min(scale_row0 + i / kNumKBlocks, kNumScaleRowsB - 1);
-                sfb_tile[i] = __ldg(sfb + row * kNumKBlocks + i % kNumKBlocks);
+                sfb_tile[i] = __ldg(group_sfb + row * kNumKBlocks + i % kNumKBlocks);
             }
             ptx::named_barrier_sync(barrier_id, 128);
             const u32 straddle_col = kScaleBlock - col0 % kScaleBlock;
@@ -290,13 +360,27 @@ struct Sm90Fp8Gemm1D2D {
                 }
             }
 
+            if constexpr (kKind == GemmKind::kGroupedContiguous) {
+                // Padding rows inside a computed block (m_indices == -1) are stored as zeros.
+#pragma unroll
+                for (u32 half = 0; half < 2; ++half) {
+                    const u32 row = row0 + row_in_wg + half * 8;
+                    if (row < problem.m && __ldg(problem.grouping + row) < 0) {
+#pragma unroll
+                        for (u32 j = 0; j < kBlockN / 8; ++j) {
+                            result[j * 4 + half * 2] = 0.0f;
+                            result[j * 4 + half * 2 + 1] = 0.0f;
+                        }
+                    }
+                }
+            }
             Store::store(result, d_tile, tma_d, col0, row0, thread_in_wg, barrier_id);
         }
         Store::drain(thread_in_wg);
     }
 
     DG_DEVICE static void run(const TmaDescriptor* tma_a, const TmaDescriptor* tma_b, const TmaDescriptor* tma_sfa,
-                              const OutputDescriptors* tma_d, const float* sfb, u32 m) {
+                              const OutputDescriptors* tma_d, const float* sfb, const GemmProblem& problem) {
         extern __shared__ __align__(1024) u8 smem[];
         Ring ring{smem, reinterpret_cast<u64*>(smem + kOffsetBarriers),
                   reinterpret_cast<u64*>(smem + kOffsetBarriers) + kNumStages};
@@ -323,11 +407,11 @@ struct Sm90Fp8Gemm1D2D {
         if (threadIdx.x < 128) {
             ptx::setmaxnreg_dec<kProducerRegisters>();
             if (threadIdx.x == 0) {
-                producer(ring, tma_a, tma_b, tma_sfa, m, cta_rank);
+                producer(ring, tma_a, tma_b, tma_sfa, problem, cta_rank);
             }
         } else {
             ptx::setmaxnreg_inc<kMathRegisters>();
-            consumer(ring, tma_d, sfb, m, cta_rank);
+            consumer(ring, tma_d, sfb, problem, cta_rank);
         }
         if constexpr (kClusterM > 1) {
             // The peer may still arrive on this CTA's barriers: neither CTA leaves before both are done.

@@ -1,0 +1,191 @@
+"""MoE grouped FP8 GEMMs (all groups share N and K): contiguous and masked layouts along M."""
+
+from __future__ import annotations
+
+import torch
+
+from deepgemm.api.backend import backend_for
+from deepgemm.api.layout import to_mn_major_tma_aligned
+from deepgemm.api.validation import (
+    require_dtype,
+    require_pair,
+    require_rank,
+    require_same_device,
+    require_shape,
+    require_tensor,
+    require_tma_rows,
+)
+from deepgemm.reference import m_grouped_contiguous_reference, m_grouped_masked_reference
+from deepgemm.utils import align_up, ceil_div
+
+FP8 = torch.float8_e4m3fn
+OUT_DTYPES = (torch.bfloat16, torch.float32)
+CONTIGUOUS_M_ALIGNMENT = 128
+MASKED_M_ALIGNMENT = 64
+
+
+def get_m_alignment_for_contiguous_layout() -> int:
+    """Rows each expert's segment of A is padded to in the contiguous layout (one M-block never spans two)."""
+    return CONTIGUOUS_M_ALIGNMENT
+
+
+def _check_grouped_b(b: object, where: str, k: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    b_q, sfb = require_pair(b, "b", where)
+    require_dtype(b_q, "b[0]", where, (FP8,))
+    require_rank(b_q, "b[0]", where, 3)
+    groups, n, k_b = b_q.shape
+    if k_b != k:
+        raise ValueError(f"{where}: 'a[0]' has K={k} but 'b[0]' is [G={groups}, N={n}, K={k_b}]; K must match")
+    require_dtype(sfb, "b[1]", where, (torch.float32,))
+    require_shape(sfb, "b[1]", where, (groups, ceil_div(n, 128), ceil_div(k, 128)),
+                  "one scale per expert and 128x128 block: [G, ceil(N/128), ceil(K/128)]")
+    return b_q, sfb, groups, n
+
+
+def _check_out(out: object, where: str, shape: tuple[int, ...]) -> torch.Tensor:
+    require_tensor(out, "out", where)
+    require_dtype(out, "out", where, OUT_DTYPES)
+    require_shape(out, "out", where, shape, "the output rows of every expert")
+    return out
+
+
+def _require_kernel_rows(where: str, k: int, tensors: dict[str, torch.Tensor]) -> None:
+    if k % 16 != 0:
+        raise ValueError(f"{where}: K={k} must be a multiple of 16 (each FP8 row must span whole 16-byte TMA units)")
+    for name, t in tensors.items():
+        require_tma_rows(t.reshape(-1, t.shape[-1]) if t.is_contiguous() else t, name, where)
+
+
+def _require_stacked(t: torch.Tensor, name: str, where: str) -> None:
+    """Groups of a 3-D tensor must follow each other row after row (so it views as [G*rows, cols])."""
+    if t.shape[0] > 1 and t.stride(0) != t.shape[1] * t.stride(1):
+        raise ValueError(f"{where}: '{name}' groups must be stacked row after row (stride(0) == shape[1] * stride(1)), "
+                         f"got strides {t.stride()}")
+    if t.shape[2] > 1 and t.stride(2) != 1:
+        raise ValueError(f"{where}: '{name}' must have unit stride along its last dimension, got strides {t.stride()}")
+    elem = t.element_size()
+    if t.data_ptr() % 16 or (t.shape[1] > 1 and (t.stride(1) * elem) % 16):
+        raise ValueError(f"{where}: '{name}' rows must start 16-byte aligned and be a multiple of 16 bytes apart (TMA rule)")
+
+
+def m_grouped_fp8_gemm_nt_contiguous(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    out: torch.Tensor,
+    m_indices: torch.Tensor,
+) -> torch.Tensor:
+    """out[r] = (A[r] * sfa[r]) @ (B[g] * sfb[g])^T for every row r with g = m_indices[r] >= 0.
+
+    a = (A e4m3 [M_total, K], sfa float32 [M_total, ceil(K/128)]): the experts' rows back to back, each
+        expert's segment padded to get_m_alignment_for_contiguous_layout() rows (M_total is a multiple).
+    b = (B e4m3 [G, N, K], sfb float32 [G, ceil(N/128), ceil(K/128)]).
+    m_indices: int32 [M_total] on A's device, the expert of each row, -1 for padding rows. Rows whose
+        index is -1 (or outside [0, G)) are written as zeros; M-blocks made only of padding issue no MMA.
+    out: [M_total, N] bfloat16 or float32, written and returned.
+    """
+    where = "m_grouped_fp8_gemm_nt_contiguous"
+    a_q, sfa = require_pair(a, "a", where)
+    require_dtype(a_q, "a[0]", where, (FP8,))
+    require_rank(a_q, "a[0]", where, 2)
+    m_total, k = a_q.shape
+    b_q, sfb, groups, n = _check_grouped_b(b, where, k)
+    require_dtype(sfa, "a[1]", where, (torch.float32,))
+    require_shape(sfa, "a[1]", where, (m_total, ceil_div(k, 128)), "[M_total, ceil(K/128)]")
+    _check_out(out, where, (m_total, n))
+    require_tensor(m_indices, "m_indices", where)
+    require_dtype(m_indices, "m_indices", where, (torch.int32,))
+    require_shape(m_indices, "m_indices", where, (m_total,), "one expert index per row of A")
+    if m_total % CONTIGUOUS_M_ALIGNMENT:
+        raise ValueError(f"{where}: 'a[0]' has M_total={m_total} rows; expert segments are padded to "
+                         f"{CONTIGUOUS_M_ALIGNMENT} rows, so M_total must be a multiple of {CONTIGUOUS_M_ALIGNMENT}")
+    require_same_device(where, a=a_q, sfa=sfa, b=b_q, sfb=sfb, out=out, m_indices=m_indices)
+    if m_total == 0 or n == 0:
+        return out
+    if k == 0 or groups == 0:
+        return out.zero_()
+    if backend_for(a_q) == "reference":
+        out.copy_(m_grouped_contiguous_reference(a_q, sfa, b_q, sfb, m_indices))
+        return out
+    _require_kernel_rows(where, k, {"a[0]": a_q, "out": out})
+    _require_stacked(b_q, "b[0]", where)
+    if not m_indices.is_contiguous():
+        raise ValueError(f"{where}: 'm_indices' must be contiguous")
+    from deepgemm.kernels.fp8_gemm import Geometry, GemmKind, get_grouped_plan
+
+    plan = get_grouped_plan(a_q.device.index, GemmKind.GROUPED_CONTIGUOUS, Geometry(rows=m_total, groups=groups),
+                            n, k, out.dtype, m_total)
+    plan.launch(a_q, to_mn_major_tma_aligned(sfa), b_q, sfb.contiguous(), out, m_indices)
+    return out
+
+
+def _masked_sfa_layout(sfa: torch.Tensor) -> torch.Tensor:
+    """[G, max_m, K/128] scales, M-major inside each group: strides (K/128 * s, 1, s), s >= max_m, s % 4 == 0."""
+    groups, max_m, k_groups = sfa.shape
+    s = sfa.stride(2)
+    if (max_m <= 1 or sfa.stride(1) == 1) and s >= max_m and s % 4 == 0 and sfa.stride(0) == k_groups * s \
+            and sfa.data_ptr() % 16 == 0:
+        return sfa
+    storage = torch.empty((groups, k_groups, align_up(max(max_m, 1), 4)), dtype=torch.float32, device=sfa.device)
+    view = storage[:, :, :max_m]
+    view.copy_(sfa.transpose(1, 2))
+    return view.transpose(1, 2)
+
+
+def m_grouped_fp8_gemm_nt_masked(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    out: torch.Tensor,
+    masked_m: torch.Tensor,
+    expected_m: int,
+) -> torch.Tensor:
+    """out[g, :masked_m[g]] = (A[g] * sfa[g]) @ (B[g] * sfb[g])^T for each expert g.
+
+    a = (A e4m3 [G, max_m, K], sfa float32 [G, max_m, ceil(K/128)]); max_m must be a multiple of 64.
+    b = (B e4m3 [G, N, K], sfb float32 [G, ceil(N/128), ceil(K/128)]).
+    masked_m: int32 [G] on the GPU. The host never reads it, so the call can be captured in a CUDA graph
+        and replayed with new counts. Rows at or past masked_m[g] in the last 64-row block of a group
+        are overwritten with unspecified values; rows in blocks entirely past masked_m[g] are untouched.
+    expected_m: the typical masked_m, used only to choose the tile configuration.
+    """
+    where = "m_grouped_fp8_gemm_nt_masked"
+    a_q, sfa = require_pair(a, "a", where)
+    require_dtype(a_q, "a[0]", where, (FP8,))
+    require_rank(a_q, "a[0]", where, 3)
+    groups_a, max_m, k = a_q.shape
+    b_q, sfb, groups, n = _check_grouped_b(b, where, k)
+    if groups_a != groups:
+        raise ValueError(f"{where}: 'a[0]' has {groups_a} groups but 'b[0]' has {groups}; they must match")
+    require_dtype(sfa, "a[1]", where, (torch.float32,))
+    require_shape(sfa, "a[1]", where, (groups, max_m, ceil_div(k, 128)), "[G, max_m, ceil(K/128)]")
+    _check_out(out, where, (groups, max_m, n))
+    require_tensor(masked_m, "masked_m", where)
+    require_dtype(masked_m, "masked_m", where, (torch.int32,))
+    require_shape(masked_m, "masked_m", where, (groups,), "one row count per expert")
+    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
+        raise ValueError(f"{where}: 'expected_m' must be a positive int (a hint for the tile choice), got {expected_m!r}")
+    if max_m % MASKED_M_ALIGNMENT:
+        raise ValueError(f"{where}: 'a[0]' has max_m={max_m}; it must be a multiple of {MASKED_M_ALIGNMENT} "
+                         "so a 64-row output block never crosses into the next expert")
+    require_same_device(where, a=a_q, sfa=sfa, b=b_q, sfb=sfb, out=out, masked_m=masked_m)
+    if groups == 0 or max_m == 0 or n == 0:
+        return out
+    if backend_for(a_q) == "reference":
+        result = m_grouped_masked_reference(a_q, sfa, b_q, sfb, masked_m)
+        rows = torch.arange(max_m, device=out.device)[None, :] < masked_m.to(out.device)[:, None]
+        out[rows] = result[rows].to(out.dtype)
+        return out
+    if k == 0:
+        raise ValueError(f"{where}: K=0 is not supported on the GPU path (masked rows are unknown to the host)")
+    if k % 16 != 0:
+        raise ValueError(f"{where}: K={k} must be a multiple of 16 (each FP8 row must span whole 16-byte TMA units)")
+    _require_stacked(a_q, "a[0]", where)
+    _require_stacked(b_q, "b[0]", where)
+    _require_stacked(out, "out", where)
+    if not masked_m.is_contiguous():
+        raise ValueError(f"{where}: 'masked_m' must be contiguous")
+    from deepgemm.kernels.fp8_gemm import Geometry, GemmKind, get_grouped_plan
+
+    geometry = Geometry(rows=groups * max_m, groups=groups, max_m=max_m, tiles_known=False)
+    plan = get_grouped_plan(a_q.device.index, GemmKind.GROUPED_MASKED, geometry, n, k, out.dtype, min(expected_m, max_m))
+    plan.launch(a_q, _masked_sfa_layout(sfa), b_q, sfb.contiguous(), out, masked_m)
+    return out

@@ -1,0 +1,97 @@
+// Tile schedulers for MoE grouped GEMMs (all groups share N and K; B is [G, N, K]).
+//
+// Contiguous: A holds every group's rows back to back, each group's segment padded to a multiple of
+//   the alignment (128 rows), and m_indices[row] names the group of each row (-1 for padding). An
+//   M-block never straddles two segments, so its first row's entry is the block's group; a block
+//   whose first row is padding is padding throughout (its output rows are stored as zeros).
+// Masked: A is [G, max_m, K]; group g has masked_m[g] valid rows (read from device memory, so a CUDA
+//   graph can replay with new counts). Tiles are numbered group by group, M-block fastest.
+#pragma once
+#include <deepgemm/ptx/types.cuh>
+
+namespace deepgemm {
+
+struct GroupedTile {
+    u32 group;      // expert index
+    u32 m_block;    // M-block within the group (masked) or within A (contiguous)
+    u32 n_block;
+    u32 row_begin;  // first row of the group's tensor rows in the flattened [rows, K] view
+    u32 rows;       // valid rows of this group in that view, counted from row_begin
+    bool padding;   // contiguous only: the whole block is padding (no loads, output rows zeroed)
+};
+
+template <u32 kBlockM, u32 kNumNBlocks>
+struct ContiguousTileScheduler {
+    const i32* m_indices;
+    u32 m_total;
+    u32 num_groups;
+    u32 num_tiles;
+    u32 next_tile;
+
+    DG_DEVICE ContiguousTileScheduler(const i32* indices, u32 m, u32 groups)
+        : m_indices(indices), m_total(m), num_groups(groups), num_tiles(ceil_div(m, kBlockM) * kNumNBlocks),
+          next_tile(blockIdx.x) {}
+
+    // N-block fastest for one M-block: consecutive CTAs share the A rows and walk the expert's weights.
+    DG_DEVICE bool next(GroupedTile& tile) {
+        if (next_tile >= num_tiles) {
+            return false;
+        }
+        tile.m_block = next_tile / kNumNBlocks;
+        tile.n_block = next_tile % kNumNBlocks;
+        const i32 group = __ldg(m_indices + tile.m_block * kBlockM);
+        // An index outside [0, num_groups) is treated as padding: B and sfb are never read out of bounds.
+        tile.padding = group < 0 || static_cast<u32>(group) >= num_groups;
+        tile.group = tile.padding ? 0 : static_cast<u32>(group);
+        tile.row_begin = 0;
+        tile.rows = m_total;
+        next_tile += gridDim.x;
+        return true;
+    }
+};
+
+template <u32 kBlockM, u32 kNumNBlocks>
+struct MaskedTileScheduler {
+    const i32* masked_m;
+    u32 num_groups;
+    u32 max_m;
+    u32 group;        // group holding tiles [group_begin, group_end)
+    u32 group_begin;
+    u32 group_end;
+    u32 group_rows;
+    u32 next_tile;
+
+    DG_DEVICE MaskedTileScheduler(const i32* counts, u32 groups, u32 rows_per_group)
+        : masked_m(counts), num_groups(groups), max_m(rows_per_group), group(0), group_begin(0), group_end(0),
+          group_rows(0), next_tile(blockIdx.x) {
+        load_group();
+    }
+
+    DG_DEVICE void load_group() {
+        const i32 count = group < num_groups ? __ldg(masked_m + group) : 0;
+        group_rows = min(static_cast<u32>(max(count, 0)), max_m);
+        group_end = group_begin + ceil_div(group_rows, kBlockM) * kNumNBlocks;
+    }
+
+    DG_DEVICE bool next(GroupedTile& tile) {
+        while (next_tile >= group_end) {
+            if (++group >= num_groups) {
+                return false;
+            }
+            group_begin = group_end;
+            load_group();
+        }
+        const u32 in_group = next_tile - group_begin;
+        const u32 m_blocks = ceil_div(group_rows, kBlockM);
+        tile.group = group;
+        tile.m_block = in_group % m_blocks;
+        tile.n_block = in_group / m_blocks;
+        tile.row_begin = group * max_m;
+        tile.rows = group_rows;
+        tile.padding = false;
+        next_tile += gridDim.x;
+        return true;
+    }
+};
+
+}  // namespace deepgemm

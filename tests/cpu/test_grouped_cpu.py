@@ -1,0 +1,67 @@
+"""Grouped FP8 GEMMs on CPU tensors (reference path) and their argument checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import deepgemm
+from deepgemm.reference import fp8_gemm_nt_reference
+
+
+def _weights(groups: int, n: int, k: int):
+    parts = [deepgemm.quantize_per_block(torch.randn(n, k)) for _ in range(groups)]
+    return torch.stack([q for q, _ in parts]), torch.stack([s for _, s in parts])
+
+
+def test_contiguous_reference_matches_per_expert_gemms() -> None:
+    counts = [5, 0, 130]
+    indices = sum(([g] * c + [-1] * (-(-c // 128) * 128 - c) for g, c in enumerate(counts)), [])
+    m_indices = torch.tensor(indices, dtype=torch.int32)
+    a = deepgemm.quantize_per_token_group(torch.randn(len(indices), 256))
+    b = _weights(3, 24, 256)
+    out = torch.full((len(indices), 24), float("nan"), dtype=torch.bfloat16)
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices)
+    assert (out[m_indices < 0] == 0).all()
+    for g in range(3):
+        rows = (m_indices == g).nonzero().flatten()
+        if rows.numel():
+            expected = fp8_gemm_nt_reference(a[0][rows], a[1][rows], b[0][g], b[1][g], torch.float64)
+            assert deepgemm.calc_diff(out[rows], expected) < 1e-5
+
+
+def test_masked_reference_writes_only_valid_rows() -> None:
+    groups, max_m, k, n = 3, 64, 256, 40
+    x = torch.randn(groups * max_m, k)
+    q, sf = deepgemm.quantize_per_token_group(x)
+    a = (q.view(groups, max_m, k), sf.reshape(groups, max_m, -1))
+    b = _weights(groups, n, k)
+    masked_m = torch.tensor([0, 10, 64], dtype=torch.int32)
+    out = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16)
+    deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=32)
+    assert out[0].isnan().all() and out[1, 10:].isnan().all() and not out[2].isnan().any()
+    expected = fp8_gemm_nt_reference(a[0][1, :10], a[1][1, :10], b[0][1], b[1][1], torch.float64)
+    assert deepgemm.calc_diff(out[1, :10], expected) < 1e-5
+
+
+def test_grouped_validation_names_arguments() -> None:
+    a = deepgemm.quantize_per_token_group(torch.randn(128, 256))
+    b = _weights(2, 32, 256)
+    out = torch.empty(128, 32, dtype=torch.bfloat16)
+    good = torch.zeros(128, dtype=torch.int32)
+    with pytest.raises(TypeError, match="m_indices"):
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, good.long())
+    with pytest.raises(ValueError, match="b\\[0\\]"):
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, (b[0][0], b[1][0]), out, good)
+    with pytest.raises(ValueError, match="out"):
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out[:, :16], good)
+    a3 = (a[0].view(2, 64, 256), a[1].reshape(2, 64, 2))
+    out3 = torch.empty(2, 64, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="expected_m"):
+        deepgemm.m_grouped_fp8_gemm_nt_masked(a3, b, out3, torch.zeros(2, dtype=torch.int32), expected_m=0)
+    with pytest.raises(ValueError, match="masked_m"):
+        deepgemm.m_grouped_fp8_gemm_nt_masked(a3, b, out3, torch.zeros(3, dtype=torch.int32), expected_m=8)
+    a_odd = (a[0][:96].view(2, 48, 256), a[1][:96].reshape(2, 48, 2))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        deepgemm.m_grouped_fp8_gemm_nt_masked(a_odd, b, torch.empty(2, 48, 32, dtype=torch.bfloat16),
+                                              torch.zeros(2, dtype=torch.int32), expected_m=8)

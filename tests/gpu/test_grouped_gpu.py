@@ -1,0 +1,130 @@
+"""MoE grouped FP8 GEMMs on an sm_90 GPU against float64 references: contiguous and masked layouts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import deepgemm
+from deepgemm.reference import m_grouped_contiguous_reference, m_grouped_masked_reference
+from tests.helpers import assert_close_to_reference, random_activations, random_grouped_weights
+
+pytestmark = pytest.mark.gpu
+ALIGN = 128
+
+
+def contiguous_layout(counts: list[int], extra_padding_segments: int = 0) -> torch.Tensor:
+    """m_indices for experts with `counts` rows each, every segment padded to 128 rows with -1."""
+    indices: list[int] = []
+    for group, count in enumerate(counts):
+        padded = -(-count // ALIGN) * ALIGN
+        indices += [group] * count + [-1] * (padded - count)
+    indices += [-1] * (ALIGN * extra_padding_segments)
+    return torch.tensor(indices, dtype=torch.int32)
+
+
+def poison_padding(a: tuple[torch.Tensor, torch.Tensor], m_indices: torch.Tensor) -> None:
+    """Padding rows hold FP8 NaNs and NaN scales: they must not reach any valid output."""
+    pad = (m_indices < 0).to(a[0].device)
+    a[0].view(torch.uint8)[pad] = 0x7F
+    a[1][pad] = float("nan")
+
+
+def check_contiguous(counts: list[int], n: int, k: int, seed: int, extra_padding_segments: int = 0) -> None:
+    m_indices = contiguous_layout(counts, extra_padding_segments)
+    groups = len(counts)
+    a = random_activations(m_indices.numel(), k, "cuda", seed)
+    poison_padding(a, m_indices)
+    b = random_grouped_weights(groups, n, k, "cuda", seed + 1)
+    out = torch.full((m_indices.numel(), n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    result = deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices.cuda())
+    assert result is out
+    valid = m_indices >= 0
+    a_clean = (a[0].clone(), a[1].clone())
+    a_clean[0].view(torch.uint8)[~valid.cuda()] = 0
+    a_clean[1][~valid.cuda()] = 0
+    ref = m_grouped_contiguous_reference(a_clean[0], a_clean[1], b[0], b[1], m_indices.cuda(), torch.float64)
+    ref_abs = m_grouped_contiguous_reference(a_clean[0].float().abs(), a_clean[1].abs(), b[0].float().abs(), b[1].abs(),
+                                             m_indices.cuda(), torch.float64)
+    assert (out[~valid.cuda()] == 0).all(), "padding rows must be zero"
+    start = 0
+    for group, count in enumerate(counts):
+        rows = slice(start, start + count)
+        if count:
+            assert_close_to_reference(out[rows], ref[rows], ref_abs[rows])
+        start += -(-count // ALIGN) * ALIGN
+
+
+@pytest.mark.parametrize("counts,n,k", [
+    ([7400, 8100, 9900, 6500], 4096, 7168),
+    ([0, 1, 127, 128, 129, 300, 0, 55], 2056, 7296),
+    ([1000], 7168, 2048),
+    ([3, 0, 0, 250], 136, 144),
+])
+def test_contiguous(counts: list[int], n: int, k: int) -> None:
+    check_contiguous(counts, n, k, seed=sum(counts) + n)
+
+
+def test_contiguous_random_experts_with_padding_segment() -> None:
+    rng = random.Random(7)
+    for trial in range(3):
+        groups = rng.choice([1, 9, 64, 256])
+        counts = [rng.choice([0, rng.randint(1, 40), rng.randint(1, 300)]) for _ in range(groups)]
+        check_contiguous(counts, 512, 1024, seed=trial, extra_padding_segments=1)
+
+
+def test_contiguous_rejects_unaligned_total() -> None:
+    a = random_activations(130, 256, "cuda", 0)
+    b = random_grouped_weights(2, 128, 256, "cuda", 1)
+    out = torch.empty(130, 128, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="multiple of 128"):
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, torch.zeros(130, dtype=torch.int32, device="cuda"))
+
+
+def masked_inputs(groups: int, max_m: int, n: int, k: int, seed: int):
+    a2d = random_activations(groups * max_m, k, "cuda", seed)
+    a = (a2d[0].view(groups, max_m, k), a2d[1].reshape(groups, max_m, -1))
+    return a, random_grouped_weights(groups, n, k, "cuda", seed + 1)
+
+
+def check_masked(out: torch.Tensor, a, b, masked_m: torch.Tensor) -> None:
+    ref = m_grouped_masked_reference(a[0], a[1], b[0], b[1], masked_m, torch.float64)
+    ref_abs = m_grouped_masked_reference(a[0].float().abs(), a[1].abs(), b[0].float().abs(), b[1].abs(), masked_m,
+                                         torch.float64)
+    for group, count in enumerate(masked_m.tolist()):
+        if count:
+            assert_close_to_reference(out[group, :count], ref[group, :count], ref_abs[group, :count])
+        untouched_from = -(-count // 64) * 64
+        assert out[group, untouched_from:].isnan().all(), "rows in blocks past masked_m must stay untouched"
+
+
+@pytest.mark.parametrize("groups,max_m,n,k", [(1, 4096, 4096, 7168), (4, 256, 7168, 2048), (32, 128, 4096, 7168),
+                                              (6, 64, 136, 7296)])
+def test_masked(groups: int, max_m: int, n: int, k: int) -> None:
+    a, b = masked_inputs(groups, max_m, n, k, seed=groups + n)
+    rng = random.Random(groups)
+    counts = [rng.choice([0, max_m, rng.randint(1, max_m)]) for _ in range(groups)]
+    masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    out = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=max(1, sum(counts) // groups))
+    check_masked(out, a, b, masked_m.cpu())
+
+
+def test_masked_graph_replay_with_new_counts() -> None:
+    groups, max_m, n, k = 8, 128, 2048, 7168
+    a, b = masked_inputs(groups, max_m, n, k, seed=11)
+    masked_m = torch.full((groups,), 17, dtype=torch.int32, device="cuda")
+    out = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=16)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=16)
+    for counts in ([0, 1, 64, 65, 128, 3, 0, 100], [128] * 8):
+        masked_m.copy_(torch.tensor(counts, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_masked(out, a, b, masked_m.cpu())
