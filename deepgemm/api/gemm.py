@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ from deepgemm.api.validation import (
     require_rank,
     require_same_device,
     require_shape,
+    require_row_count,
     require_tensor,
     require_tma_rows,
 )
@@ -128,6 +130,7 @@ def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Te
     require_tma_rows(a_q, "a[0]", _WHERE)
     require_tma_rows(b_q, "b[0]", _WHERE)
     require_tma_rows(out, "out", _WHERE)
+    require_row_count(max(m, n), "max(M, N)", _WHERE)
     from deepgemm.kernels.fp8_gemm import get_plan
 
     plan = get_plan(device.index, m, n, k, out.dtype)
@@ -171,7 +174,11 @@ def precompile_fp8_gemm_nt(
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"precompile_fp8_gemm_nt: 'out_dtype' must be torch.bfloat16 or torch.float32, got {out_dtype}")
     if num_sms is None:
-        num_sms = sm_count(torch.cuda.current_device()) if torch.cuda.is_available() else DEFAULT_NUM_SMS
+        if torch.cuda.is_available():
+            num_sms = sm_count(torch.cuda.current_device())
+        else:  # plan for the H100/H200, honouring the same cap the runtime applies
+            cap = os.environ.get("DEEPGEMM_NUM_SMS")
+            num_sms = min(DEFAULT_NUM_SMS, int(cap)) if cap else DEFAULT_NUM_SMS
     spec = plan_spec(m, n, k, out_dtype, num_sms)
     start = time.perf_counter()
     compiled = compile_spec(spec)

@@ -12,6 +12,7 @@ from deepgemm.api.validation import (
     require_rank,
     require_same_device,
     require_shape,
+    require_row_count,
     require_tensor,
     require_tma_rows,
 )
@@ -80,7 +81,8 @@ def m_grouped_fp8_gemm_nt_contiguous(
         expert's segment padded to get_m_alignment_for_contiguous_layout() rows (M_total is a multiple).
     b = (B e4m3 [G, N, K], sfb float32 [G, ceil(N/128), ceil(K/128)]).
     m_indices: int32 [M_total] on A's device, the expert of each row, -1 for padding rows. Rows whose
-        index is -1 (or outside [0, G)) are written as zeros; M-blocks made only of padding issue no MMA.
+        index is -1 (or any value outside [0, G)) are written as zeros; M-blocks that start with such a
+        row are padding throughout (segments are aligned) and issue no loads or MMA.
     out: [M_total, N] bfloat16 or float32, written and returned.
     """
     where = "m_grouped_fp8_gemm_nt_contiguous"
@@ -108,6 +110,7 @@ def m_grouped_fp8_gemm_nt_contiguous(
         return out
     _require_kernel_rows(where, k, {"a[0]": a_q, "out": out})
     _require_stacked(b_q, "b[0]", where)
+    require_row_count(max(m_total, groups * n), "max(M_total, G * N)", where)
     if not m_indices.is_contiguous():
         raise ValueError(f"{where}: 'm_indices' must be contiguous")
     from deepgemm.kernels.fp8_gemm import Geometry, GemmKind, get_grouped_plan
@@ -181,6 +184,7 @@ def m_grouped_fp8_gemm_nt_masked(
     _require_stacked(a_q, "a[0]", where)
     _require_stacked(b_q, "b[0]", where)
     _require_stacked(out, "out", where)
+    require_row_count(max(groups * max_m, groups * n), "max(G * max_m, G * N)", where)
     if not masked_m.is_contiguous():
         raise ValueError(f"{where}: 'masked_m' must be contiguous")
     from deepgemm.kernels.fp8_gemm import Geometry, GemmKind, get_grouped_plan

@@ -67,3 +67,11 @@ def require_int(value: Any, name: str, where: str, allowed: Iterable[int]) -> in
     if isinstance(value, bool) or not isinstance(value, int) or value not in options:
         raise ValueError(f"{where}: '{name}' must be one of {options}, got {value!r}")
     return value
+
+
+MAX_ROWS = 2**31 - 1  # TMA coordinates and the kernels' row indices are 32-bit signed
+
+
+def require_row_count(rows: int, what: str, where: str) -> None:
+    if rows > MAX_ROWS:
+        raise ValueError(f"{where}: {what} = {rows} rows exceeds the kernels' 32-bit row index limit ({MAX_ROWS})")

@@ -15,6 +15,19 @@ def current_raw_stream(device_index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device_index)
 
 
+def launch_on_device(kernel: "LoadedKernel", device_index: int, stream: int, config: Any, args_address: int) -> None:
+    """Launch `kernel` for tensors on `device_index`.
+
+    A stream handle names its device, but the legacy default stream (handle 0) means "the current
+    context": then the launch must run with the tensors' device current.
+    """
+    if stream == 0 and torch.cuda.current_device() != device_index:
+        with torch.cuda.device(device_index):
+            kernel.launch(config, args_address)
+    else:
+        kernel.launch(config, args_address)
+
+
 def refuse_during_capture(what: str) -> None:
     """Compiling or loading a module cannot be captured into a CUDA graph."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():

@@ -12,10 +12,10 @@ import torch
 
 from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
-from deepgemm.configs.heuristics import make_config
+from deepgemm.configs.heuristics import make_config, spans_at_most_two_scale_blocks
 from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
-from deepgemm.jit.runtime import LoadedKernel, current_raw_stream
+from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
 from deepgemm.jit.tma import encode_2d
 from deepgemm.kernels.device import sm_count
 from deepgemm.kernels.loader import load_kernel
@@ -173,7 +173,7 @@ class Fp8GemmPlan:
         if config is None:
             config = self._configs[stream] = self.kernel.launch_config(
                 self.device_index, stream, self.grid, self.block, self.spec.config.cluster_m)
-        self.kernel.launch(config, args.address)
+        launch_on_device(self.kernel, self.device_index, stream, config, args.address)
 
     def launch(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
                grouping: torch.Tensor | None = None) -> None:
@@ -183,6 +183,7 @@ class Fp8GemmPlan:
 
 _plans: dict[tuple[int, int, int, int, torch.dtype, GemmConfig | None], Fp8GemmPlan] = {}
 _plans_lock = threading.Lock()
+_PLANS_CAPACITY = 512  # plans are cheap to rebuild (compiled kernels stay loaded): bound host memory
 
 
 def get_plan(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype,
@@ -199,7 +200,9 @@ def get_plan(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype,
     if os.environ.get("DEEPGEMM_PRINT_CONFIGS"):
         print(f"deepgemm: m={m} {spec.label()}", file=sys.stderr)
     kernel = load_kernel(render_source(spec), spec.config.smem_bytes)
-    with _plans_lock:
+    with _plans_lock, torch.cuda.device(device_index):  # occupancy queries use the current context
+        if len(_plans) >= _PLANS_CAPACITY:
+            _plans.clear()
         plan = _plans.setdefault(key, Fp8GemmPlan(device_index, Geometry(rows=m), spec, kernel))
     return plan
 
@@ -219,7 +222,7 @@ def get_grouped_plan(device_index: int, kind: GemmKind, geometry: Geometry, n: i
     if kind == GemmKind.GROUPED_MASKED:
         # Same tile count and weight bytes as one GEMM of N x groups columns.
         base = choose_fp8_gemm_config(max(work_m, 1), n * geometry.groups, k, sms, 4 if out_dtype == torch.float32 else 2)
-        config = make_config(max(work_m, 1), n, k, base.block_m, min(base.block_n, max_block_n_for(n)), sms,
+        config = make_config(max(work_m, 1), n, k, base.block_m, max_block_n_for(n, base.block_n), sms,
                              4 if out_dtype == torch.float32 else 2, cluster_m=1)
     else:
         base = choose_fp8_gemm_config(max(work_m, 1), n, k, sms, 4 if out_dtype == torch.float32 else 2)
@@ -229,13 +232,16 @@ def get_grouped_plan(device_index: int, kind: GemmKind, geometry: Geometry, n: i
     if os.environ.get("DEEPGEMM_PRINT_CONFIGS"):
         print(f"deepgemm: {geometry} {spec.label()}", file=sys.stderr)
     kernel = load_kernel(render_source(spec), spec.config.smem_bytes)
-    with _plans_lock:
+    with _plans_lock, torch.cuda.device(device_index):
+        if len(_grouped_plans) >= _PLANS_CAPACITY:
+            _grouped_plans.clear()
         plan = _grouped_plans.setdefault(key, Fp8GemmPlan(device_index, geometry, spec, kernel))
     return plan
 
 
-def max_block_n_for(n: int) -> int:
-    """Widest useful block_n for N columns (multiple of 8, at least 16)."""
-    return max(16, -(-n // 8) * 8)
+def max_block_n_for(n: int, cap: int) -> int:
+    """Widest block_n <= cap that covers N columns without waste and never spans three scale blocks."""
+    limit = min(cap, max(16, -(-n // 8) * 8))
+    return max(bn for bn in range(8, limit + 1, 8) if spans_at_most_two_scale_blocks(bn))
 
 

@@ -6,7 +6,7 @@ import torch
 
 from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import KernelSource
-from deepgemm.jit.runtime import current_raw_stream
+from deepgemm.jit.runtime import current_raw_stream, launch_on_device
 from deepgemm.kernels.loader import load_kernel
 from deepgemm.utils import align_up, ceil_div
 
@@ -61,7 +61,8 @@ def quantize_per_token_group_cuda(x: torch.Tensor, group_size: int) -> tuple[tor
          U32(sf_storage.stride(0)), U32(m), U32(k)]
     )
     device_index = x.device.index
-    kernel.launch(kernel.launch_config(device_index, current_raw_stream(device_index), grid, _THREADS), args.address)
+    stream = current_raw_stream(device_index)
+    launch_on_device(kernel, device_index, stream, kernel.launch_config(device_index, stream, grid, _THREADS), args.address)
     return q, sf
 
 
@@ -77,7 +78,8 @@ def quantize_per_block_cuda(w: torch.Tensor, block: int) -> tuple[torch.Tensor, 
         [U64(w.data_ptr()), U64(w.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf.data_ptr()), U32(n), U32(k)]
     )
     device_index = w.device.index
-    # Grid: blockIdx.x walks K blocks, blockIdx.y walks N blocks.
-    config = kernel.launch_config_2d(device_index, current_raw_stream(device_index), (sf.shape[1], sf.shape[0]), _THREADS)
-    kernel.launch(config, args.address)
+    stream = current_raw_stream(device_index)
+    # Grid: blockIdx.x walks N blocks (up to 2^31 - 1), blockIdx.y walks K blocks (at most 65535).
+    config = kernel.launch_config_2d(device_index, stream, (sf.shape[0], sf.shape[1]), _THREADS)
+    launch_on_device(kernel, device_index, stream, config, args.address)
     return q, sf

@@ -65,3 +65,16 @@ def test_grouped_validation_names_arguments() -> None:
     with pytest.raises(ValueError, match="multiple of 64"):
         deepgemm.m_grouped_fp8_gemm_nt_masked(a_odd, b, torch.empty(2, 48, 32, dtype=torch.bfloat16),
                                               torch.zeros(2, dtype=torch.int32), expected_m=8)
+
+
+def test_masked_block_n_cap_never_spans_three_scale_blocks_and_compiles() -> None:
+    from deepgemm.configs.heuristics import make_config, spans_at_most_two_scale_blocks
+    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, compile_spec, max_block_n_for
+
+    for n in range(8, 264, 8):
+        for cap in (16, 64, 128, 160, 192):
+            assert spans_at_most_two_scale_blocks(max_block_n_for(n, cap))
+    block_n = max_block_n_for(152, 160)  # 152 itself would span three 128-column scale blocks
+    config = make_config(4096, 152, 7168, 128, block_n, 132, cluster_m=1)
+    compiled = compile_spec(Fp8GemmSpec(152, 7168, torch.bfloat16, config, GemmKind.GROUPED_MASKED))
+    assert compiled.resources is not None and compiled.resources.spill_stores == 0

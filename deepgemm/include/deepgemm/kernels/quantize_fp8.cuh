@@ -90,7 +90,7 @@ struct QuantizePerTokenGroup {
     }
 };
 
-// One CTA of 256 threads per kBlock x kBlock block; grid (ceil(K/kBlock), ceil(N/kBlock)).
+// One CTA of 256 threads per kBlock x kBlock block; grid (ceil(N/kBlock), ceil(K/kBlock)).
 template <InputKind kKind, u32 kBlock>
 struct QuantizePerBlock {
     static_assert(kBlock == 32 || kBlock == 64 || kBlock == 128, "block must be 32, 64 or 128");
@@ -102,8 +102,8 @@ struct QuantizePerBlock {
         __shared__ float warp_amax[kNumWarps];
         const u32 warp = threadIdx.x / 32;
         const u32 lane = threadIdx.x % 32;
-        const u32 row0 = blockIdx.y * kBlock + warp * kRowsPerWarp;
-        const u32 col0 = blockIdx.x * kBlock + lane;
+        const u32 row0 = blockIdx.x * kBlock + warp * kRowsPerWarp;
+        const u32 col0 = blockIdx.y * kBlock + lane;
         float values[kRowsPerWarp][kColsPerLane];
         float amax = 0.0f;
 #pragma unroll
@@ -139,7 +139,7 @@ struct QuantizePerBlock {
             }
         }
         if (threadIdx.x == 0) {
-            sf[blockIdx.y * gridDim.x + blockIdx.x] = scale;
+            sf[static_cast<u64>(blockIdx.x) * gridDim.y + blockIdx.y] = scale;
         }
     }
 };

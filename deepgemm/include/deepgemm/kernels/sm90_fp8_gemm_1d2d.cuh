@@ -361,11 +361,12 @@ struct Sm90Fp8Gemm1D2D {
             }
 
             if constexpr (kKind == GemmKind::kGroupedContiguous) {
-                // Padding rows inside a computed block (m_indices == -1) are stored as zeros.
+                // Padding rows inside a computed block (m_indices == -1, or any index outside [0, G)) are
+                // stored as zeros.
 #pragma unroll
                 for (u32 half = 0; half < 2; ++half) {
                     const u32 row = row0 + row_in_wg + half * 8;
-                    if (row < problem.m && __ldg(problem.grouping + row) < 0) {
+                    if (row < problem.m && static_cast<u32>(__ldg(problem.grouping + row)) >= problem.num_groups) {
 #pragma unroll
                         for (u32 j = 0; j < kBlockN / 8; ++j) {
                             result[j * 4 + half * 2] = 0.0f;
