@@ -163,7 +163,7 @@ def precompile_fp8_gemm_nt(
 
     num_sms defaults to the current GPU's SM count, or 132 (H100/H200 SXM) without a GPU.
     """
-    from deepgemm.kernels.device import DEFAULT_NUM_SMS, sm_count
+    from deepgemm.kernels.device import DEFAULT_NUM_SMS, device_name, sm_count
     from deepgemm.kernels.fp8_gemm import compile_spec, plan_spec
 
     for name, value in (("m", m), ("n", n), ("k", k)):
@@ -173,13 +173,16 @@ def precompile_fp8_gemm_nt(
         raise ValueError(f"precompile_fp8_gemm_nt: K={k} must be a multiple of 16")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"precompile_fp8_gemm_nt: 'out_dtype' must be torch.bfloat16 or torch.float32, got {out_dtype}")
+    gpu_name = None
+    if torch.cuda.is_available():
+        gpu_name = device_name(torch.cuda.current_device())
     if num_sms is None:
         if torch.cuda.is_available():
             num_sms = sm_count(torch.cuda.current_device())
         else:  # plan for the H100/H200, honouring the same cap the runtime applies
             cap = os.environ.get("DEEPGEMM_NUM_SMS")
             num_sms = min(DEFAULT_NUM_SMS, int(cap)) if cap else DEFAULT_NUM_SMS
-    spec = plan_spec(m, n, k, out_dtype, num_sms)
+    spec = plan_spec(m, n, k, out_dtype, num_sms, gpu_name)
     start = time.perf_counter()
     compiled = compile_spec(spec)
     return PrecompileInfo(

@@ -17,7 +17,7 @@ from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
 from deepgemm.jit.tma import encode_2d
-from deepgemm.kernels.device import sm_count
+from deepgemm.kernels.device import device_name, sm_count
 from deepgemm.kernels.loader import load_kernel
 from deepgemm.utils import ceil_div
 
@@ -53,8 +53,16 @@ class Fp8GemmSpec:
         return f"{name} n={self.n} k={self.k} out={out} {self.config.label()}"
 
 
-def plan_spec(m: int, n: int, k: int, out_dtype: torch.dtype, num_sms: int) -> Fp8GemmSpec:
-    config = choose_fp8_gemm_config(m, n, k, num_sms, 4 if out_dtype == torch.float32 else 2)
+def plan_spec(m: int, n: int, k: int, out_dtype: torch.dtype, num_sms: int, gpu_name: str | None = None) -> Fp8GemmSpec:
+    """The instantiation for a shape: a tuned choice for this GPU model if one is recorded, else the cost model."""
+    out_elem_bytes = 4 if out_dtype == torch.float32 else 2
+    config = None
+    if gpu_name is not None:
+        from deepgemm.configs.tuning_db import tuning_db
+
+        config = tuning_db(gpu_name).lookup(m, n, k, num_sms, out_elem_bytes)
+    if config is None:
+        config = choose_fp8_gemm_config(m, n, k, num_sms, out_elem_bytes)
     return Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
 
 
@@ -194,7 +202,9 @@ def get_plan(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype,
     if plan is not None:
         return plan
     if config is None:
-        spec = plan_spec(m, n, k, out_dtype, sm_count(device_index))
+        if os.environ.get("DEEPGEMM_AUTOTUNE") == "1":
+            _autotune_if_missing(device_index, m, n, k, out_dtype)
+        spec = plan_spec(m, n, k, out_dtype, sm_count(device_index), device_name(device_index))
     else:
         spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
     if os.environ.get("DEEPGEMM_PRINT_CONFIGS"):
@@ -205,6 +215,16 @@ def get_plan(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype,
             _plans.clear()
         plan = _plans.setdefault(key, Fp8GemmPlan(device_index, Geometry(rows=m), spec, kernel))
     return plan
+
+
+def _autotune_if_missing(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype) -> None:
+    """DEEPGEMM_AUTOTUNE=1: measure this shape's M bucket once (then it is read from the tuning file)."""
+    from deepgemm.configs.tuner import tune_fp8_gemm_nt
+    from deepgemm.configs.tuning_db import tuning_db
+
+    out_elem_bytes = 4 if out_dtype == torch.float32 else 2
+    if tuning_db(device_name(device_index)).lookup(m, n, k, sm_count(device_index), out_elem_bytes) is None:
+        tune_fp8_gemm_nt(m, n, k, out_dtype=out_dtype, device=device_index)
 
 
 _grouped_plans: dict[tuple, Fp8GemmPlan] = {}

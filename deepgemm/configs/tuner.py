@@ -1,0 +1,72 @@
+"""Autotuner: time candidate tile choices for one FP8 GEMM shape on the GPU and keep the fastest.
+
+Candidates are the cost model's best tiles plus their 2-CTA-cluster variants. Each is compiled (in
+parallel, out of process), launched on fresh random operands, timed with CUDA-graph replay and an L2
+flush (median of `iters`), and the winner is recorded in the GPU model's tuning file, which
+`fp8_gemm_nt` consults before the cost model.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from deepgemm.configs.config import GemmConfig
+from deepgemm.configs.heuristics import make_config, ranked_candidates
+from deepgemm.configs.tuning_db import tuning_db
+from deepgemm.errors import UnsupportedError
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    best: GemmConfig
+    timings_us: tuple[tuple[GemmConfig, float], ...]  # fastest first
+    db_path: str
+
+
+def candidate_configs(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int, top: int) -> list[GemmConfig]:
+    configs: list[GemmConfig] = []
+    for _, block_m, block_n in ranked_candidates(m, n, k, num_sms, out_elem_bytes)[:top]:
+        configs.append(make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes, cluster_m=1))
+        if block_n % 16 == 0 and num_sms % 2 == 0 and -(-m // block_m) >= 2:
+            configs.append(make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes, cluster_m=2))
+    return configs
+
+
+def tune_fp8_gemm_nt(m: int, n: int, k: int, *, out_dtype: torch.dtype = torch.bfloat16, device: int | None = None,
+                     top: int = 6, iters: int = 20) -> TuneResult:
+    """Measure the candidates for (m, n, k) on an sm_90 GPU and record the fastest."""
+    import deepgemm
+    from deepgemm.bench.timing import bench_gpu
+    from deepgemm.jit.runtime import refuse_during_capture
+    from deepgemm.kernels.device import sm_count
+    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec, get_plan
+
+    index = torch.cuda.current_device() if device is None else device
+    if not deepgemm.supported(index):
+        raise UnsupportedError("tuning needs an sm_90 (Hopper) GPU")
+    refuse_during_capture(f"tuning fp8_gemm_nt m={m} n={n} k={k}")
+    num_sms = sm_count(index)
+    out_elem_bytes = 4 if out_dtype == torch.float32 else 2
+    configs = candidate_configs(m, n, k, num_sms, out_elem_bytes, top)
+    with ThreadPoolExecutor(max_workers=min(8, len(configs))) as pool:
+        list(pool.map(lambda c: compile_spec(Fp8GemmSpec(n, k, out_dtype, c)), configs))
+    with torch.cuda.device(index):
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        x = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
+        w = torch.randn(n, k, generator=gen).to("cuda", torch.bfloat16)
+        a = deepgemm.quantize_per_token_group(x)
+        b = deepgemm.quantize_per_block(w)
+        out = torch.empty(m, n, dtype=out_dtype, device="cuda")
+        timings = []
+        for config in configs:
+            plan = get_plan(index, m, n, k, out_dtype, config)
+            timing = bench_gpu(lambda: plan.launch(a[0], a[1], b[0], b[1], out), iters=iters, warmup=3)
+            timings.append((config, timing.median_us))
+    timings.sort(key=lambda item: item[1])
+    best, best_us = timings[0]
+    db = tuning_db(torch.cuda.get_device_name(index))
+    db.record(m, n, k, num_sms, best, best_us, out_elem_bytes)
+    return TuneResult(best=best, timings_us=tuple(timings), db_path=str(db.path))

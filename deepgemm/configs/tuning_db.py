@@ -1,0 +1,127 @@
+"""Measured tile choices, persisted per GPU model: used ahead of the cost model when present.
+
+One JSON file per GPU model under ``<cache dir>/tuning/``. An entry is keyed by (kernel, N, K, output
+dtype, SM count, M bucket) and stores only the tile choice (block_m, block_n, cluster_m) with the time
+that won; the full config (stages, shared memory, pipelining) is rebuilt by the heuristic's own rules,
+so a stale or hand-edited entry can never produce an inconsistent kernel. Unreadable files or entries
+are ignored. Writes are read-modify-write under a file lock, published by atomic rename.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from deepgemm.configs.config import GemmConfig
+from deepgemm.configs.heuristics import candidate_tiles, make_config, max_stages
+
+FORMAT = "deepgemm-tuning"
+VERSION = 1
+KERNEL_FP8_GEMM_NT = "fp8_gemm_nt"
+
+
+def m_bucket(m: int) -> int:
+    """Shapes whose M rounds up to the same power of two share a tuned choice."""
+    return 1 << max(m - 1, 0).bit_length()
+
+
+def gpu_slug(gpu_name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") or "gpu"
+
+
+def default_tuning_path(gpu_name: str) -> Path:
+    from deepgemm.jit.compiler import default_cache_dir
+
+    return default_cache_dir() / "tuning" / f"{gpu_slug(gpu_name)}.json"
+
+
+@dataclass(frozen=True)
+class TunedChoice:
+    block_m: int
+    block_n: int
+    cluster_m: int
+    median_us: float
+    measured_m: int
+
+
+def entry_key(n: int, k: int, out_elem_bytes: int, num_sms: int, m: int, kernel: str = KERNEL_FP8_GEMM_NT) -> str:
+    return f"{kernel}|n={n}|k={k}|out={out_elem_bytes}|sms={num_sms}|m<={m_bucket(m)}"
+
+
+class TuningDB:
+    """The tuning file of one GPU model; loaded lazily, re-read after every write by this process."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._entries: dict[str, TunedChoice] | None = None
+        self._lock = threading.Lock()
+
+    def _read(self) -> dict[str, TunedChoice]:
+        try:
+            raw = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT or raw.get("version") != VERSION:
+            return {}
+        entries = {}
+        for key, value in (raw.get("entries") or {}).items():
+            try:
+                entries[key] = TunedChoice(int(value["block_m"]), int(value["block_n"]), int(value["cluster_m"]),
+                                           float(value["median_us"]), int(value["measured_m"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+        return entries
+
+    def entries(self) -> dict[str, TunedChoice]:
+        if self._entries is None:
+            with self._lock:
+                if self._entries is None:
+                    self._entries = self._read()
+        return self._entries
+
+    def lookup(self, m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2) -> GemmConfig | None:
+        """The tuned config for this shape's bucket, rebuilt and re-checked, or None."""
+        choice = self.entries().get(entry_key(n, k, out_elem_bytes, num_sms, m))
+        if choice is None or (choice.block_m, choice.block_n) not in candidate_tiles(m, n):
+            return None
+        if choice.cluster_m not in (1, 2) or max_stages(choice.block_m, choice.block_n, k, out_elem_bytes) < 2:
+            return None
+        if choice.cluster_m == 2 and (choice.block_n % 16 or num_sms % 2 or -(-m // choice.block_m) < 2):
+            return None
+        return make_config(m, n, k, choice.block_m, choice.block_n, num_sms, out_elem_bytes, cluster_m=choice.cluster_m)
+
+    def record(self, m: int, n: int, k: int, num_sms: int, config: GemmConfig, median_us: float,
+               out_elem_bytes: int = 2) -> None:
+        """Store the winner for this shape's bucket (replacing an older entry)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = self.path.with_suffix(".lock")
+        with open(lock_path, "a+") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            entries = self._read()
+            entries[entry_key(n, k, out_elem_bytes, num_sms, m)] = TunedChoice(
+                config.block_m, config.block_n, config.cluster_m, float(median_us), m)
+            payload = {"format": FORMAT, "version": VERSION,
+                       "entries": {key: vars(choice) for key, choice in sorted(entries.items())}}
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                json.dump(payload, f, indent=1)
+            os.replace(tmp, self.path)
+        with self._lock:
+            self._entries = entries
+
+
+_databases: dict[Path, TuningDB] = {}
+
+
+def tuning_db(gpu_name: str) -> TuningDB:
+    path = default_tuning_path(gpu_name)
+    db = _databases.get(path)
+    if db is None:
+        db = _databases.setdefault(path, TuningDB(path))
+    return db

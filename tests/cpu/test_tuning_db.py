@@ -1,0 +1,101 @@
+"""The tuning file: bucketing, round trips, validation of stored choices, and its use by the planner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from deepgemm.configs.heuristics import choose_fp8_gemm_config, fp8_gemm_smem_bytes, make_config, max_stages
+from deepgemm.configs.tuning_db import TuningDB, entry_key, gpu_slug, m_bucket, tuning_db
+from deepgemm.kernels.fp8_gemm import plan_spec
+
+
+def test_m_bucket_rounds_up_to_powers_of_two() -> None:
+    assert [m_bucket(m) for m in (1, 2, 3, 64, 65, 128, 129, 4096, 4097)] == [1, 2, 4, 64, 128, 128, 256, 4096, 8192]
+
+
+def test_gpu_slug() -> None:
+    assert gpu_slug("NVIDIA H200") == "nvidia-h200"
+    assert gpu_slug("  ") == "gpu"
+
+
+def test_round_trip_rebuilds_a_consistent_config(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    tuned = make_config(4096, 2112, 7168, 128, 192, 132, 2, cluster_m=2)
+    TuningDB(path).record(4096, 2112, 7168, 132, tuned, 123.0)
+    config = TuningDB(path).lookup(3000, 2112, 7168, 132)  # same bucket (4096), fresh reader
+    assert config is not None
+    assert (config.block_m, config.block_n, config.cluster_m) == (128, 192, 2)
+    assert config.num_stages == max_stages(128, 192, 7168, 2)
+    assert config.smem_bytes == fp8_gemm_smem_bytes(128, 192, config.num_stages, 7168, 2)
+    assert TuningDB(path).lookup(5000, 2112, 7168, 132) is None  # another bucket
+    assert TuningDB(path).lookup(4096, 2112, 7168, 114) is None  # another SM count
+    assert TuningDB(path).lookup(4096, 2112, 7168, 132, out_elem_bytes=4) is None
+
+
+@pytest.mark.parametrize("entry", [
+    {"block_m": 128, "block_n": 176, "cluster_m": 1},  # would span three scale blocks
+    {"block_m": 96, "block_n": 128, "cluster_m": 1},   # not a kernel tile
+    {"block_m": 128, "block_n": 136, "cluster_m": 2},  # multicast needs block_n % 16 == 0
+    {"block_m": 128, "block_n": 128, "cluster_m": 3},
+    {"block_m": "x", "block_n": 128, "cluster_m": 1},
+])
+def test_invalid_entries_are_ignored(tmp_path: Path, entry: dict) -> None:
+    path = tmp_path / "t.json"
+    payload = {"format": "deepgemm-tuning", "version": 1,
+               "entries": {entry_key(4096, 7168, 2, 132, 4096): {**entry, "median_us": 1.0, "measured_m": 4096}}}
+    path.write_text(json.dumps(payload))
+    assert TuningDB(path).lookup(4096, 4096, 7168, 132) is None
+
+
+def test_corrupt_file_is_ignored_and_rewritten(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text("{not json")
+    db = TuningDB(path)
+    assert db.lookup(64, 2112, 7168, 132) is None
+    db.record(64, 2112, 7168, 132, make_config(64, 2112, 7168, 64, 32, 132), 15.0)
+    assert json.loads(path.read_text())["format"] == "deepgemm-tuning"
+    assert TuningDB(path).lookup(64, 2112, 7168, 132).block_n == 32
+
+
+def test_concurrent_writers_keep_every_entry(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    shapes = [(64 * (i + 1), 4096, 7168) for i in range(8)]
+
+    def write(shape: tuple[int, int, int]) -> None:
+        m, n, k = shape
+        TuningDB(path).record(m, n, k, 132, make_config(m, n, k, 64, 64, 132), float(m))
+
+    threads = [threading.Thread(target=write, args=(shape,)) for shape in shapes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    db = TuningDB(path)
+    assert len(db.entries()) == len({m_bucket(m) for m, _, _ in shapes})
+
+
+def test_plan_spec_prefers_the_tuned_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path))
+    model = choose_fp8_gemm_config(4096, 2112, 7168, 132)
+    tuned = make_config(4096, 2112, 7168, 128, 192, 132, cluster_m=2)
+    assert model != tuned
+    tuning_db("Fake GPU").record(4096, 2112, 7168, 132, tuned, 100.0)
+    assert plan_spec(4096, 2112, 7168, torch.bfloat16, 132, "Fake GPU").config == tuned
+    assert plan_spec(4096, 2112, 7168, torch.bfloat16, 132, "Other GPU").config == model
+    assert plan_spec(4096, 2112, 7168, torch.bfloat16, 132).config == model
+    assert (tmp_path / "tuning" / "fake-gpu.json").is_file()
+
+
+def test_cli_tune_without_gpu_says_so(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "deepgemm", "tune", "--shape", "64,2112,7168"],
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "DEEPGEMM_CACHE_DIR": str(tmp_path),
+                                                               "HOME": str(tmp_path)}, timeout=120)
+    assert proc.returncode == 1
+    assert "needs an sm_90" in proc.stderr
