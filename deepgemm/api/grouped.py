@@ -44,10 +44,10 @@ def _check_grouped_b(b: object, where: str, k: int) -> tuple[torch.Tensor, torch
 
 
 def _check_out(out: object, where: str, shape: tuple[int, ...]) -> torch.Tensor:
-    require_tensor(out, "out", where)
-    require_dtype(out, "out", where, OUT_DTYPES)
-    require_shape(out, "out", where, shape, "the output rows of every expert")
-    return out
+    tensor = require_tensor(out, "out", where)
+    require_dtype(tensor, "out", where, OUT_DTYPES)
+    require_shape(tensor, "out", where, shape, "the output rows of every expert")
+    return tensor
 
 
 def _require_kernel_rows(where: str, k: int, tensors: dict[str, torch.Tensor]) -> None:
