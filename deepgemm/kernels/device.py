@@ -21,10 +21,5 @@ def sm_count(device_index: int) -> int:
 
 
 @functools.cache
-def is_sm90(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) == (9, 0)
-
-
-@functools.cache
 def device_name(device_index: int) -> str:
     return torch.cuda.get_device_name(device_index)

@@ -115,7 +115,6 @@ class Fp8GemmPlan:
         c = spec.config
         self.device_index = device_index
         self.geometry = geometry
-        self.m = geometry.rows
         self.spec = spec
         self.kernel = kernel
         resident = c.num_sms // c.cluster_m
