@@ -9,6 +9,8 @@ Variants:
   no_loads    A/B TMA loads removed (MMAs read stale shared memory: no L2/HBM traffic for operands)
   no_store    epilogue store skipped (results are still reduced, so promotion stays)
 Usage: ablate.py [MxNxK ...]   (default: three M = 4096 shapes). Prints a table of median µs.
+ABLATE_CONFIG=bm,bn,cluster_m[;bm,bn,cluster_m...] times those tiles instead of the cost model's pick
+(one row per shape and tile); ABLATE_VARIANTS=base,no_mma,... limits the variants.
 """
 
 from __future__ import annotations
@@ -60,28 +62,35 @@ def make_include(root: Path, name: str) -> Path:
     return dst
 
 
+def chosen_config(m: int, n: int, k: int):  # noqa: ANN201 - GemmConfig, imported lazily
+    from deepgemm.configs.heuristics import choose_fp8_gemm_config, make_config
+    from deepgemm.kernels.device import sm_count
+
+    override = os.environ.get("ABLATE_CONFIG")
+    if not override:
+        return choose_fp8_gemm_config(m, n, k, sm_count(0))
+    bm, bn, cm = (int(v) for v in override.split(","))
+    return make_config(m, n, k, bm, bn, sm_count(0), 2, cluster_m=cm)
+
+
 def compile_one(shape: str) -> None:
     import torch
 
-    from deepgemm.configs.heuristics import choose_fp8_gemm_config
-    from deepgemm.kernels.device import sm_count
     from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec
 
     m, n, k = (int(v) for v in shape.split("x"))
-    compile_spec(Fp8GemmSpec(n, k, torch.bfloat16, choose_fp8_gemm_config(m, n, k, sm_count(0))))
+    compile_spec(Fp8GemmSpec(n, k, torch.bfloat16, chosen_config(m, n, k)))
 
 
 def time_one(shape: str) -> None:
     import torch
 
     from deepgemm.bench.timing import bench_gpu
-    from deepgemm.configs.heuristics import choose_fp8_gemm_config
-    from deepgemm.kernels.device import sm_count
     from deepgemm.kernels.fp8_gemm import get_plan
     from tests.helpers import random_operands
 
     m, n, k = (int(v) for v in shape.split("x"))
-    config = choose_fp8_gemm_config(m, n, k, sm_count(0))
+    config = chosen_config(m, n, k)
     plan = get_plan(0, m, n, k, torch.bfloat16, config)
     a, b = random_operands(m, n, k, "cuda", seed=1)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
@@ -94,35 +103,49 @@ def main() -> None:
         (time_one if sys.argv[1] == "--time" else compile_one)(sys.argv[2])
         return
     shapes = sys.argv[1:] or SHAPES
+    tiles = [t for t in os.environ.get("ABLATE_CONFIG", "").split(";") if t] or [""]
+    names = [v for v in os.environ.get("ABLATE_VARIANTS", ",".join(VARIANTS)).split(",") if v]
     root = Path(tempfile.mkdtemp(prefix="deepgemm-ablate-"))
-    includes = {name: make_include(root, name) for name in VARIANTS}
+    includes = {name: make_include(root, name) for name in names}
+
+    def env_for(name: str, tile: str) -> dict[str, str]:
+        env = dict(os.environ, DEEPGEMM_INCLUDE_DIR=str(includes[name]), ABLATE_CONFIG=tile)
+        return env
+
+    def runs(name: str, tile: str) -> bool:
+        # Without operand loads a multicast cluster never completes its transaction counts: skip.
+        return not (name == "no_loads" and tile.endswith(",2"))
+
+    jobs = [(name, shape, tile) for name in names for shape in shapes for tile in tiles if runs(name, tile)]
     with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:  # compile every variant up front, in parallel
         list(pool.map(lambda job: subprocess.run([sys.executable, __file__, "--compile", job[1]], capture_output=True,
-                                                 env=dict(os.environ, DEEPGEMM_INCLUDE_DIR=str(includes[job[0]]))),
-                      [(name, shape) for name in VARIANTS for shape in shapes]))
+                                                 env=env_for(job[0], job[2])), jobs))
     rows = []
     for shape in shapes:
-        m, n, k = (int(v) for v in shape.split("x"))
-        row = [shape]
-        for name in VARIANTS:
-            env = dict(os.environ, DEEPGEMM_INCLUDE_DIR=str(includes[name]))
-            try:
-                done = subprocess.run([sys.executable, __file__, "--time", shape], env=env, capture_output=True,
-                                      text=True, timeout=120)
-                last = (done.stdout.strip().splitlines() or ["?"])[-1]
-                row.append(last.split()[0] if done.returncode == 0 else f"rc{done.returncode}")
-                if done.returncode:
-                    print(done.stderr[-2000:], file=sys.stderr)
-            except subprocess.TimeoutExpired:
-                row.append("hang")
-            flops = 2 * m * n * k
-            try:
-                row[-1] += f" ({flops / float(row[-1]) / 1e6:.0f})"
-            except ValueError:
-                pass
-        rows.append(row)
-        print(" | ".join(row), flush=True)
-    print("| shape | " + " | ".join(f"{v} µs (TFLOPS)" for v in VARIANTS) + " |")
+        for tile in tiles:
+            m, n, k = (int(v) for v in shape.split("x"))
+            row = [shape, tile or "model"]
+            for name in names:
+                if not runs(name, tile):
+                    row.append("n/a")
+                    continue
+                try:
+                    done = subprocess.run([sys.executable, __file__, "--time", shape], env=env_for(name, tile),
+                                          capture_output=True, text=True, timeout=60)
+                    last = (done.stdout.strip().splitlines() or ["?"])[-1]
+                    if done.returncode:
+                        row.append(f"rc{done.returncode}")
+                        print(done.stderr[-2000:], file=sys.stderr)
+                    else:
+                        us = float(last.split()[0])
+                        row.append(f"{us:.1f} ({2 * m * n * k / us / 1e6:.0f})")
+                        if not tile:
+                            row[1] = " ".join(last.split()[1:4])
+                except subprocess.TimeoutExpired:
+                    row.append("hang")
+            rows.append(row)
+            print(" | ".join(row), flush=True)
+    print("| shape | tile | " + " | ".join(f"{v} µs (TFLOPS)" for v in names) + " |")
     for row in rows:
         print("| " + " | ".join(row) + " |")
 

@@ -10,7 +10,8 @@ class GemmConfig:
     """Tile shape and pipeline of one FP8 GEMM instantiation.
 
     block_m rows x block_n columns per tile, block_k = 128 (one scale group) per pipeline stage;
-    block_m / 64 math warpgroups plus one TMA producer warpgroup; a persistent grid of CTAs walking
+    one math warpgroup per 64 rows (two for block_m 256, each computing two 64-row waves) plus one
+    TMA producer warpgroup; a persistent grid of CTAs walking
     tiles in bands of group_m (cluster) rows. cluster_m = 2 pairs vertically adjacent tiles in a
     2-CTA cluster that multicasts the shared B tile. pipelined keeps two FP32 partial accumulators so
     the next K block's MMAs overlap the promotion of the current one (needs 1.5 x block_n registers).
@@ -28,7 +29,7 @@ class GemmConfig:
 
     @property
     def num_math_warpgroups(self) -> int:
-        return self.block_m // 64
+        return 1 if self.block_m == 64 else 2
 
     @property
     def num_threads(self) -> int:

@@ -45,12 +45,17 @@ def output_tile_bytes(block_n: int, out_elem_bytes: int) -> int:
     return align_up(offset_16 + (64 * 16 if tail & 16 else 0), 1024)
 
 
+def store_block_n(block_m: int, block_n: int, out_elem_bytes: int) -> int:
+    """Columns per epilogue store chunk; mirrors kStoreN: block_m 256 stores 128-byte-wide chunks."""
+    return min(block_n, 128 // out_elem_bytes) if block_m == 256 else block_n
+
+
 def fp8_gemm_smem_bytes(block_m: int, block_n: int, num_stages: int, k: int, out_elem_bytes: int) -> int:
     """Shared memory the kernel uses; mirrors the layout in sm90_fp8_gemm_1d2d.cuh."""
-    warpgroups = block_m // 64
+    warpgroups = 1 if block_m == 64 else 2
     stage = block_m * 128 + block_n * 128 + block_m * 4
     scale_rows = 1 if 128 % block_n == 0 else 2
-    d_per_wg = output_tile_bytes(block_n, out_elem_bytes)
+    d_per_wg = output_tile_bytes(store_block_n(block_m, block_n, out_elem_bytes), out_elem_bytes)
     sfb_per_wg = align_up(scale_rows * ceil_div(k, 128) * 4, 128)
     return num_stages * stage + warpgroups * (d_per_wg + sfb_per_wg) + 2 * num_stages * 8
 
@@ -77,8 +82,9 @@ def cluster_m_for(m: int, block_m: int, block_n: int, num_sms: int) -> int:
     return 2 if allowed and os.environ.get("DEEPGEMM_CLUSTER_M") == "2" else 1
 
 
-def pipelined_for(block_n: int) -> bool:
-    return block_n <= MAX_PIPELINED_BLOCK_N
+def pipelined_for(block_m: int, block_n: int) -> bool:
+    """Two partial accumulators fit for block_n <= 128; block_m 256 already holds two waves of results."""
+    return block_m != 256 and block_n <= MAX_PIPELINED_BLOCK_N
 
 
 def estimate_seconds(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int, out_elem_bytes: int) -> float:
@@ -97,7 +103,7 @@ def tile_schedule_seconds(m: int, n: int, k: int, block_m: int, block_n: int, nu
     tiles = align_up(ceil_div(m, block_m), cluster_m) * ceil_div(n, block_n)
     waves = ceil_div(tiles, num_sms)
     mma_efficiency = block_n / (block_n + MMA_OVERHEAD_COLUMNS)
-    shares = PIPELINED_MMA_SHARE if pipelined_for(block_n) else UNPIPELINED_MMA_SHARE
+    shares = PIPELINED_MMA_SHARE if pipelined_for(block_m, block_n) else UNPIPELINED_MMA_SHARE
     mma_efficiency *= shares[block_m]
     if 128 % block_n != 0:
         mma_efficiency *= STRADDLE_SHARE
@@ -132,7 +138,7 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
         num_stages=stages,
         num_sms=num_sms,
         cluster_m=cluster_m_for(m, block_m, block_n, num_sms) if cluster_m is None else cluster_m,
-        pipelined=pipelined_for(block_n),
+        pipelined=pipelined_for(block_m, block_n),
         smem_bytes=fp8_gemm_smem_bytes(block_m, block_n, stages, k, out_elem_bytes),
     )
 

@@ -81,8 +81,16 @@ class LoadedKernel:
         attribute.value.clusterDim.x, attribute.value.clusterDim.y, attribute.value.clusterDim.z = cluster, 1, 1
         config.attrs = [attribute]
         config.numAttrs = 1
-        function = check(cu.cuKernelGetFunction(self.kernel), "cuKernelGetFunction")
-        return int(check(cu.cuOccupancyMaxActiveClusters(function, config), "cuOccupancyMaxActiveClusters"))
+        # cuKernelGetFunction resolves against the current context: make the device's primary context
+        # (the one torch uses) current, so this also works before the caller has touched CUDA in this process.
+        check(cu.cuInit(0), "cuInit")
+        context = check(cu.cuDevicePrimaryCtxRetain(cu.CUdevice(device_index)), "cuDevicePrimaryCtxRetain")
+        check(cu.cuCtxPushCurrent(context), "cuCtxPushCurrent")
+        try:
+            function = check(cu.cuKernelGetFunction(self.kernel), "cuKernelGetFunction")
+            return int(check(cu.cuOccupancyMaxActiveClusters(function, config), "cuOccupancyMaxActiveClusters"))
+        finally:
+            check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")  # the retain is kept: torch shares this context
 
     def launch_config(self, device_index: int, stream: int, grid: int, block: int, cluster: int = 1) -> Any:
         """A CUlaunchConfig per (device, stream, grid, block, cluster), built once and never mutated."""

@@ -46,6 +46,10 @@ EXPLICIT = [
     ("bm128_bn192_cm2_fp32", 128, 192, 2, 32768, 512, FP32),
     ("bm128_bn144_cm2_k7296", 128, 144, 2, 2056, 7296, BF16),
     ("bm128_bn104_k7296", 128, 104, 1, 2056, 7296, BF16),
+    ("bm256_bn128_k16384", 256, 128, 1, 7168, 16384, BF16),
+    ("bm256_bn128_fp32_k7296", 256, 128, 1, 4100, 7296, FP32),
+    ("bm256_bn64_k144", 256, 64, 1, 136, 144, BF16),
+    ("bm256_bn128_cm2_k7168", 256, 128, 2, 4096, 7168, BF16),
 ]
 
 QUANTIZE = [
@@ -72,7 +76,7 @@ def explicit_spec(block_m: int, block_n: int, cluster_m: int, n: int, k: int, ou
     out_bytes = 4 if out_dtype == FP32 else 2
     stages = max_stages(block_m, block_n, k, out_bytes)
     config = GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_sms=132, cluster_m=cluster_m,
-                        pipelined=pipelined_for(block_n),
+                        pipelined=pipelined_for(block_m, block_n),
                         smem_bytes=fp8_gemm_smem_bytes(block_m, block_n, stages, k, out_bytes))
     return Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
 
@@ -162,7 +166,7 @@ def test_configs_covered(builds: dict[str, Build]) -> None:
     """The set of builds spans the kernel's template space the brief asks for."""
     specs = [builds[n].spec for n in GEMM_IDS]
     configs = [s.config for s in specs]
-    assert {c.block_m for c in configs} == {64, 128}
+    assert {c.block_m for c in configs} == {64, 128, 256}
     assert {c.pipelined for c in configs} == {True, False}
     assert {c.cluster_m for c in configs} == {1, 2}
     assert any(128 % c.block_n != 0 for c in configs), "no tile straddles scale blocks"

@@ -66,6 +66,51 @@ def test_cluster_multicast_configs(m: int, n: int, k: int, block_m: int, block_n
     assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b))
 
 
+# block_m 256 (two 64-row waves per math warpgroup, chunked epilogue): tails where one or both waves
+# of a warpgroup have no rows (M = 300: the second block has 44 rows), fp32 chunks, narrow N, clusters.
+BLOCK_M_256 = [
+    (4097, 7168, 7168, 128, 1, torch.bfloat16),
+    (300, 2112, 7296, 128, 1, torch.bfloat16),
+    (129, 136, 144, 64, 1, torch.bfloat16),
+    (1000, 4100, 7184, 128, 1, torch.float32),
+    (700, 2056, 2048, 128, 2, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("m,n,k,block_n,cluster_m,out_dtype", BLOCK_M_256, ids=lambda v: str(v))
+def test_block_m_256_configs(m: int, n: int, k: int, block_n: int, cluster_m: int, out_dtype: torch.dtype) -> None:
+    from deepgemm.configs.heuristics import make_config
+    from deepgemm.kernels.fp8_gemm import get_plan
+
+    out_bytes = 4 if out_dtype == torch.float32 else 2
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    config = make_config(m, n, k, 256, block_n, sms, out_bytes, cluster_m=cluster_m)
+    assert not config.pipelined and config.num_stages >= 2
+    plan = get_plan(0, m, n, k, out_dtype, config)
+    a, b = random_operands(m, n, k, "cuda")
+    out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
+    plan.launch(a[0], a[1], b[0], b[1], out)
+    assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b),
+                              max_diff=1e-5 if out_dtype == torch.float32 else 1e-3)
+
+
+def test_cluster_plan_before_any_cuda_work() -> None:
+    """Planning a cluster config in a fresh process (no CUDA context yet) queries occupancy correctly."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from deepgemm.configs.heuristics import make_config\n"
+        "from deepgemm.kernels.fp8_gemm import get_plan\n"
+        "sms = torch.cuda.get_device_properties(0).multi_processor_count\n"
+        "plan = get_plan(0, 4096, 4096, 7168, torch.bfloat16, make_config(4096, 4096, 7168, 128, 128, sms, cluster_m=2))\n"
+        "assert plan.grid % 2 == 0 and 2 <= plan.grid <= sms, plan.grid\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def test_fp32_output() -> None:
     m, n, k = 129, 136, 144
     a, b = random_operands(m, n, k, "cuda")

@@ -7,9 +7,11 @@
 //   producer  - one thread issues TMA loads of A, B (128B swizzle) and sfa into a kNumStages ring; with
 //               kClusterM = 2 the two CTAs of a cluster compute vertically adjacent tiles and each loads
 //               half of the shared B tile, multicast into both CTAs (half the L2 traffic for B);
-//   consumer  - each math warpgroup owns 64 rows of the tile: wgmma from shared memory, release the
-//               stage, then promote with sfa (per row, from the stage) x sfb (per 128 columns); with
-//               kPipelinedPromotion the next K block's MMAs are issued into a second accumulator first;
+//   consumer  - each math warpgroup owns 64 rows of the tile (block_m 256: two 64-row "waves", rows
+//               128v + 64w for wave v of warpgroup w, sharing the stage's B tile): wgmma from shared
+//               memory, release the stage, then promote with sfa (per row, from the stage) x sfb (per
+//               128 columns); with kPipelinedPromotion the next K block's MMAs are issued into a second
+//               accumulator first;
 //   epilogue  - registers -> shared memory -> TMA store (clipped at the tensor's edges).
 // M is a run-time value; N, K and every tile constant are compile-time.
 #pragma once
@@ -78,7 +80,9 @@ struct TileSource<GemmKind::kGroupedMasked, kBlockM, kNumNBlocks, kGroupM, kClus
 template <u32 kN, u32 kK, u32 kBlockM, u32 kBlockN, u32 kNumStages, u32 kGroupM, u32 kClusterM, bool kPipelinedPromotion,
           bool kOutputFp32, GemmKind kKind = GemmKind::kDense>
 struct Sm90Fp8Gemm1D2D {
-    static_assert(kBlockM == 64 || kBlockM == 128, "block_m must be 64 or 128");
+    static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 256, "block_m must be 64, 128 or 256");
+    static_assert(kBlockM != 256 || (!kPipelinedPromotion && kKind == GemmKind::kDense && 128 % kBlockN == 0),
+                  "block_m 256 (two waves per warpgroup) is dense-only, unpipelined, with block_n dividing 128");
     static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "block_n must be a multiple of 8 in [8, 256]");
     static_assert(kNumStages >= 2, "need at least two pipeline stages");
     static_assert(kClusterM == 1 || (kClusterM == 2 && kBlockN % 16 == 0), "multicast halves of B need block_n % 16 == 0");
@@ -89,7 +93,8 @@ struct Sm90Fp8Gemm1D2D {
 
     static constexpr u32 kBlockK = 128;
     static constexpr u32 kScaleBlock = 128;
-    static constexpr u32 kNumMathWarpgroups = kBlockM / 64;
+    static constexpr u32 kNumMathWarpgroups = kBlockM == 64 ? 1 : 2;
+    static constexpr u32 kNumWaves = kBlockM / (64 * kNumMathWarpgroups);  // 64-row MMA waves per warpgroup
     static constexpr u32 kNumMathThreads = 128 * kNumMathWarpgroups;
     static constexpr u32 kNumThreads = 128 + kNumMathThreads;
     static constexpr u32 kNumKBlocks = ceil_div(kK, kBlockK);
@@ -102,7 +107,12 @@ struct Sm90Fp8Gemm1D2D {
     static constexpr u32 kProducerRegisters = 40;
     static constexpr u32 kMathRegisters = kNumMathWarpgroups == 1 ? 240 : 232;
 
-    using Store = WarpgroupTileStore<kBlockN, kOutputFp32>;
+    // block_m 256 leaves no room for a full-width output buffer next to four stages: it stores each
+    // wave in 128-byte-wide column chunks through one 8 KB buffer per warpgroup.
+    static constexpr u32 kStoreN = kBlockM == 256 ? (kBlockN < (kOutputFp32 ? 32u : 64u) ? kBlockN : (kOutputFp32 ? 32u : 64u)) : kBlockN;
+    static constexpr u32 kStoreChunks = kBlockN / kStoreN;
+    static_assert(kBlockN % kStoreN == 0, "output chunks must tile block_n");
+    using Store = WarpgroupTileStore<kStoreN, kOutputFp32>;
     using Tiles = TileSource<kKind, kBlockM, kNumNBlocks, kGroupM, kClusterM>;
     static constexpr u32 kMulticastRowsB = kBlockN / kClusterM;
     using Mma = ptx::WgmmaFp8<kBlockN>;
@@ -194,15 +204,19 @@ struct Sm90Fp8Gemm1D2D {
         float hi;
     };
 
-    // Wait for a stage, read its sfa, and issue the four k32 MMAs of one 128-wide K block into `partial`.
-    DG_DEVICE static void issue_block(const Ring& ring, u32 stage, u32 phase, u32 math_wg, u32 row_in_wg,
+    // First tile row of wave `wave` of warpgroup `math_wg`.
+    DG_DEVICE static constexpr u32 wave_row(u32 wave, u32 math_wg) { return (wave * kNumMathWarpgroups + math_wg) * 64; }
+
+    // Wait for a stage, read its sfa, and issue the four k32 MMAs of one 128-wide K block of one wave
+    // into `partial`.
+    DG_DEVICE static void issue_block(const Ring& ring, u32 stage, u32 phase, u32 first_row, u32 row_in_wg,
                                       float (&partial)[kBlockN / 2], ScaleA& scale_a) {
         ptx::mbarrier_wait(&ring.full[stage], phase);
         const float* sfa_stage = reinterpret_cast<const float*>(ring.smem + kOffsetSfa + stage * kStageSfaBytes);
-        scale_a.lo = sfa_stage[math_wg * 64 + row_in_wg];
-        scale_a.hi = sfa_stage[math_wg * 64 + row_in_wg + 8];
+        scale_a.lo = sfa_stage[first_row + row_in_wg];
+        scale_a.hi = sfa_stage[first_row + row_in_wg + 8];
         const u64 desc_a =
-            ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetA + stage * kStageABytes + math_wg * 64 * kBlockK);
+            ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetA + stage * kStageABytes + first_row * kBlockK);
         const u64 desc_b = ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetB + stage * kStageBBytes);
         ptx::fence_accumulators(partial);
         ptx::wgmma_fence();
@@ -252,6 +266,7 @@ struct Sm90Fp8Gemm1D2D {
         const u32 lane = thread_in_wg % 32;
         const u32 row_in_wg = (thread_in_wg / 32) * 16 + lane / 4;  // and row_in_wg + 8
         const u32 barrier_id = 1 + math_wg;
+        const u32 first_row = wave_row(0, math_wg);
         float* sfb_tile = reinterpret_cast<float*>(ring.smem + kOffsetSfb + math_wg * kSfbBytesPerWarpgroup);
         u8* d_tile = ring.smem + kOffsetD + math_wg * kDBytesPerWarpgroup;
 
@@ -261,19 +276,22 @@ struct Sm90Fp8Gemm1D2D {
         u32 phase = 0;
         while (tiles.next(tile)) {
             const u32 col0 = tile.n_block * kBlockN;
-            const u32 row_in_tensor = tile.m_block * kBlockM + math_wg * 64;  // within the group's rows
+            const u32 row_in_tensor = tile.m_block * kBlockM + first_row;  // within the group's rows
             const u32 row0 = tile.row_begin + row_in_tensor;                  // in the flattened output
             const bool has_rows = row_in_tensor < tile.rows;
 
             if (tile.padding) {
                 // Contiguous layout: a block of padding rows stores zeros and reads nothing.
                 if (has_rows) {
-                    float zeros[kBlockN / 2];
+                    float zeros[kStoreN / 2];
 #pragma unroll
-                    for (u32 i = 0; i < kBlockN / 2; ++i) {
+                    for (u32 i = 0; i < kStoreN / 2; ++i) {
                         zeros[i] = 0.0f;
                     }
-                    Store::store(zeros, d_tile, tma_d, col0, row0, thread_in_wg, barrier_id);
+#pragma unroll
+                    for (u32 c = 0; c < kStoreChunks; ++c) {
+                        Store::store(zeros, d_tile, tma_d, col0 + c * kStoreN, row0, thread_in_wg, barrier_id);
+                    }
                 }
                 continue;
             }
@@ -297,25 +315,36 @@ struct Sm90Fp8Gemm1D2D {
             ptx::named_barrier_sync(barrier_id, 128);
             const u32 straddle_col = kScaleBlock - col0 % kScaleBlock;
 
-            float result[kBlockN / 2];
+            float results[kNumWaves][kBlockN / 2];
 #pragma unroll
-            for (u32 i = 0; i < kBlockN / 2; ++i) {
-                result[i] = 0.0f;
+            for (u32 w = 0; w < kNumWaves; ++w) {
+#pragma unroll
+                for (u32 i = 0; i < kBlockN / 2; ++i) {
+                    results[w][i] = 0.0f;
+                }
             }
+            float (&result)[kBlockN / 2] = results[0];
             const Promotion promotion{sfb_tile, straddle_col};
 
             if constexpr (!kPipelinedPromotion) {
-                // One accumulator: issue, wait, release, promote. Two math warpgroups overlap each
-                // other's promotion with their MMAs.
+                // One accumulator: per wave issue, wait, promote; the stage is released after the last
+                // wave's MMAs. Two math warpgroups overlap each other's promotion with their MMAs.
                 float partial[kBlockN / 2];
                 for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
-                    ScaleA scale_a;
-                    issue_block(ring, stage, phase, math_wg, row_in_wg, partial, scale_a);
-                    ptx::wgmma_wait_group<0>();
-                    ptx::fence_accumulators(partial);
+#pragma unroll
+                    for (u32 w = 0; w < kNumWaves; ++w) {
+                        // Waves past M (block_m 256 tail tiles) issue nothing; TMA zero-filled their rows.
+                        if (w > 0 && row_in_tensor + (wave_row(w, math_wg) - first_row) >= tile.rows) {
+                            break;
+                        }
+                        ScaleA scale_a;
+                        issue_block(ring, stage, phase, wave_row(w, math_wg), row_in_wg, partial, scale_a);
+                        ptx::wgmma_wait_group<0>();
+                        ptx::fence_accumulators(partial);
+                        promotion.apply(results[w], partial, k_block, scale_a);
+                    }
                     release_stage(ring, stage, lane);
                     advance(stage, phase);
-                    promotion.apply(result, partial, k_block, scale_a);
                 }
             } else {
                 // Two accumulators: block k+1's MMAs run while block k is promoted, so the tensor cores
@@ -327,7 +356,7 @@ struct Sm90Fp8Gemm1D2D {
                 u32 issue_stage = stage;
                 u32 issue_phase = phase;
                 const auto issue = [&](float (&partial)[kBlockN / 2], ScaleA& scale_a) {
-                    issue_block(ring, issue_stage, issue_phase, math_wg, row_in_wg, partial, scale_a);
+                    issue_block(ring, issue_stage, issue_phase, first_row, row_in_wg, partial, scale_a);
                     advance(issue_stage, issue_phase);
                 };
                 const auto retire = [&](float (&partial)[kBlockN / 2]) {
@@ -375,7 +404,18 @@ struct Sm90Fp8Gemm1D2D {
                     }
                 }
             }
-            Store::store(result, d_tile, tma_d, col0, row0, thread_in_wg, barrier_id);
+#pragma unroll
+            for (u32 w = 0; w < kNumWaves; ++w) {
+                const u32 wave_offset = wave_row(w, math_wg) - first_row;
+                if (w > 0 && row_in_tensor + wave_offset >= tile.rows) {
+                    break;
+                }
+#pragma unroll
+                for (u32 c = 0; c < kStoreChunks; ++c) {
+                    const auto& chunk = *reinterpret_cast<const float(*)[kStoreN / 2]>(&results[w][c * kStoreN / 2]);
+                    Store::store(chunk, d_tile, tma_d, col0 + c * kStoreN, row0 + wave_offset, thread_in_wg, barrier_id);
+                }
+            }
         }
         Store::drain(thread_in_wg);
     }
