@@ -27,7 +27,9 @@ L2_TO_SM_BYTES_PER_S = 1.0e11  # one SM's share of L2 read bandwidth
 MMA_OVERHEAD_COLUMNS = 24  # wgmma issue overhead, in equivalent N columns
 # Share of time the tensor cores work when promotion is not pipelined (measured: ~58% tensor-pipe
 # activity with two warpgroups at bm128 bn160; one warpgroup cannot overlap at all).
-UNPIPELINED_MMA_SHARE = {64: 0.4, 128: 0.8}
+# block_m 256 (two waves per warpgroup, unpipelined) streams 25% fewer operand bytes per FLOP than
+# 128 x 128; measured 2-9% faster than pipelined bm128 bn128 on five of six M = 4096 H200 shapes.
+UNPIPELINED_MMA_SHARE = {64: 0.4, 128: 0.8, 256: 0.95}
 PIPELINED_MMA_SHARE = {64: 0.7, 128: 0.9}
 # Tiles whose block_n does not divide 128 straddle two sfb blocks: per-column scale selects in the
 # promotion. Fitted on the H200 sweep (benchmarks/h200-tune-sweep.json): such tiles ran ~30% slower.
@@ -115,15 +117,22 @@ def spans_at_most_two_scale_blocks(block_n: int) -> bool:
     return 128 - math.gcd(block_n, 128) + block_n <= 256
 
 
-def candidate_tiles(m: int, n: int) -> list[tuple[int, int]]:
+MIN_M_FOR_BLOCK_M_256 = 512
+
+
+def candidate_tiles(m: int, n: int, allow_block_m_256: bool = True) -> list[tuple[int, int]]:
+    """Feasible (block_m, block_n): block_m 256 only for dense GEMMs with M >= 512, block_n 64 or 128."""
     block_ms = [64] if m <= 64 else [64, 128]
     widest_useful = max(align_up(n, 8), 16)
-    return [
+    tiles = [
         (bm, bn)
         for bm in block_ms
         for bn in range(8, max_block_n(bm) + 1, 8)
         if bn <= widest_useful and spans_at_most_two_scale_blocks(bn)
     ]
+    if allow_block_m_256 and m >= MIN_M_FOR_BLOCK_M_256:
+        tiles += [(256, bn) for bn in (64, 128) if bn <= widest_useful]
+    return tiles
 
 
 def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int, out_elem_bytes: int = 2,
@@ -141,13 +150,14 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
     )
 
 
-def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2) -> list[tuple[float, int, int]]:
+def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
+                      allow_block_m_256: bool = True) -> list[tuple[float, int, int]]:
     """(estimated seconds, block_m, block_n) for every feasible tile, fastest first.
 
     Ties (several tiles at the HBM floor) go to the faster tile schedule, then to fewer tiles.
     """
     ranked = []
-    for block_m, block_n in candidate_tiles(m, n):
+    for block_m, block_n in candidate_tiles(m, n, allow_block_m_256):
         if max_stages(block_m, block_n, k, out_elem_bytes) < 2:
             continue
         schedule = tile_schedule_seconds(m, n, k, block_m, block_n, num_sms)
@@ -158,11 +168,14 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
     return [(seconds, block_m, block_n) for seconds, _, _, block_m, block_n in ranked]
 
 
-def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2) -> GemmConfig:
-    """Pick block sizes and stages for D[m, n] = A[m, k] B[n, k]^T on `num_sms` SMs."""
+def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
+                           allow_block_m_256: bool = True) -> GemmConfig:
+    """Pick block sizes and stages for D[m, n] = A[m, k] B[n, k]^T on `num_sms` SMs.
+
+    Grouped GEMMs pass allow_block_m_256=False: their M-blocks must not span two groups."""
     if min(m, n, k) <= 0 or num_sms <= 0:
         raise ValueError(f"choose_fp8_gemm_config needs positive m, n, k, num_sms; got {m}, {n}, {k}, {num_sms}")
-    ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes)
+    ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes, allow_block_m_256)
     if not ranked:
         raise UnsupportedError(f"no FP8 GEMM tile for m={m} n={n} k={k} fits in shared memory")
     _, block_m, block_n = ranked[0]

@@ -240,11 +240,13 @@ def get_grouped_plan(device_index: int, kind: GemmKind, geometry: Geometry, n: i
     sms = sm_count(device_index)
     if kind == GemmKind.GROUPED_MASKED:
         # Same tile count and weight bytes as one GEMM of N x groups columns.
-        base = choose_fp8_gemm_config(max(work_m, 1), n * geometry.groups, k, sms, 4 if out_dtype == torch.float32 else 2)
+        base = choose_fp8_gemm_config(max(work_m, 1), n * geometry.groups, k, sms, 4 if out_dtype == torch.float32 else 2,
+                                      allow_block_m_256=False)
         config = make_config(max(work_m, 1), n, k, base.block_m, max_block_n_for(n, base.block_n), sms,
                              4 if out_dtype == torch.float32 else 2, cluster_m=1)
     else:
-        base = choose_fp8_gemm_config(max(work_m, 1), n, k, sms, 4 if out_dtype == torch.float32 else 2)
+        base = choose_fp8_gemm_config(max(work_m, 1), n, k, sms, 4 if out_dtype == torch.float32 else 2,
+                                      allow_block_m_256=False)
         config = make_config(max(work_m, 1), n, k, base.block_m, base.block_n, sms,
                              4 if out_dtype == torch.float32 else 2, cluster_m=1)
     spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config, kind=kind)

@@ -172,7 +172,9 @@ def check_config(c: GemmConfig, m: int, n: int, k: int, num_sms: int, out_bytes:
     where = f"m={m} n={n} k={k} sms={num_sms} out={out_bytes}: {c}"
     assert c.num_sms == num_sms, where
     assert c.block_k == 128, where
-    assert c.block_m in (64, 128), where
+    assert c.block_m in (64, 128, 256), where
+    if c.block_m == 256:
+        assert m >= 512 and c.block_n in (64, 128) and not c.pipelined, where
     assert c.block_n % 8 == 0 and 8 <= c.block_n <= 192, where
     assert 128 - math.gcd(c.block_n, 128) + c.block_n <= 256, where
     assert c.num_stages >= 2, where
@@ -180,8 +182,10 @@ def check_config(c: GemmConfig, m: int, n: int, k: int, num_sms: int, out_bytes:
     assert c.smem_bytes == fp8_gemm_smem_bytes(c.block_m, c.block_n, c.num_stages, k, out_bytes), where
     # Pipeline depth: the most stages that fit (32 is the cap).
     assert c.num_stages == 32 or fp8_gemm_smem_bytes(c.block_m, c.block_n, c.num_stages + 1, k, out_bytes) > SMEM_CAPACITY, where
-    # Independent lower bound: the stages' A, B and sfa tiles plus the output staging tile.
-    lower = c.num_stages * (c.block_m * 128 + c.block_n * 128 + c.block_m * 4) + c.block_m * c.block_n * out_bytes
+    # Independent lower bound: the stages' A, B and sfa tiles plus the output staging tile (block_m
+    # 256: one 64-row chunk of at most 128 bytes per row and warpgroup).
+    staging = c.block_m * c.block_n * out_bytes if c.block_m < 256 else 2 * 64 * min(c.block_n * out_bytes, 128)
+    lower = c.num_stages * (c.block_m * 128 + c.block_n * 128 + c.block_m * 4) + staging
     assert c.smem_bytes >= lower, where
     assert c.cluster_m in (1, 2), where
     if c.cluster_m == 2:
@@ -192,7 +196,7 @@ def check_config(c: GemmConfig, m: int, n: int, k: int, num_sms: int, out_bytes:
         assert c.block_m == 64, where
     # No tile wider than the (8-aligned) problem needs.
     assert c.block_n <= max(-(-n // 8) * 8, 16), where
-    assert c.num_threads == 128 * (1 + c.block_m // 64)
+    assert c.num_threads == 128 * (1 + min(c.block_m // 64, 2))
 
 
 @pytest.mark.parametrize("cluster_env", [None, "2"])
@@ -220,10 +224,12 @@ def test_config_small_m_uses_block_m_64() -> None:
         assert choose_fp8_gemm_config(m, n, k, sms).block_m == 64
 
 
-def test_config_large_compute_bound_shape_uses_block_m_128() -> None:
+def test_config_large_compute_bound_shape_uses_block_m_256() -> None:
     c = choose_fp8_gemm_config(4096, 7168, 16384, 132)
-    assert c.block_m == 128
-    assert c.block_n >= 64  # a compute-bound shape must not pick a narrow, overhead-bound tile
+    assert (c.block_m, c.block_n) == (256, 128)  # fewest operand bytes per FLOP (measured fastest)
+    # Grouped GEMMs never get block_m 256 (an M-block must not span two experts).
+    grouped = choose_fp8_gemm_config(4096, 7168, 16384, 132, allow_block_m_256=False)
+    assert grouped.block_m == 128 and grouped.block_n >= 64 and grouped.pipelined
 
 
 def test_config_is_deterministic() -> None:
@@ -236,7 +242,7 @@ def test_config_covers_a_variety_of_tiles(monkeypatch: pytest.MonkeyPatch) -> No
     """The grid exercises both block_m values, pipelining and (with clusters enabled) cluster_m 2."""
     grid = list(itertools.product(MS, NKS, SMS, (2, 4)))
     configs = {choose_fp8_gemm_config(m, n, k, s, o) for m, (n, k), s, o in grid}
-    assert {c.block_m for c in configs} == {64, 128}
+    assert {c.block_m for c in configs} == {64, 128, 256}
     assert {c.pipelined for c in configs} == {True, False}
     monkeypatch.setenv("DEEPGEMM_CLUSTER_M", "2")
     clustered = {choose_fp8_gemm_config(m, n, k, s, o) for m, (n, k), s, o in grid}
