@@ -56,8 +56,10 @@ def fp8_gemm_smem_bytes(block_m: int, block_n: int, num_stages: int, k: int, out
     """Shared memory the kernel uses; mirrors the layout in sm90_fp8_gemm_1d2d.cuh."""
     warpgroups = 1 if block_m == 64 else 2
     stage = block_m * 128 + block_n * 128 + block_m * 4
+    scale_rows = 1 if 128 % block_n == 0 else 2
     d_per_wg = output_tile_bytes(store_block_n(block_m, block_n, out_elem_bytes), out_elem_bytes)
-    return num_stages * stage + warpgroups * d_per_wg + 2 * num_stages * 8
+    sfb_per_wg = align_up(scale_rows * ceil_div(k, 128) * 4, 128)
+    return num_stages * stage + warpgroups * (d_per_wg + sfb_per_wg) + 2 * num_stages * 8
 
 
 def max_stages(block_m: int, block_n: int, k: int, out_elem_bytes: int) -> int:

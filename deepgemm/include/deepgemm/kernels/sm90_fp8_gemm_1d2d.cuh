@@ -124,11 +124,13 @@ struct Sm90Fp8Gemm1D2D {
     static constexpr u32 kStageSfaBytes = kBlockM * 4;
     static constexpr u32 kStageTxBytes = kStageABytes + kStageBBytes + kStageSfaBytes;
     static constexpr u32 kDBytesPerWarpgroup = Store::kBytes;
+    static constexpr u32 kSfbBytesPerWarpgroup = align_up(kScaleRowsPerTile * kNumKBlocks * 4, 128u);
     static constexpr u32 kOffsetA = 0;
     static constexpr u32 kOffsetB = kOffsetA + kNumStages * kStageABytes;
     static constexpr u32 kOffsetD = kOffsetB + kNumStages * kStageBBytes;
     static constexpr u32 kOffsetSfa = kOffsetD + kNumMathWarpgroups * kDBytesPerWarpgroup;
-    static constexpr u32 kOffsetBarriers = kOffsetSfa + kNumStages * kStageSfaBytes;
+    static constexpr u32 kOffsetSfb = kOffsetSfa + kNumStages * kStageSfaBytes;
+    static constexpr u32 kOffsetBarriers = kOffsetSfb + kNumMathWarpgroups * kSfbBytesPerWarpgroup;
     static constexpr u32 kSmemBytes = kOffsetBarriers + 2 * kNumStages * 8;
     static_assert(kSmemBytes <= 232448, "shared memory budget (227 KB) exceeded: use fewer stages");
 
@@ -196,21 +198,10 @@ struct Sm90Fp8Gemm1D2D {
         }
     }
 
-    // The scales of one K block: sfa of this thread's two rows (row_in_wg and row_in_wg + 8), from the
-    // stage, and sfb of the tile's one or two 128-column scale blocks, loaded from global memory (L1
-    // broadcast) right after the MMAs are issued so the load overlaps them.
-    struct BlockScales {
+    // sfa of this thread's two rows (row_in_wg and row_in_wg + 8) for one K block.
+    struct ScaleA {
         float lo;
         float hi;
-        float b0;
-        float b1;
-    };
-
-    // This tile's sfb: row `first` of the group's [ceil(N/128), K blocks] scales, and the row after it
-    // (clamped to the last) for tiles that straddle two scale blocks.
-    struct TileScalesB {
-        const float* first;
-        const float* second;
     };
 
     // First tile row of wave `wave` of warpgroup `math_wg`.
@@ -219,8 +210,7 @@ struct Sm90Fp8Gemm1D2D {
     // Wait for a stage, read its sfa, and issue the four k32 MMAs of one 128-wide K block of one wave
     // into `partial`.
     DG_DEVICE static void issue_block(const Ring& ring, u32 stage, u32 phase, u32 first_row, u32 row_in_wg,
-                                      const TileScalesB& sfb, u32 k_block, float (&partial)[kBlockN / 2],
-                                      BlockScales& scale_a) {
+                                      float (&partial)[kBlockN / 2], ScaleA& scale_a) {
         ptx::mbarrier_wait(&ring.full[stage], phase);
         const float* sfa_stage = reinterpret_cast<const float*>(ring.smem + kOffsetSfa + stage * kStageSfaBytes);
         scale_a.lo = sfa_stage[first_row + row_in_wg];
@@ -236,24 +226,25 @@ struct Sm90Fp8Gemm1D2D {
             Mma::mma(desc_a + 2 * k, desc_b + 2 * k, partial, k > 0);
         }
         ptx::wgmma_commit_group();
-        scale_a.b0 = __ldg(sfb.first + k_block);
-        scale_a.b1 = kMayStraddle ? __ldg(sfb.second + k_block) : scale_a.b0;
         ptx::fence_accumulators(partial);
     }
 
-    // result += (sfa x sfb) * partial for one K block.
+    // result += (sfa x sfb) * partial for one K block; sfb comes from the tile's staged scale rows.
     struct Promotion {
+        const float* sfb_tile;
         u32 straddle_col;  // tile columns at or past this offset use the next 128-column scale block
 
-        DG_DEVICE void apply(float (&result)[kBlockN / 2], const float (&partial)[kBlockN / 2],
-                             const BlockScales& scale_a) const {
-            const float lo0 = scale_a.lo * scale_a.b0;
-            const float hi0 = scale_a.hi * scale_a.b0;
+        DG_DEVICE void apply(float (&result)[kBlockN / 2], const float (&partial)[kBlockN / 2], u32 k_block,
+                             const ScaleA& scale_a) const {
+            const float scale_b0 = sfb_tile[k_block];
+            const float lo0 = scale_a.lo * scale_b0;
+            const float hi0 = scale_a.hi * scale_b0;
             float lo1 = lo0;
             float hi1 = hi0;
             if constexpr (kMayStraddle) {
-                lo1 = scale_a.lo * scale_a.b1;
-                hi1 = scale_a.hi * scale_a.b1;
+                const float scale_b1 = sfb_tile[kNumKBlocks + k_block];
+                lo1 = scale_a.lo * scale_b1;
+                hi1 = scale_a.hi * scale_b1;
             }
 #pragma unroll
             for (u32 j = 0; j < kBlockN / 8; ++j) {
@@ -276,6 +267,7 @@ struct Sm90Fp8Gemm1D2D {
         const u32 row_in_wg = (thread_in_wg / 32) * 16 + lane / 4;  // and row_in_wg + 8
         const u32 barrier_id = 1 + math_wg;
         const u32 first_row = wave_row(0, math_wg);
+        float* sfb_tile = reinterpret_cast<float*>(ring.smem + kOffsetSfb + math_wg * kSfbBytesPerWarpgroup);
         u8* d_tile = ring.smem + kOffsetD + math_wg * kDBytesPerWarpgroup;
 
         Tiles tiles(problem, cta_rank);
@@ -313,10 +305,14 @@ struct Sm90Fp8Gemm1D2D {
                 continue;
             }
 
+            // This tile's B scales (one or two rows of this group's sfb) into shared memory.
             const u32 scale_row0 = col0 / kScaleBlock;
             const float* group_sfb = sfb + tile.group * kNumScaleRowsB * kNumKBlocks;
-            const TileScalesB tile_sfb{group_sfb + scale_row0 * kNumKBlocks,
-                                       group_sfb + min(scale_row0 + 1, kNumScaleRowsB - 1) * kNumKBlocks};
+            for (u32 i = thread_in_wg; i < kScaleRowsPerTile * kNumKBlocks; i += 128) {
+                const u32 row = min(scale_row0 + i / kNumKBlocks, kNumScaleRowsB - 1);
+                sfb_tile[i] = __ldg(group_sfb + row * kNumKBlocks + i % kNumKBlocks);
+            }
+            ptx::named_barrier_sync(barrier_id, 128);
             const u32 straddle_col = kScaleBlock - col0 % kScaleBlock;
 
             float results[kNumWaves][kBlockN / 2];
@@ -328,7 +324,7 @@ struct Sm90Fp8Gemm1D2D {
                 }
             }
             float (&result)[kBlockN / 2] = results[0];
-            const Promotion promotion{straddle_col};
+            const Promotion promotion{sfb_tile, straddle_col};
 
             if constexpr (!kPipelinedPromotion) {
                 // One accumulator: per wave issue, wait, promote; the stage is released after the last
@@ -341,18 +337,13 @@ struct Sm90Fp8Gemm1D2D {
                         if (w > 0 && row_in_tensor + (wave_row(w, math_wg) - first_row) >= tile.rows) {
                             break;
                         }
-                        BlockScales scale_a;
-                        issue_block(ring, stage, phase, wave_row(w, math_wg), row_in_wg, tile_sfb, k_block, partial,
-                                    scale_a);
+                        ScaleA scale_a;
+                        issue_block(ring, stage, phase, wave_row(w, math_wg), row_in_wg, partial, scale_a);
                         ptx::wgmma_wait_group<0>();
                         ptx::fence_accumulators(partial);
-                        const bool last_wave =
-                            w + 1 == kNumWaves || row_in_tensor + (wave_row(w + 1, math_wg) - first_row) >= tile.rows;
-                        if (last_wave) {
-                            release_stage(ring, stage, lane);  // every MMA reading the stage is done
-                        }
-                        promotion.apply(results[w], partial, scale_a);
+                        promotion.apply(results[w], partial, k_block, scale_a);
                     }
+                    release_stage(ring, stage, lane);
                     advance(stage, phase);
                 }
             } else {
@@ -360,14 +351,12 @@ struct Sm90Fp8Gemm1D2D {
                 // stay busy even when every warpgroup promotes at the same time.
                 float partial0[kBlockN / 2];
                 float partial1[kBlockN / 2];
-                BlockScales scale0;
-                BlockScales scale1;
+                ScaleA scale0;
+                ScaleA scale1;
                 u32 issue_stage = stage;
                 u32 issue_phase = phase;
-                u32 issue_k_block = 0;
-                const auto issue = [&](float (&partial)[kBlockN / 2], BlockScales& scale_a) {
-                    issue_block(ring, issue_stage, issue_phase, first_row, row_in_wg, tile_sfb, issue_k_block++, partial,
-                                scale_a);
+                const auto issue = [&](float (&partial)[kBlockN / 2], ScaleA& scale_a) {
+                    issue_block(ring, issue_stage, issue_phase, first_row, row_in_wg, partial, scale_a);
                     advance(issue_stage, issue_phase);
                 };
                 const auto retire = [&](float (&partial)[kBlockN / 2]) {
@@ -384,19 +373,19 @@ struct Sm90Fp8Gemm1D2D {
                 for (; k_block + 2 < kNumKBlocks; k_block += 2) {
                     retire(partial0);
                     issue(partial1, scale1);
-                    promotion.apply(result, partial0, scale0);
+                    promotion.apply(result, partial0, k_block, scale0);
                     retire(partial1);
                     issue(partial0, scale0);
-                    promotion.apply(result, partial1, scale1);
+                    promotion.apply(result, partial1, k_block + 1, scale1);
                 }
                 retire(partial0);
                 if constexpr (kNumKBlocks % 2 == 0) {
                     issue(partial1, scale1);
-                    promotion.apply(result, partial0, scale0);
+                    promotion.apply(result, partial0, k_block, scale0);
                     retire(partial1);
-                    promotion.apply(result, partial1, scale1);
+                    promotion.apply(result, partial1, k_block + 1, scale1);
                 } else {
-                    promotion.apply(result, partial0, scale0);
+                    promotion.apply(result, partial0, k_block, scale0);
                 }
             }
 
