@@ -174,7 +174,7 @@ def check_config(c: GemmConfig, m: int, n: int, k: int, num_sms: int, out_bytes:
     assert c.block_k == 128, where
     assert c.block_m in (64, 128, 256), where
     if c.block_m == 256:
-        assert m >= 512 and c.block_n in (64, 128) and not c.pipelined, where
+        assert m >= 512 and c.block_n == 128 and not c.pipelined, where
     assert c.block_n % 8 == 0 and 8 <= c.block_n <= 192, where
     assert 128 - math.gcd(c.block_n, 128) + c.block_n <= 256, where
     assert c.num_stages >= 2, where
@@ -276,3 +276,5 @@ def test_smem_grows_with_stages_and_k() -> None:
     assert fp8_gemm_smem_bytes(128, 128, 5, 7168, 2) - base == 128 * 128 + 128 * 128 + 128 * 4 + 16
     assert fp8_gemm_smem_bytes(128, 128, 4, 7168 * 4, 2) > base
     assert fp8_gemm_smem_bytes(128, 128, 4, 7168, 4) > base
+    # block_m 256 stores 64-column chunks: one 8 KB buffer per math warpgroup (plus its sfb rows).
+    assert fp8_gemm_smem_bytes(256, 128, 4, 7168, 2) == 4 * (256 * 128 + 128 * 128 + 256 * 4) + 2 * (64 * 128 + 256) + 64

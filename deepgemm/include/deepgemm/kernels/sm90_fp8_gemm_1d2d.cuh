@@ -341,9 +341,13 @@ struct Sm90Fp8Gemm1D2D {
                         issue_block(ring, stage, phase, wave_row(w, math_wg), row_in_wg, partial, scale_a);
                         ptx::wgmma_wait_group<0>();
                         ptx::fence_accumulators(partial);
+                        const bool last_wave =
+                            w + 1 == kNumWaves || row_in_tensor + (wave_row(w + 1, math_wg) - first_row) >= tile.rows;
+                        if (last_wave) {
+                            release_stage(ring, stage, lane);  // every MMA reading the stage is done
+                        }
                         promotion.apply(results[w], partial, k_block, scale_a);
                     }
-                    release_stage(ring, stage, lane);
                     advance(stage, phase);
                 }
             } else {
