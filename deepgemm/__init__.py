@@ -5,6 +5,7 @@ from deepgemm.api.gemm import fp8_gemm_nt, precompile_fp8_gemm_nt
 from deepgemm.api.grouped import (
     get_m_alignment_for_contiguous_layout,
     m_grouped_fp8_gemm_nt_contiguous,
+    m_grouped_fp8_gemm_nt_contiguous_psum,
     m_grouped_fp8_gemm_nt_masked,
 )
 from deepgemm.api.layout import to_mn_major_tma_aligned
@@ -31,6 +32,7 @@ __all__ = [
     "fp8_gemm_nt",
     "get_m_alignment_for_contiguous_layout",
     "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_contiguous_psum",
     "m_grouped_fp8_gemm_nt_masked",
     "precompile_fp8_gemm_nt",
     "quantize_per_block",

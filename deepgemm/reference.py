@@ -76,6 +76,22 @@ def m_grouped_contiguous_reference(a: torch.Tensor, sfa: torch.Tensor, b: torch.
     return out
 
 
+def m_indices_from_psum(psum: torch.Tensor, m_total: int, alignment: int = 128) -> torch.Tensor:
+    """Per-row expert indices of the psum form: group g owns rows [align_up(psum[g-1]), psum[g]), -1 elsewhere.
+
+    Mirrors the kernel's reading of an invalid (decreasing) psum: a group never starts before an earlier end.
+    """
+    indices = torch.full((m_total,), -1, dtype=torch.int32)
+    previous_end = 0
+    for group, end in enumerate(psum.tolist()):
+        end = max(0, min(int(end), m_total))
+        start = -(-previous_end // alignment) * alignment
+        if end > start:
+            indices[start:end] = group
+        previous_end = max(previous_end, end)
+    return indices.to(psum.device)
+
+
 def m_grouped_masked_reference(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
                                masked_m: torch.Tensor, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The first masked_m[g] rows of A[g] times B[g]; the remaining rows are zero."""

@@ -16,7 +16,7 @@ from deepgemm.api.validation import (
     require_tensor,
     require_tma_rows,
 )
-from deepgemm.reference import m_grouped_contiguous_reference, m_grouped_masked_reference
+from deepgemm.reference import m_grouped_contiguous_reference, m_grouped_masked_reference, m_indices_from_psum
 from deepgemm.utils import align_up, ceil_div
 
 FP8 = torch.float8_e4m3fn
@@ -86,38 +86,78 @@ def m_grouped_fp8_gemm_nt_contiguous(
     out: [M_total, N] bfloat16 or float32, written and returned.
     """
     where = "m_grouped_fp8_gemm_nt_contiguous"
+    a_q, sfa, b_q, sfb, out = _check_contiguous(a, b, out, where)
+    require_tensor(m_indices, "m_indices", where)
+    require_dtype(m_indices, "m_indices", where, (torch.int32,))
+    require_shape(m_indices, "m_indices", where, (a_q.shape[0],), "one expert index per row of A")
+    require_same_device(where, a=a_q, m_indices=m_indices)
+    if not m_indices.is_contiguous():
+        raise ValueError(f"{where}: 'm_indices' must be contiguous")
+    return _run_contiguous(where, a_q, sfa, b_q, sfb, out, m_indices, psum_form=False)
+
+
+def m_grouped_fp8_gemm_nt_contiguous_psum(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    out: torch.Tensor,
+    psum: torch.Tensor,
+) -> torch.Tensor:
+    """The contiguous layout described by cumulative row ends instead of a per-row index.
+
+    psum: int32 [G] on A's device; psum[g] is the end row (exclusive) of expert g's valid rows, and expert
+        g starts at the next multiple of get_m_alignment_for_contiguous_layout() at or after psum[g - 1]
+        (0 for g = 0). An expert with no tokens has psum[g] == psum[g - 1]. psum must not decrease and
+        its values are read on the GPU only (capturable; the host never synchronises on it).
+    Rows that belong to no expert (alignment gaps, rows past psum[G - 1]) are written as zeros; M-blocks
+    entirely outside every expert issue no loads or MMA. Other arguments as m_grouped_fp8_gemm_nt_contiguous.
+    """
+    where = "m_grouped_fp8_gemm_nt_contiguous_psum"
+    a_q, sfa, b_q, sfb, out = _check_contiguous(a, b, out, where)
+    require_tensor(psum, "psum", where)
+    require_dtype(psum, "psum", where, (torch.int32,))
+    require_shape(psum, "psum", where, (b_q.shape[0],), "one cumulative end row per expert")
+    require_same_device(where, a=a_q, psum=psum)
+    if not psum.is_contiguous():
+        raise ValueError(f"{where}: 'psum' must be contiguous")
+    return _run_contiguous(where, a_q, sfa, b_q, sfb, out, psum, psum_form=True)
+
+
+def _check_contiguous(a: object, b: object, out: object, where: str
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     a_q, sfa = require_pair(a, "a", where)
     require_dtype(a_q, "a[0]", where, (FP8,))
     require_rank(a_q, "a[0]", where, 2)
     m_total, k = a_q.shape
-    b_q, sfb, groups, n = _check_grouped_b(b, where, k)
+    b_q, sfb, _, n = _check_grouped_b(b, where, k)
     require_dtype(sfa, "a[1]", where, (torch.float32,))
     require_shape(sfa, "a[1]", where, (m_total, ceil_div(k, 128)), "[M_total, ceil(K/128)]")
-    _check_out(out, where, (m_total, n))
-    require_tensor(m_indices, "m_indices", where)
-    require_dtype(m_indices, "m_indices", where, (torch.int32,))
-    require_shape(m_indices, "m_indices", where, (m_total,), "one expert index per row of A")
+    out_tensor = _check_out(out, where, (m_total, n))
     if m_total % CONTIGUOUS_M_ALIGNMENT:
         raise ValueError(f"{where}: 'a[0]' has M_total={m_total} rows; expert segments are padded to "
                          f"{CONTIGUOUS_M_ALIGNMENT} rows, so M_total must be a multiple of {CONTIGUOUS_M_ALIGNMENT}")
-    require_same_device(where, a=a_q, sfa=sfa, b=b_q, sfb=sfb, out=out, m_indices=m_indices)
+    require_same_device(where, a=a_q, sfa=sfa, b=b_q, sfb=sfb, out=out_tensor)
+    return a_q, sfa, b_q, sfb, out_tensor
+
+
+def _run_contiguous(where: str, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor,
+                    out: torch.Tensor, grouping: torch.Tensor, psum_form: bool) -> torch.Tensor:
+    (m_total, k), (groups, n, _) = a_q.shape, b_q.shape
     if m_total == 0 or n == 0:
         return out
     if k == 0 or groups == 0:
         return out.zero_()
     if backend_for(a_q) == "reference":
-        out.copy_(m_grouped_contiguous_reference(a_q, sfa, b_q, sfb, m_indices))
+        m_indices = m_indices_from_psum(grouping.cpu(), m_total, CONTIGUOUS_M_ALIGNMENT) if psum_form else grouping
+        out.copy_(m_grouped_contiguous_reference(a_q, sfa, b_q, sfb, m_indices.to(a_q.device)))
         return out
     _require_kernel_rows(where, k, {"a[0]": a_q, "out": out})
     _require_stacked(b_q, "b[0]", where)
     require_row_count(max(m_total, groups * n), "max(M_total, G * N)", where)
-    if not m_indices.is_contiguous():
-        raise ValueError(f"{where}: 'm_indices' must be contiguous")
     from deepgemm.kernels.fp8_gemm import Geometry, GemmKind, get_grouped_plan
 
-    plan = get_grouped_plan(a_q.device.index, GemmKind.GROUPED_CONTIGUOUS, Geometry(rows=m_total, groups=groups),
-                            n, k, out.dtype, m_total)
-    plan.launch(a_q, to_mn_major_tma_aligned(sfa), b_q, sfb.contiguous(), out, m_indices)
+    kind = GemmKind.GROUPED_CONTIGUOUS_PSUM if psum_form else GemmKind.GROUPED_CONTIGUOUS
+    plan = get_grouped_plan(a_q.device.index, kind, Geometry(rows=m_total, groups=groups), n, k, out.dtype, m_total)
+    plan.launch(a_q, to_mn_major_tma_aligned(sfa), b_q, sfb.contiguous(), out, grouping)
     return out
 
 

@@ -30,6 +30,7 @@ class GemmKind(enum.IntEnum):
     DENSE = 0
     GROUPED_CONTIGUOUS = 1
     GROUPED_MASKED = 2
+    GROUPED_CONTIGUOUS_PSUM = 3
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ class Fp8GemmSpec:
     def label(self) -> str:
         out = "fp32" if self.out_dtype == torch.float32 else "bf16"
         name = {GemmKind.DENSE: "fp8_gemm_nt", GemmKind.GROUPED_CONTIGUOUS: "m_grouped_fp8_gemm_nt_contiguous",
-                GemmKind.GROUPED_MASKED: "m_grouped_fp8_gemm_nt_masked"}[self.kind]
+                GemmKind.GROUPED_MASKED: "m_grouped_fp8_gemm_nt_masked",
+                GemmKind.GROUPED_CONTIGUOUS_PSUM: "m_grouped_fp8_gemm_nt_contiguous_psum"}[self.kind]
         return f"{name} n={self.n} k={self.k} out={out} {self.config.label()}"
 
 

@@ -78,3 +78,61 @@ def test_masked_block_n_cap_never_spans_three_scale_blocks_and_compiles() -> Non
     config = make_config(4096, 152, 7168, 128, block_n, 132, cluster_m=1)
     compiled = compile_spec(Fp8GemmSpec(152, 7168, torch.bfloat16, config, GemmKind.GROUPED_MASKED))
     assert compiled.resources is not None and compiled.resources.spill_stores == 0
+
+
+def test_m_indices_from_psum_layout() -> None:
+    from deepgemm.reference import m_indices_from_psum
+
+    # Expert 0: 5 rows; expert 1: none; expert 2: 130 rows from row 128; expert 3: 1 row from row 384.
+    psum = torch.tensor([5, 5, 258, 385], dtype=torch.int32)
+    indices = m_indices_from_psum(psum, 512)
+    expected = torch.full((512,), -1, dtype=torch.int32)
+    expected[:5] = 0
+    expected[128:258] = 2
+    expected[384:385] = 3
+    assert torch.equal(indices, expected)
+    # Ends past M_total are clipped; a decreasing psum never moves a start backwards.
+    assert torch.equal(m_indices_from_psum(torch.tensor([600], dtype=torch.int32), 256), torch.zeros(256, dtype=torch.int32))
+    decreasing = m_indices_from_psum(torch.tensor([200, 100, 300], dtype=torch.int32), 384)
+    assert (decreasing[:200] == 0).all() and (decreasing[200:256] == -1).all() and (decreasing[256:300] == 2).all()
+
+
+def test_contiguous_psum_matches_m_indices_form() -> None:
+    from deepgemm.reference import m_indices_from_psum
+
+    psum = torch.tensor([5, 5, 258, 385], dtype=torch.int32)
+    a = deepgemm.quantize_per_token_group(torch.randn(512, 256))
+    b = _weights(4, 24, 256)
+    by_psum = torch.full((512, 24), float("nan"), dtype=torch.bfloat16)
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, by_psum, psum)
+    by_index = torch.full((512, 24), float("nan"), dtype=torch.bfloat16)
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, by_index, m_indices_from_psum(psum, 512))
+    assert torch.equal(by_psum, by_index)
+    assert (by_psum[5:128] == 0).all() and (by_psum[385:] == 0).all()
+    expected = fp8_gemm_nt_reference(a[0][128:258], a[1][128:258], b[0][2], b[1][2], torch.float64)
+    assert deepgemm.calc_diff(by_psum[128:258], expected) < 1e-5
+
+
+def test_contiguous_psum_validation_names_arguments() -> None:
+    a = deepgemm.quantize_per_token_group(torch.randn(128, 256))
+    b = _weights(2, 32, 256)
+    out = torch.empty(128, 32, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="psum"):
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, out, torch.tensor([10, 20]))
+    with pytest.raises(ValueError, match="psum"):
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, out, torch.tensor([10, 20, 30], dtype=torch.int32))
+    a_odd = deepgemm.quantize_per_token_group(torch.randn(100, 256))
+    with pytest.raises(ValueError, match="multiple of 128"):
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a_odd, b, torch.empty(100, 32, dtype=torch.bfloat16),
+                                                       torch.tensor([10, 20], dtype=torch.int32))
+
+
+def test_contiguous_psum_kernel_compiles_without_spills() -> None:
+    from deepgemm.configs.heuristics import make_config
+    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, compile_spec
+
+    for out_dtype in (torch.bfloat16, torch.float32):
+        config = make_config(4096, 4096, 7168, 128, 128, 132, 4 if out_dtype == torch.float32 else 2, cluster_m=1)
+        compiled = compile_spec(Fp8GemmSpec(4096, 7168, out_dtype, config, GemmKind.GROUPED_CONTIGUOUS_PSUM))
+        assert compiled.resources is not None
+        assert (compiled.resources.spill_stores, compiled.resources.stack_frame) == (0, 0)

@@ -75,6 +75,58 @@ def test_contiguous_random_experts_with_padding_segment() -> None:
         check_contiguous(counts, 512, 1024, seed=trial, extra_padding_segments=1)
 
 
+def psum_of(counts: list[int]) -> torch.Tensor:
+    """Cumulative valid-row ends of the aligned contiguous layout (what the psum form takes)."""
+    ends, start = [], 0
+    for count in counts:
+        ends.append(start + count)
+        start += -(-count // ALIGN) * ALIGN
+    return torch.tensor(ends, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("counts,n,k,out_dtype", [
+    ([0, 1, 127, 128, 129, 300, 0, 55], 2056, 7296, torch.bfloat16),
+    ([7400, 8100, 0, 6500], 4096, 7168, torch.bfloat16),
+    ([3, 0, 0, 250, 128], 136, 144, torch.float32),
+])
+def test_contiguous_psum_matches_m_indices_form(counts: list[int], n: int, k: int, out_dtype: torch.dtype) -> None:
+    """The psum form computes exactly what the m_indices form computes (same tiles, same MMAs), padding zeroed."""
+    m_indices = contiguous_layout(counts, extra_padding_segments=1)
+    a = random_activations(m_indices.numel(), k, "cuda", len(counts))
+    poison_padding(a, m_indices)
+    b = random_grouped_weights(len(counts), n, k, "cuda", n)
+    by_psum = torch.full((m_indices.numel(), n), float("nan"), dtype=out_dtype, device="cuda")
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, by_psum, psum_of(counts).cuda())
+    by_index = torch.full_like(by_psum, float("nan"))
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, by_index, m_indices.cuda())
+    assert torch.equal(by_psum, by_index)
+    assert (by_psum[(m_indices < 0).cuda()] == 0).all()
+    check_contiguous(counts, n, k, seed=n + k)  # the m_indices form itself against float64
+
+
+def test_contiguous_psum_graph_replay_with_new_ends() -> None:
+    counts, n, k = [200, 0, 90, 300], 512, 1024
+    m_total = sum(-(-c // ALIGN) * ALIGN for c in counts)
+    a = random_activations(m_total, k, "cuda", 3)
+    b = random_grouped_weights(len(counts), n, k, "cuda", 4)
+    psum = psum_of(counts).cuda()
+    out = torch.full((m_total, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, out, psum)  # warm up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, out, psum)
+    for new_counts in ([128, 128, 0, 256], [1, 0, 0, 5], [0, 0, 0, 0]):
+        assert sum(-(-c // ALIGN) * ALIGN for c in new_counts) <= m_total
+        psum.copy_(psum_of(new_counts))
+        out.fill_(float("nan"))
+        graph.replay()
+        expected = torch.full_like(out, float("nan"))
+        from deepgemm.reference import m_indices_from_psum
+
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, expected, m_indices_from_psum(psum.cpu(), m_total).cuda())
+        assert torch.equal(out, expected), f"replay with counts {new_counts}"
+
+
 def test_contiguous_rejects_unaligned_total() -> None:
     a = random_activations(130, 256, "cuda", 0)
     b = random_grouped_weights(2, 128, 256, "cuda", 1)

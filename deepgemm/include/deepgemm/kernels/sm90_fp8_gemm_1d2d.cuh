@@ -28,9 +28,10 @@
 namespace deepgemm {
 
 // Which rows of A/D and which B a tile uses (B is [G, N, K] for the grouped kinds).
-enum class GemmKind : int { kDense = 0, kGroupedContiguous = 1, kGroupedMasked = 2 };
+enum class GemmKind : int { kDense = 0, kGroupedContiguous = 1, kGroupedMasked = 2, kGroupedContiguousPsum = 3 };
 
-// Run-time problem description: dense uses m; contiguous uses m (total rows) and grouping = m_indices;
+// Run-time problem description: dense uses m; contiguous uses m (total rows) and grouping = m_indices
+// (or, psum form, grouping = the groups' cumulative end rows);
 // masked uses grouping = masked_m [num_groups] with max_m rows per group.
 struct GemmProblem {
     u32 m;
@@ -62,6 +63,15 @@ struct TileSource<GemmKind::kDense, kBlockM, kNumNBlocks, kGroupM, kClusterM> {
 template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM>
 struct TileSource<GemmKind::kGroupedContiguous, kBlockM, kNumNBlocks, kGroupM, kClusterM> {
     ContiguousTileScheduler<kBlockM, kNumNBlocks> scheduler;
+
+    DG_DEVICE TileSource(const GemmProblem& p, u32) : scheduler(p.grouping, p.m, p.num_groups) {}
+
+    DG_DEVICE bool next(GroupedTile& tile) { return scheduler.next(tile); }
+};
+
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM>
+struct TileSource<GemmKind::kGroupedContiguousPsum, kBlockM, kNumNBlocks, kGroupM, kClusterM> {
+    ContiguousPsumTileScheduler<kBlockM, kNumNBlocks> scheduler;
 
     DG_DEVICE TileSource(const GemmProblem& p, u32) : scheduler(p.grouping, p.m, p.num_groups) {}
 
@@ -393,13 +403,20 @@ struct Sm90Fp8Gemm1D2D {
                 }
             }
 
-            if constexpr (kKind == GemmKind::kGroupedContiguous) {
-                // Padding rows inside a computed block (m_indices == -1, or any index outside [0, G)) are
-                // stored as zeros.
+            if constexpr (kKind == GemmKind::kGroupedContiguous || kKind == GemmKind::kGroupedContiguousPsum) {
+                // Padding rows inside a computed block (m_indices == -1, or any index outside [0, G);
+                // psum form: rows past the group's end) are stored as zeros.
 #pragma unroll
                 for (u32 half = 0; half < 2; ++half) {
                     const u32 row = row0 + row_in_wg + half * 8;
-                    if (row < problem.m && static_cast<u32>(__ldg(problem.grouping + row)) >= problem.num_groups) {
+                    bool padding_row;
+                    if constexpr (kKind == GemmKind::kGroupedContiguous) {
+                        padding_row = row < problem.m &&
+                                      static_cast<u32>(__ldg(problem.grouping + row)) >= problem.num_groups;
+                    } else {
+                        padding_row = row >= tile.valid_end;
+                    }
+                    if (padding_row) {
 #pragma unroll
                         for (u32 j = 0; j < kBlockN / 8; ++j) {
                             result[j * 4 + half * 2] = 0.0f;

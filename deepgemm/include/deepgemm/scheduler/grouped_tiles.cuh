@@ -4,6 +4,10 @@
 //   the alignment (128 rows), and m_indices[row] names the group of each row (-1 for padding). An
 //   M-block never straddles two segments, so its first row's entry is the block's group; a block
 //   whose first row is padding is padding throughout (its output rows are stored as zeros).
+// Contiguous, psum form: the same layout described by psum[g], the end row (exclusive) of group g's
+//   valid rows; group g starts at align_up(psum[g - 1], 128) (psum[-1] = 0). Rows in no group's
+//   [start, end) are padding. M-blocks are visited in increasing order by each CTA, so a forward-only
+//   cursor finds each block's group with at most G reads of psum per CTA.
 // Masked: A is [G, max_m, K]; group g has masked_m[g] valid rows (read from device memory, so a CUDA
 //   graph can replay with new counts). Tiles are numbered group by group, M-block fastest.
 #pragma once
@@ -18,6 +22,7 @@ struct GroupedTile {
     u32 row_begin;  // first row of the group's tensor rows in the flattened [rows, K] view
     u32 rows;       // valid rows of this group in that view, counted from row_begin
     bool padding;   // contiguous only: the whole block is padding (no loads, output rows zeroed)
+    u32 valid_end;  // contiguous psum form: rows at or past this one (in the block's group) are padding
 };
 
 template <u32 kBlockM, u32 kNumNBlocks>
@@ -43,6 +48,50 @@ struct ContiguousTileScheduler {
         // An index outside [0, num_groups) is treated as padding: B and sfb are never read out of bounds.
         tile.padding = group < 0 || static_cast<u32>(group) >= num_groups;
         tile.group = tile.padding ? 0 : static_cast<u32>(group);
+        tile.row_begin = 0;
+        tile.rows = m_total;
+        next_tile += gridDim.x;
+        return true;
+    }
+};
+
+template <u32 kBlockM, u32 kNumNBlocks>
+struct ContiguousPsumTileScheduler {
+    static constexpr u32 kAlignment = 128;
+    const i32* psum;
+    u32 m_total;
+    u32 num_groups;
+    u32 num_tiles;
+    u32 next_tile;
+    u32 group;       // cursor: first group whose end row is past the current block's first row
+    u32 group_end;   // psum[group], clamped to [0, m_total]
+    u32 prev_end;    // psum[group - 1] (0 for group 0), clamped
+
+    DG_DEVICE ContiguousPsumTileScheduler(const i32* ends, u32 m, u32 groups)
+        : psum(ends), m_total(m), num_groups(groups), num_tiles(ceil_div(m, kBlockM) * kNumNBlocks),
+          next_tile(blockIdx.x), group(0), group_end(0), prev_end(0) {
+        group_end = load_end(0);
+    }
+
+    DG_DEVICE u32 load_end(u32 g) const {
+        return g < num_groups ? min(static_cast<u32>(max(__ldg(psum + g), 0)), m_total) : m_total;
+    }
+
+    DG_DEVICE bool next(GroupedTile& tile) {
+        if (next_tile >= num_tiles) {
+            return false;
+        }
+        tile.m_block = next_tile / kNumNBlocks;
+        tile.n_block = next_tile % kNumNBlocks;
+        const u32 block_row = tile.m_block * kBlockM;
+        while (group < num_groups && group_end <= block_row) {
+            prev_end = max(prev_end, group_end);  // a decreasing psum (invalid) cannot move starts back
+            group_end = load_end(++group);
+        }
+        const u32 start = align_up(prev_end, kAlignment);
+        tile.padding = group >= num_groups || block_row < start || block_row >= group_end;
+        tile.group = tile.padding ? 0 : group;
+        tile.valid_end = tile.padding ? 0 : group_end;
         tile.row_begin = 0;
         tile.rows = m_total;
         next_tile += gridDim.x;
