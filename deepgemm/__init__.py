@@ -8,6 +8,7 @@ from deepgemm.api.grouped import (
     m_grouped_fp8_gemm_nt_contiguous_psum,
     m_grouped_fp8_gemm_nt_masked,
 )
+from deepgemm.api.kgrouped import k_grouped_fp8_gemm_tn_contiguous
 from deepgemm.api.layout import to_mn_major_tma_aligned
 from deepgemm.api.quant import (
     dequantize_per_block,
@@ -31,6 +32,7 @@ __all__ = [
     "dequantize_per_token_group",
     "fp8_gemm_nt",
     "get_m_alignment_for_contiguous_layout",
+    "k_grouped_fp8_gemm_tn_contiguous",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_contiguous_psum",
     "m_grouped_fp8_gemm_nt_masked",

@@ -76,6 +76,29 @@ def m_grouped_contiguous_reference(a: torch.Tensor, sfa: torch.Tensor, b: torch.
     return out
 
 
+def k_grouped_reference(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, ks: list[int],
+                        c: torch.Tensor | None, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """out[g] = c[g] + (A[:, seg g] * sfa) @ (B[:, seg g] * sfb)^T over the groups' K segments (1x128 scales on both)."""
+    m, n = a.shape[0], b.shape[0]
+    out = torch.zeros((len(ks), m, n), dtype=compute_dtype, device=a.device)
+    if c is not None:
+        out += c.to(compute_dtype)
+    begin = 0
+    for group, k in enumerate(ks):
+        if k:
+            cols, scale_cols = slice(begin, begin + k), slice(begin // 128, (begin + k) // 128)
+            out[group] += fp8_gemm_nt_reference_1d1d(a[:, cols], sfa[:, scale_cols], b[:, cols], sfb[:, scale_cols],
+                                                     compute_dtype)
+        begin += k
+    return out
+
+
+def fp8_gemm_nt_reference_1d1d(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
+                               compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(A * sfa) @ (B * sfb)^T with 1x128 scales on both operands."""
+    return dequantize_per_token_group(a, sfa, 128, compute_dtype) @ dequantize_per_token_group(b, sfb, 128, compute_dtype).t()
+
+
 def m_indices_from_psum(psum: torch.Tensor, m_total: int, alignment: int = 128) -> torch.Tensor:
     """Per-row expert indices of the psum form: group g owns rows [align_up(psum[g-1]), psum[g]), -1 elsewhere.
 

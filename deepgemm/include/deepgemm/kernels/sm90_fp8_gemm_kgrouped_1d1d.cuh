@@ -1,0 +1,261 @@
+// K-grouped FP8 GEMM with "1D1D" scaling for the MoE expert weight gradient on sm_90a:
+//   for every group g:  D[g] (FP32 [M, N]) = C[g] + (A_g * sfa_g) @ (B_g * sfb_g)^T
+// A [M, K_total] and B [N, K_total] are e4m3, K-major; group g owns the K columns
+// [k_offsets[g], k_offsets[g + 1]) of both (a multiple of 128: the groups' token segments back to back).
+// Both operands carry one scale per row and 128-wide K block (sfa [K_total/128, M], sfb [K_total/128, N],
+// M/N-major, loaded by TMA with each stage), so promotion scales every element by sfa[row] * sfb[col].
+//
+// Same structure as the 1D2D kernel: one TMA producer warpgroup (setmaxnreg 40), two 64-row math
+// warpgroups (232), persistent over tiles (group, M-block, N-block) with the group's K loop per tile,
+// an mbarrier ring of kNumStages stages, wgmma from 128B-swizzled shared memory, promotion on CUDA cores
+// every 128 K. The epilogue reads C and writes D straight from registers with per-element bounds
+// (rows of D[g] end at M, so a tile never spills into the next group's rows).
+#pragma once
+#include <deepgemm/ptx/mbarrier.cuh>
+#include <deepgemm/ptx/sync.cuh>
+#include <deepgemm/ptx/tma.cuh>
+#include <deepgemm/ptx/wgmma.cuh>
+#include <deepgemm/ptx/wgmma_fp8.cuh>
+
+namespace deepgemm {
+
+struct KGroupedProblem {
+    const i32* k_offsets;  // [num_groups + 1], multiples of 128, non-decreasing
+    u32 num_groups;
+    float* d;              // [num_groups, M, N] FP32
+    const float* c;        // [num_groups, M, N] FP32 or null (D = A B^T); may alias d
+};
+
+template <u32 kM, u32 kN, u32 kBlockN, u32 kNumStages>
+struct Sm90Fp8GemmKGrouped1D1D {
+    static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 128, "block_n must be a multiple of 16 in [16, 128]");
+    static_assert(kNumStages >= 2, "need at least two pipeline stages");
+
+    static constexpr u32 kBlockM = 128;
+    static constexpr u32 kBlockK = 128;
+    static constexpr u32 kNumMathThreads = 256;
+    static constexpr u32 kNumThreads = 128 + kNumMathThreads;
+    static constexpr u32 kNumMBlocks = ceil_div(kM, kBlockM);
+    static constexpr u32 kNumNBlocks = ceil_div(kN, kBlockN);
+    static constexpr u32 kTilesPerGroup = kNumMBlocks * kNumNBlocks;
+    static constexpr u32 kProducerRegisters = 40;
+    static constexpr u32 kMathRegisters = 232;
+    using Mma = ptx::WgmmaFp8<kBlockN>;
+
+    // Shared memory: A/B stages (1024-byte multiples, as the 128B swizzle needs), then the stages' scales.
+    static constexpr u32 kStageABytes = kBlockM * kBlockK;
+    static constexpr u32 kStageBBytes = kBlockN * kBlockK;
+    static constexpr u32 kStageSfaBytes = kBlockM * 4;
+    static constexpr u32 kStageSfbBytes = align_up(kBlockN * 4, 128u);  // TMA destinations: 128-byte aligned
+    static constexpr u32 kStageTxBytes = kStageABytes + kStageBBytes + kBlockM * 4 + kBlockN * 4;
+    static constexpr u32 kOffsetA = 0;
+    static constexpr u32 kOffsetB = kOffsetA + kNumStages * kStageABytes;
+    static constexpr u32 kOffsetSfa = kOffsetB + kNumStages * kStageBBytes;
+    static constexpr u32 kOffsetSfb = kOffsetSfa + kNumStages * kStageSfaBytes;
+    static constexpr u32 kOffsetBarriers = kOffsetSfb + kNumStages * kStageSfbBytes;
+    static constexpr u32 kSmemBytes = kOffsetBarriers + 2 * kNumStages * 8;
+    static_assert(kStageBBytes % 1024 == 0, "B stages must stay 1024-byte aligned (block_n % 8 == 0)");
+    static_assert(kSmemBytes <= 232448, "shared memory budget (227 KB) exceeded: use fewer stages");
+
+    struct Tile {
+        u32 group;
+        u32 m_block;
+        u32 n_block;
+        u32 k_begin;   // first K column of the group
+        u32 k_blocks;  // 128-wide K blocks of the group
+    };
+
+    // Tiles group by group, N-block fastest inside an M-block (consecutive CTAs share A's rows).
+    struct Tiles {
+        const KGroupedProblem& problem;
+        u32 next_tile;
+
+        DG_DEVICE explicit Tiles(const KGroupedProblem& p) : problem(p), next_tile(blockIdx.x) {}
+
+        DG_DEVICE bool next(Tile& tile) {
+            if (next_tile >= problem.num_groups * kTilesPerGroup) {
+                return false;
+            }
+            tile.group = next_tile / kTilesPerGroup;
+            const u32 in_group = next_tile % kTilesPerGroup;
+            tile.m_block = in_group / kNumNBlocks;
+            tile.n_block = in_group % kNumNBlocks;
+            const i32 begin = __ldg(problem.k_offsets + tile.group);
+            const i32 end = __ldg(problem.k_offsets + tile.group + 1);
+            // Invalid offsets (negative, decreasing) give an empty K range; TMA bounds-checks the rest.
+            tile.k_begin = static_cast<u32>(max(begin, 0));
+            tile.k_blocks = end > begin && begin >= 0 ? static_cast<u32>(end - begin) / kBlockK : 0;
+            next_tile += gridDim.x;
+            return true;
+        }
+    };
+
+    struct Ring {
+        u8* smem;
+        u64* full;
+        u64* empty;
+    };
+
+    DG_DEVICE static void advance(u32& stage, u32& phase) {
+        if (++stage == kNumStages) {
+            stage = 0;
+            phase ^= 1;
+        }
+    }
+
+    DG_DEVICE static void producer(const Ring& ring, const TmaDescriptor* tma_a, const TmaDescriptor* tma_b,
+                                   const TmaDescriptor* tma_sfa, const TmaDescriptor* tma_sfb,
+                                   const KGroupedProblem& problem) {
+        Tiles tiles(problem);
+        Tile tile;
+        u32 stage = 0;
+        u32 phase = 0;
+        while (tiles.next(tile)) {
+            const i32 row_a = static_cast<i32>(tile.m_block * kBlockM);
+            const i32 row_b = static_cast<i32>(tile.n_block * kBlockN);
+            for (u32 k_block = 0; k_block < tile.k_blocks; ++k_block) {
+                ptx::mbarrier_wait(&ring.empty[stage], phase ^ 1);
+                u64* full = &ring.full[stage];
+                const i32 k = static_cast<i32>(tile.k_begin + k_block * kBlockK);
+                const i32 scale_row = k / static_cast<i32>(kBlockK);
+                ptx::mbarrier_arrive_expect_tx(full, kStageTxBytes);
+                ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes, tma_a, full, k, row_a);
+                ptx::tma_load_2d(ring.smem + kOffsetB + stage * kStageBBytes, tma_b, full, k, row_b);
+                ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, tma_sfa, full, row_a, scale_row);
+                ptx::tma_load_2d(ring.smem + kOffsetSfb + stage * kStageSfbBytes, tma_sfb, full, row_b, scale_row);
+                advance(stage, phase);
+            }
+        }
+    }
+
+    DG_DEVICE static void consumer(const Ring& ring, const KGroupedProblem& problem) {
+        const u32 math_wg = threadIdx.x / 128 - 1;
+        const u32 thread_in_wg = threadIdx.x % 128;
+        const u32 lane = thread_in_wg % 32;
+        const u32 row_in_wg = (thread_in_wg / 32) * 16 + lane / 4;  // and row_in_wg + 8
+        const u32 col_in_8 = (lane % 4) * 2;                        // and col_in_8 + 1, in every 8 columns
+
+        Tiles tiles(problem);
+        Tile tile;
+        u32 stage = 0;
+        u32 phase = 0;
+        while (tiles.next(tile)) {
+            const u32 row_base = tile.m_block * kBlockM + math_wg * 64;
+            const u32 col_base = tile.n_block * kBlockN;
+            const u64 group_offset = static_cast<u64>(tile.group) * kM * kN;
+
+            // result = C (or 0), in the wgmma accumulator layout: register 4j + r holds
+            // row row_in_wg + 8 (r / 2), column 8j + col_in_8 + r % 2.
+            float result[kBlockN / 2];
+#pragma unroll
+            for (u32 j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+                for (u32 half = 0; half < 2; ++half) {
+                    const u32 row = row_base + row_in_wg + half * 8;
+                    const u32 col = col_base + j * 8 + col_in_8;
+                    float lo = 0.0f;
+                    float hi = 0.0f;
+                    if (problem.c != nullptr && row < kM) {
+                        const float* src = problem.c + group_offset + static_cast<u64>(row) * kN + col;
+                        if (col < kN) lo = src[0];
+                        if (col + 1 < kN) hi = src[1];
+                    }
+                    result[j * 4 + half * 2] = lo;
+                    result[j * 4 + half * 2 + 1] = hi;
+                }
+            }
+
+            float partial[kBlockN / 2];
+            for (u32 k_block = 0; k_block < tile.k_blocks; ++k_block) {
+                ptx::mbarrier_wait(&ring.full[stage], phase);
+                const float* sfa = reinterpret_cast<const float*>(ring.smem + kOffsetSfa + stage * kStageSfaBytes);
+                const float* sfb = reinterpret_cast<const float*>(ring.smem + kOffsetSfb + stage * kStageSfbBytes);
+                const u64 desc_a =
+                    ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetA + stage * kStageABytes + math_wg * 64 * kBlockK);
+                const u64 desc_b = ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetB + stage * kStageBBytes);
+                ptx::fence_accumulators(partial);
+                ptx::wgmma_fence();
+#pragma unroll
+                for (u32 k = 0; k < kBlockK / 32; ++k) {
+                    Mma::mma(desc_a + 2 * k, desc_b + 2 * k, partial, k > 0);
+                }
+                ptx::wgmma_commit_group();
+                // Scales from the stage while the MMAs run.
+                const float scale_lo = sfa[math_wg * 64 + row_in_wg];
+                const float scale_hi = sfa[math_wg * 64 + row_in_wg + 8];
+                float2 scale_b[kBlockN / 8];
+#pragma unroll
+                for (u32 j = 0; j < kBlockN / 8; ++j) {
+                    scale_b[j] = *reinterpret_cast<const float2*>(sfb + j * 8 + col_in_8);
+                }
+                ptx::wgmma_wait_group<0>();
+                ptx::fence_accumulators(partial);
+                __syncwarp();
+                if (lane == 0) {
+                    ptx::mbarrier_arrive(&ring.empty[stage]);
+                }
+                advance(stage, phase);
+#pragma unroll
+                for (u32 j = 0; j < kBlockN / 8; ++j) {
+                    result[j * 4 + 0] += scale_lo * (scale_b[j].x * partial[j * 4 + 0]);
+                    result[j * 4 + 1] += scale_lo * (scale_b[j].y * partial[j * 4 + 1]);
+                    result[j * 4 + 2] += scale_hi * (scale_b[j].x * partial[j * 4 + 2]);
+                    result[j * 4 + 3] += scale_hi * (scale_b[j].y * partial[j * 4 + 3]);
+                }
+            }
+
+            // D straight from registers: a warp writes 8 rows x 32 contiguous bytes per instruction.
+#pragma unroll
+            for (u32 j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+                for (u32 half = 0; half < 2; ++half) {
+                    const u32 row = row_base + row_in_wg + half * 8;
+                    const u32 col = col_base + j * 8 + col_in_8;
+                    if (row >= kM || col >= kN) {
+                        continue;
+                    }
+                    float* dst = problem.d + group_offset + static_cast<u64>(row) * kN + col;
+                    const float lo = result[j * 4 + half * 2];
+                    const float hi = result[j * 4 + half * 2 + 1];
+                    if constexpr (kN % 2 == 0) {
+                        *reinterpret_cast<float2*>(dst) = make_float2(lo, hi);  // col is even, so is kN
+                    } else {
+                        dst[0] = lo;
+                        if (col + 1 < kN) dst[1] = hi;
+                    }
+                }
+            }
+        }
+    }
+
+    DG_DEVICE static void run(const TmaDescriptor* tma_a, const TmaDescriptor* tma_b, const TmaDescriptor* tma_sfa,
+                              const TmaDescriptor* tma_sfb, const KGroupedProblem& problem) {
+        extern __shared__ __align__(1024) u8 smem[];
+        Ring ring{smem, reinterpret_cast<u64*>(smem + kOffsetBarriers),
+                  reinterpret_cast<u64*>(smem + kOffsetBarriers) + kNumStages};
+        if (threadIdx.x == 0) {
+            ptx::tma_prefetch_descriptor(tma_a);
+            ptx::tma_prefetch_descriptor(tma_b);
+            ptx::tma_prefetch_descriptor(tma_sfa);
+            ptx::tma_prefetch_descriptor(tma_sfb);
+#pragma unroll
+            for (u32 s = 0; s < kNumStages; ++s) {
+                ptx::mbarrier_init(&ring.full[s], 1);
+                ptx::mbarrier_init(&ring.empty[s], kNumMathThreads / 32);
+            }
+            ptx::mbarrier_init_fence();
+        }
+        __syncthreads();
+        if (threadIdx.x < 128) {
+            ptx::setmaxnreg_dec<kProducerRegisters>();
+            if (threadIdx.x == 0) {
+                producer(ring, tma_a, tma_b, tma_sfa, tma_sfb, problem);
+            }
+        } else {
+            ptx::setmaxnreg_inc<kMathRegisters>();
+            consumer(ring, problem);
+        }
+    }
+};
+
+}  // namespace deepgemm

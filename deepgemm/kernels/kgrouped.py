@@ -1,0 +1,152 @@
+"""K-grouped FP8 GEMM with 1D1D scaling (MoE expert weight gradient): instantiation, compile, launch."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
+from deepgemm.jit.args import U32, U64, PackedArgs
+from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
+from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
+from deepgemm.jit.tma import encode_2d
+from deepgemm.kernels.device import sm_count
+from deepgemm.kernels.loader import load_kernel
+from deepgemm.utils import align_up, ceil_div
+
+BLOCK_M = 128
+BLOCK_K = 128
+SMEM_CAPACITY = 232_448
+THREADS = 384
+
+
+def kgrouped_block_n(n: int) -> int:
+    """128 columns per tile, or N rounded up to 16 when N is narrower."""
+    return min(128, align_up(max(n, 1), 16))
+
+
+def kgrouped_smem_bytes(block_n: int, stages: int) -> int:
+    """Mirrors Sm90Fp8GemmKGrouped1D1D::kSmemBytes."""
+    stage = BLOCK_M * BLOCK_K + block_n * BLOCK_K + BLOCK_M * 4 + align_up(block_n * 4, 128)
+    return stages * stage + 2 * stages * 8
+
+
+def kgrouped_stages(block_n: int) -> int:
+    stages = 2
+    while stages < 16 and kgrouped_smem_bytes(block_n, stages + 1) <= SMEM_CAPACITY:
+        stages += 1
+    return stages
+
+
+@dataclass(frozen=True)
+class KGroupedSpec:
+    """One instantiation: M and N are compiled in; groups and their K extents stay run-time values."""
+
+    m: int
+    n: int
+    block_n: int
+    num_stages: int
+
+    @classmethod
+    def for_shape(cls, m: int, n: int) -> KGroupedSpec:
+        block_n = kgrouped_block_n(n)
+        return cls(m, n, block_n, kgrouped_stages(block_n))
+
+    @property
+    def smem_bytes(self) -> int:
+        return kgrouped_smem_bytes(self.block_n, self.num_stages)
+
+    def label(self) -> str:
+        return f"k_grouped_fp8_gemm_tn m={self.m} n={self.n} bm{BLOCK_M} bn{self.block_n} st{self.num_stages}"
+
+
+def render_source(spec: KGroupedSpec) -> KernelSource:
+    code = f"""\
+#include <deepgemm/kernels/sm90_fp8_gemm_kgrouped_1d1d.cuh>
+
+using Kernel = deepgemm::Sm90Fp8GemmKGrouped1D1D<{spec.m}u, {spec.n}u, {spec.block_n}u, {spec.num_stages}u>;
+static_assert(Kernel::kSmemBytes == {spec.smem_bytes}u, "host and device disagree on the shared-memory size");
+
+extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
+deepgemm_fp8_gemm_kgrouped_1d1d(const __grid_constant__ deepgemm::TmaDescriptor tma_a,
+                                const __grid_constant__ deepgemm::TmaDescriptor tma_b,
+                                const __grid_constant__ deepgemm::TmaDescriptor tma_sfa,
+                                const __grid_constant__ deepgemm::TmaDescriptor tma_sfb,
+                                const int* k_offsets, deepgemm::u32 num_groups, float* d, const float* c) {{
+    Kernel::run(&tma_a, &tma_b, &tma_sfa, &tma_sfb, deepgemm::KGroupedProblem{{k_offsets, num_groups, d, c}});
+}}
+"""
+    return KernelSource(code=code, entry="deepgemm_fp8_gemm_kgrouped_1d1d", label=spec.label())
+
+
+def compile_spec(spec: KGroupedSpec) -> CompiledKernel:
+    return compile_kernel(render_source(spec))
+
+
+class KGroupedPlan:
+    """Launch state for one (device, M, N): kernel, persistent grid, packed arguments per pointer set."""
+
+    _ARGS_CAPACITY = 256
+
+    def __init__(self, device_index: int, spec: KGroupedSpec, kernel: LoadedKernel) -> None:
+        self.device_index = device_index
+        self.spec = spec
+        self.kernel = kernel
+        self.tiles_per_group = ceil_div(spec.m, BLOCK_M) * ceil_div(spec.n, spec.block_n)
+        self.num_sms = sm_count(device_index)
+        self._args: dict[tuple[int, ...], PackedArgs] = {}
+        self._configs: dict[tuple[int, int], object] = {}
+
+    def _pack(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, k_offsets: torch.Tensor,
+              groups: int, d: torch.Tensor, c: torch.Tensor | None) -> PackedArgs:
+        m, n, bn = self.spec.m, self.spec.n, self.spec.block_n
+        k_total = a.shape[1]
+        fp8 = torch.float8_e4m3fn
+        return PackedArgs([
+            encode_2d(a.data_ptr(), fp8, m, k_total, tma_row_stride(a), BLOCK_M, BLOCK_K, 128),
+            encode_2d(b.data_ptr(), fp8, n, k_total, tma_row_stride(b), bn, BLOCK_K, 128),
+            encode_2d(sfa.data_ptr(), torch.float32, k_total // BLOCK_K, m, mn_major_row_stride(sfa), 1, BLOCK_M, 0),
+            encode_2d(sfb.data_ptr(), torch.float32, k_total // BLOCK_K, n, mn_major_row_stride(sfb), 1, bn, 0),
+            U64(k_offsets.data_ptr()),
+            U32(groups),
+            U64(d.data_ptr()),
+            U64(c.data_ptr() if c is not None else 0),
+        ])
+
+    def launch(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, k_offsets: torch.Tensor,
+               groups: int, d: torch.Tensor, c: torch.Tensor | None) -> None:
+        """`sfa`/`sfb` M-major and TMA-aligned, `k_offsets` int32 [groups + 1] on the device, d/c contiguous."""
+        key = (a.data_ptr(), a.stride(0), a.shape[1], sfa.data_ptr(), sfa.stride(-1), b.data_ptr(), b.stride(0),
+               sfb.data_ptr(), sfb.stride(-1), k_offsets.data_ptr(), groups, d.data_ptr(),
+               c.data_ptr() if c is not None else 0)
+        args = self._args.get(key)
+        if args is None:
+            if len(self._args) >= self._ARGS_CAPACITY:
+                self._args.clear()
+            args = self._args[key] = self._pack(a, sfa, b, sfb, k_offsets, groups, d, c)
+        grid = max(1, min(self.num_sms, groups * self.tiles_per_group))
+        stream = current_raw_stream(self.device_index)
+        config = self._configs.get((stream, grid))
+        if config is None:
+            config = self._configs[(stream, grid)] = self.kernel.launch_config(self.device_index, stream, grid, THREADS)
+        launch_on_device(self.kernel, self.device_index, stream, config, args.address)
+
+
+_plans: dict[tuple[int, int, int], KGroupedPlan] = {}
+_plans_lock = threading.Lock()
+
+
+def get_kgrouped_plan(device_index: int, m: int, n: int) -> KGroupedPlan:
+    key = (device_index, m, n)
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    spec = KGroupedSpec.for_shape(m, n)
+    kernel = load_kernel(render_source(spec), spec.smem_bytes)
+    with _plans_lock:
+        if len(_plans) >= 512:
+            _plans.clear()
+        plan = _plans.setdefault(key, KGroupedPlan(device_index, spec, kernel))
+    return plan

@@ -1,0 +1,91 @@
+"""K-grouped FP8 GEMM (expert Wgrad) on CPU tensors: reference math vs float64, argument checks, sm_90a builds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import deepgemm
+from deepgemm.reference import dequantize_per_token_group
+
+
+def _operands(m: int, n: int, k_total: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    a = deepgemm.quantize_per_token_group(torch.randn(m, k_total, generator=gen) * 3)
+    b = deepgemm.quantize_per_token_group(torch.randn(n, k_total, generator=gen))
+    return a, b
+
+
+def test_reference_matches_per_group_float64_with_accumulate() -> None:
+    ks = [256, 0, 128, 384]
+    m, n = 40, 24
+    a, b = _operands(m, n, sum(ks), 0)
+    c = torch.randn(len(ks), m, n)
+    out = torch.full((len(ks), m, n), float("nan"))
+    result = deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, out, ks, c=c)
+    assert result is out
+    a64 = dequantize_per_token_group(a[0], a[1], 128, torch.float64)
+    b64 = dequantize_per_token_group(b[0], b[1], 128, torch.float64)
+    begin = 0
+    for g, k in enumerate(ks):
+        expected = c[g].double() + a64[:, begin:begin + k] @ b64[:, begin:begin + k].t()
+        assert deepgemm.calc_diff(out[g], expected) < 1e-6
+        begin += k
+    assert torch.equal(out[1], c[1])  # an empty group only carries C
+
+
+def test_in_place_accumulate_and_no_c() -> None:
+    ks = [128, 256]
+    a, b = _operands(16, 8, 384, 1)
+    plain = torch.empty(2, 16, 8)
+    deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, plain, ks)
+    acc = torch.ones(2, 16, 8)
+    deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, acc, ks, c=acc)
+    assert torch.allclose(acc, plain + 1, atol=1e-5)
+
+
+def test_validation_names_arguments() -> None:
+    ks = [128, 256]
+    a, b = _operands(16, 8, 384, 2)
+    out = torch.empty(2, 16, 8)
+    fn = deepgemm.k_grouped_fp8_gemm_tn_contiguous
+    with pytest.raises(ValueError, match="ks\\[1\\]"):
+        fn(a, b, out, [128, 200])
+    with pytest.raises(ValueError, match="sums to"):
+        fn(a, b, out, [128, 128])
+    with pytest.raises(TypeError, match="ks\\[0\\]"):
+        fn(a, b, out, [128.0, 256])
+    with pytest.raises(TypeError, match="ks"):
+        fn(a, b, out, "128")
+    with pytest.raises(ValueError, match="out"):
+        fn(a, b, torch.empty(2, 16, 9), ks)
+    with pytest.raises(TypeError, match="out"):
+        fn(a, b, out.bfloat16(), ks)
+    with pytest.raises(ValueError, match="'c'"):
+        fn(a, b, out, ks, c=torch.empty(3, 16, 8))
+    with pytest.raises(ValueError, match="b\\[0\\]"):
+        fn(a, (b[0][:, :256], b[1][:, :2]), out, ks)
+    with pytest.raises(ValueError, match="a\\[1\\]"):
+        fn((a[0], a[1][:, :2]), b, out, ks)
+    with pytest.raises(TypeError, match="ks\\[0\\]"):
+        fn(a, b, out, [True, 256])
+
+
+def test_empty_groups_and_numpy_ks() -> None:
+    np = pytest.importorskip("numpy")
+    a, b = _operands(8, 8, 128, 3)
+    out = torch.full((3, 8, 8), float("nan"))
+    deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, out, np.array([0, 128, 0]))
+    assert (out[0] == 0).all() and (out[2] == 0).all() and not out[1].isnan().any()
+
+
+@pytest.mark.parametrize("m,n", [(7168, 4096), (4100, 2056), (100, 36), (129, 7)])
+def test_kernel_builds_for_sm90a_without_spills(m: int, n: int) -> None:
+    from deepgemm.kernels.kgrouped import KGroupedSpec, compile_spec, kgrouped_smem_bytes
+
+    spec = KGroupedSpec.for_shape(m, n)
+    assert spec.block_n % 16 == 0 and spec.block_n >= min(n, 128)
+    assert spec.smem_bytes <= 232_448 < kgrouped_smem_bytes(spec.block_n, spec.num_stages + 1) or spec.num_stages == 16
+    resources = compile_spec(spec).resources
+    assert resources is not None
+    assert (resources.spill_stores, resources.spill_loads, resources.stack_frame) == (0, 0, 0)
