@@ -173,14 +173,8 @@ struct Sm90Fp8GemmKGrouped1D1D {
                 const u64 desc_a =
                     ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetA + stage * kStageABytes + math_wg * 64 * kBlockK);
                 const u64 desc_b = ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetB + stage * kStageBBytes);
-                ptx::fence_accumulators(partial);
-                ptx::wgmma_fence();
-#pragma unroll
-                for (u32 k = 0; k < kBlockK / 32; ++k) {
-                    Mma::mma(desc_a + 2 * k, desc_b + 2 * k, partial, k > 0);
-                }
-                ptx::wgmma_commit_group();
-                // Scales from the stage while the MMAs run.
+                // Scales first: these generic-proxy reads of the stage must be complete long before the
+                // release lets TMA (the async proxy) overwrite it.
                 const float scale_lo = sfa[math_wg * 64 + row_in_wg];
                 const float scale_hi = sfa[math_wg * 64 + row_in_wg + 8];
                 float2 scale_b[kBlockN / 8];
@@ -188,6 +182,13 @@ struct Sm90Fp8GemmKGrouped1D1D {
                 for (u32 j = 0; j < kBlockN / 8; ++j) {
                     scale_b[j] = *reinterpret_cast<const float2*>(sfb + j * 8 + col_in_8);
                 }
+                ptx::fence_accumulators(partial);
+                ptx::wgmma_fence();
+#pragma unroll
+                for (u32 k = 0; k < kBlockK / 32; ++k) {
+                    Mma::mma(desc_a + 2 * k, desc_b + 2 * k, partial, k > 0);
+                }
+                ptx::wgmma_commit_group();
                 ptx::wgmma_wait_group<0>();
                 ptx::fence_accumulators(partial);
                 __syncwarp();
