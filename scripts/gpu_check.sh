@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: scripts/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench grouped clusters ncu (default: the first six).
+# Steps: install smoke tests sanitize host sass bench grouped kgrouped ablate clusters ncu (default: the first
+# seven). ablate times the FP8 GEMM with one part removed at a time (scripts/ablate.py).
 set -uo pipefail
 OUT=${OUT:-/tmp/deepgemm-out}
 mkdir -p "$OUT"
@@ -51,6 +52,12 @@ if has ncu; then
       python3 scripts/profile_shape.py $shape >"$OUT/ncu_$tag.txt" 2>&1
     echo "ncu $tag:"; grep -E "Duration|SM Frequency|stalled|pipe_|bank_conflicts|wavefronts|inst_executed|sectors|dram__bytes" "$OUT/ncu_$tag.txt" | awk '{print $1, $NF}' | head -30
   done
+fi
+if has kgrouped; then
+  timeout 200 python3 scripts/bench_kgrouped.py 2>&1 | tee "$OUT/bench_kgrouped.md"
+fi
+if has ablate; then
+  timeout 400 python3 scripts/ablate.py 2>&1 | tee "$OUT/ablate.md" | tail -5
 fi
 if has clusters; then
   python3 - <<'PY'
