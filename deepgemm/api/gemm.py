@@ -76,10 +76,10 @@ def fp8_gemm_nt(
                 dtype = torch.bfloat16 if out_dtype is None else out_dtype
                 if dtype in OUT_DTYPES and a[0].dim() == 2 and b[0].dim() == 2:
                     out, out_dtype = _allocate_out(a[0].shape[0], b[0].shape[0], dtype, a[0].device), None
-            ready = _ready.get(_metadata_key(a[0], a[1], b[0], b[1], out)) if out_dtype is None else None
+            ready = _ready.get(_metadata_key(a[0], a[1], b[0], b[1], out)) if out is not None and out_dtype is None else None
         except (AttributeError, TypeError, RuntimeError):
             ready = None
-        if ready is not None:
+        if ready is not None and out is not None:
             ready[0].launch_packed(ready[1])
             return out
     return _fp8_gemm_nt_checked(a, b, out, out_dtype)

@@ -87,12 +87,7 @@ def m_grouped_fp8_gemm_nt_contiguous(
     """
     where = "m_grouped_fp8_gemm_nt_contiguous"
     a_q, sfa, b_q, sfb, out = _check_contiguous(a, b, out, where)
-    require_tensor(m_indices, "m_indices", where)
-    require_dtype(m_indices, "m_indices", where, (torch.int32,))
-    require_shape(m_indices, "m_indices", where, (a_q.shape[0],), "one expert index per row of A")
-    require_same_device(where, a=a_q, m_indices=m_indices)
-    if not m_indices.is_contiguous():
-        raise ValueError(f"{where}: 'm_indices' must be contiguous")
+    _check_grouping(m_indices, "m_indices", where, a_q, a_q.shape[0], "one expert index per row of A")
     return _run_contiguous(where, a_q, sfa, b_q, sfb, out, m_indices, psum_form=False)
 
 
@@ -113,13 +108,18 @@ def m_grouped_fp8_gemm_nt_contiguous_psum(
     """
     where = "m_grouped_fp8_gemm_nt_contiguous_psum"
     a_q, sfa, b_q, sfb, out = _check_contiguous(a, b, out, where)
-    require_tensor(psum, "psum", where)
-    require_dtype(psum, "psum", where, (torch.int32,))
-    require_shape(psum, "psum", where, (b_q.shape[0],), "one cumulative end row per expert")
-    require_same_device(where, a=a_q, psum=psum)
-    if not psum.is_contiguous():
-        raise ValueError(f"{where}: 'psum' must be contiguous")
+    _check_grouping(psum, "psum", where, a_q, b_q.shape[0], "one cumulative end row per expert")
     return _run_contiguous(where, a_q, sfa, b_q, sfb, out, psum, psum_form=True)
+
+
+def _check_grouping(grouping: object, name: str, where: str, a_q: torch.Tensor, length: int, rule: str) -> None:
+    """A contiguous int32 vector of `length` on A's device (m_indices, psum)."""
+    tensor = require_tensor(grouping, name, where)
+    require_dtype(tensor, name, where, (torch.int32,))
+    require_shape(tensor, name, where, (length,), rule)
+    require_same_device(where, a=a_q, **{name: tensor})
+    if not tensor.is_contiguous():
+        raise ValueError(f"{where}: '{name}' must be contiguous")
 
 
 def _check_contiguous(a: object, b: object, out: object, where: str

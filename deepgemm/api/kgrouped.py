@@ -125,8 +125,8 @@ def k_grouped_fp8_gemm_tn_contiguous(
     if backend_for(a_q) == "reference":
         out_t.copy_(k_grouped_reference(a_q, sfa, b_q, sfb, list(sizes), c))
         return out_t
-    for name, t in (("out", out_t), ("c", c)):
-        if t is not None and not t.is_contiguous():
+    for name, maybe in (("out", out_t), ("c", c)):
+        if maybe is not None and not maybe.is_contiguous():
             raise ValueError(f"{where}: '{name}' must be contiguous (rows of each group are stored back to back)")
     for name, t in (("a[0]", a_q), ("b[0]", b_q)):
         if t.shape[0] > 1 and (t.stride(1) != 1 or (t.stride(0) % 16) or t.data_ptr() % 16):
