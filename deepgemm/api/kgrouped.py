@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import operator
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from deepgemm.api.backend import backend_for
 from deepgemm.api.layout import to_mn_major_tma_aligned
 from deepgemm.api.validation import (
+    MAX_ROWS,
     require_dtype,
     require_pair,
     require_rank,
@@ -18,14 +21,75 @@ from deepgemm.api.validation import (
     require_same_device,
     require_shape,
     require_tensor,
+    require_tma_rows,
 )
 from deepgemm.reference import k_grouped_reference
 
 FP8 = torch.float8_e4m3fn
 K_ALIGNMENT = 128
 
-_offsets: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
-_offsets_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _Upload:
+    tensor: torch.Tensor
+    stream: int  # the raw stream the upload was enqueued on
+    done: torch.cuda.Event
+
+
+class _DeviceOffsets:
+    """int32 [G + 1] cumulative K offsets on the device, one tensor per (device, ks).
+
+    The first call with a new ks uploads them (pinned host buffer, no host synchronisation) and must be
+    eager; later calls reuse the tensor, so they can be captured. An entry a CUDA graph captured is
+    never freed (the graph keeps reading it); the others are evicted oldest first past CAPACITY.
+    """
+
+    CAPACITY = 256
+
+    def __init__(self) -> None:
+        self._recent: OrderedDict[tuple[int, tuple[int, ...]], _Upload] = OrderedDict()
+        self._captured: dict[tuple[int, tuple[int, ...]], _Upload] = {}
+        self._lock = threading.Lock()
+
+    def get(self, device: torch.device, ks: tuple[int, ...]) -> torch.Tensor:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (index, ks)
+        capturing = torch.cuda.is_current_stream_capturing()
+        with self._lock:
+            entry = self._captured.get(key)
+            if entry is None and key in self._recent:
+                if capturing:
+                    entry = self._captured[key] = self._recent.pop(key)
+                else:
+                    self._recent.move_to_end(key)
+                    entry = self._recent[key]
+        if entry is None:
+            from deepgemm.jit.runtime import refuse_during_capture
+
+            refuse_during_capture(f"k_grouped_fp8_gemm_tn_contiguous with a new ks ({len(ks)} groups; its offsets "
+                                  "are uploaded on the first call)")
+            cumulative = [0]
+            for k in ks:
+                cumulative.append(cumulative[-1] + k)
+            with torch.cuda.device(index):
+                tensor = torch.tensor(cumulative, dtype=torch.int32).pin_memory().to(device, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record()
+                entry = _Upload(tensor, torch.cuda.current_stream(index).cuda_stream, done)
+            with self._lock:
+                self._recent[key] = entry
+                while len(self._recent) > self.CAPACITY:
+                    self._recent.popitem(last=False)
+        if not capturing:
+            stream = torch.cuda.current_stream(index)
+            if stream.cuda_stream != entry.stream:
+                stream.wait_event(entry.done)  # the upload ran on another stream
+                entry.tensor.record_stream(stream)  # an eviction must not recycle it under this stream's kernel
+        return entry.tensor
+
+
+_offsets = _DeviceOffsets()
 
 
 def _check_ks(ks: object, where: str) -> tuple[int, ...]:
@@ -51,24 +115,6 @@ def _check_ks(ks: object, where: str) -> tuple[int, ...]:
                              "(each group's token segment holds whole 1x128 scale blocks)")
         values.append(k)
     return tuple(values)
-
-
-def _device_offsets(device: torch.device, ks: tuple[int, ...]) -> torch.Tensor:
-    """int32 [G + 1] cumulative K offsets on the device, uploaded once per (device, ks) (capturable afterwards)."""
-    key = (device.index if device.index is not None else torch.cuda.current_device(), ks)
-    offsets = _offsets.get(key)
-    if offsets is None:
-        from deepgemm.jit.runtime import refuse_during_capture
-
-        refuse_during_capture(f"k_grouped_fp8_gemm_tn_contiguous with ks={list(ks)[:8]}... (upload of its offsets)")
-        cumulative = [0]
-        for k in ks:
-            cumulative.append(cumulative[-1] + k)
-        with _offsets_lock:
-            if len(_offsets) >= 1024:
-                _offsets.clear()
-            offsets = _offsets.setdefault(key, torch.tensor(cumulative, dtype=torch.int32).to(device))
-    return offsets
 
 
 def k_grouped_fp8_gemm_tn_contiguous(
@@ -126,18 +172,19 @@ def k_grouped_fp8_gemm_tn_contiguous(
         out_t.copy_(k_grouped_reference(a_q, sfa, b_q, sfb, list(sizes), c))
         return out_t
     for name, maybe in (("out", out_t), ("c", c)):
-        if maybe is not None and not maybe.is_contiguous():
-            raise ValueError(f"{where}: '{name}' must be contiguous (rows of each group are stored back to back)")
-    for name, t in (("a[0]", a_q), ("b[0]", b_q)):
-        if t.shape[0] > 1 and (t.stride(1) != 1 or (t.stride(0) % 16) or t.data_ptr() % 16):
-            raise ValueError(f"{where}: '{name}' rows must be contiguous, 16-byte aligned and a multiple of 16 bytes "
-                             f"apart (TMA rule), got strides {t.stride()}")
-    require_row_count(max(m, n, k_total // K_ALIGNMENT), "max(M, N, K_total / 128)", where)
+        if maybe is not None and (not maybe.is_contiguous() or maybe.data_ptr() % 16):
+            raise ValueError(f"{where}: '{name}' must be contiguous and start 16-byte aligned (each group's rows are "
+                             "stored back to back and written as float pairs)")
+    require_tma_rows(a_q, "a[0]", where)
+    require_tma_rows(b_q, "b[0]", where)
+    require_row_count(max(m, n), "max(M, N)", where)
+    if k_total > MAX_ROWS:
+        raise ValueError(f"{where}: K_total={k_total} exceeds the kernel's 32-bit K coordinates ({MAX_ROWS})")
     if k_total == 0:
         return out_t.copy_(c) if c is not None else out_t.zero_()
     from deepgemm.kernels.kgrouped import get_kgrouped_plan
 
     plan = get_kgrouped_plan(a_q.device.index, m, n)
     plan.launch(a_q, to_mn_major_tma_aligned(sfa), b_q, to_mn_major_tma_aligned(sfb),
-                _device_offsets(a_q.device, sizes), groups, out_t, c)
+                _offsets.get(a_q.device, sizes), groups, out_t, c)
     return out_t

@@ -37,6 +37,20 @@ def refuse_during_capture(what: str) -> None:
         )
 
 
+_primary_contexts: dict[int, Any] = {}
+
+
+def _primary_context(device_index: int) -> Any:
+    """The device's primary context (shared with torch), retained once per process."""
+    context = _primary_contexts.get(device_index)
+    if context is None:
+        cu = driver()
+        check(cu.cuInit(0), "cuInit")
+        context = _primary_contexts.setdefault(
+            device_index, check(cu.cuDevicePrimaryCtxRetain(cu.CUdevice(device_index)), "cuDevicePrimaryCtxRetain"))
+    return context
+
+
 class LoadedKernel:
     """One kernel from a cubin, loaded context-independently (cuLibrary) and launchable on any device."""
 
@@ -82,15 +96,13 @@ class LoadedKernel:
         config.attrs = [attribute]
         config.numAttrs = 1
         # cuKernelGetFunction resolves against the current context: make the device's primary context
-        # (the one torch uses) current, so this also works before the caller has touched CUDA in this process.
-        check(cu.cuInit(0), "cuInit")
-        context = check(cu.cuDevicePrimaryCtxRetain(cu.CUdevice(device_index)), "cuDevicePrimaryCtxRetain")
-        check(cu.cuCtxPushCurrent(context), "cuCtxPushCurrent")
+        # (the one torch uses) current, so this also works before the caller has touched CUDA.
+        check(cu.cuCtxPushCurrent(_primary_context(device_index)), "cuCtxPushCurrent")
         try:
             function = check(cu.cuKernelGetFunction(self.kernel), "cuKernelGetFunction")
             return int(check(cu.cuOccupancyMaxActiveClusters(function, config), "cuOccupancyMaxActiveClusters"))
         finally:
-            check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")  # the retain is kept: torch shares this context
+            cu.cuCtxPopCurrent()  # not checked: an error here must not hide the one being raised
 
     def launch_config(self, device_index: int, stream: int, grid: int, block: int, cluster: int = 1) -> Any:
         """A CUlaunchConfig per (device, stream, grid, block, cluster), built once and never mutated."""

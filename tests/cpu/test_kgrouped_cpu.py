@@ -89,3 +89,42 @@ def test_kernel_builds_for_sm90a_without_spills(m: int, n: int) -> None:
     resources = compile_spec(spec).resources
     assert resources is not None
     assert (resources.spill_stores, resources.spill_loads, resources.stack_frame) == (0, 0, 0)
+
+
+def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks that guard the GPU kernel (alignment, TMA rows, 32-bit K) run before any launch."""
+    import deepgemm.api.kgrouped as api
+    import deepgemm.kernels.kgrouped as kernels
+
+    launches = []
+
+    class FakePlan:
+        def launch(self, *args) -> None:
+            launches.append(args)
+
+    monkeypatch.setattr(api, "backend_for", lambda *tensors: "sm90")
+    monkeypatch.setattr(kernels, "get_kgrouped_plan", lambda device, m, n: FakePlan())
+    monkeypatch.setattr(api._offsets, "get", lambda device, ks: torch.tensor([0, *ks]).cumsum(0).int())
+    ks = [128, 256]
+    a, b = _operands(16, 8, 384, 4)
+    fn = deepgemm.k_grouped_fp8_gemm_tn_contiguous
+    out = torch.empty(2, 16, 8)
+    fn(a, b, out, ks)
+    assert len(launches) == 1 and launches[0][-2] is out and launches[0][-1] is None
+    misaligned = torch.empty(2 * 16 * 8 + 1)[1:].view(2, 16, 8)
+    with pytest.raises(ValueError, match="'out'.*16-byte"):
+        fn(a, b, misaligned, ks)
+    with pytest.raises(ValueError, match="'c'"):
+        fn(a, b, out, ks, c=misaligned)
+    with pytest.raises(ValueError, match="'c'"):
+        fn(a, b, out, ks, c=torch.empty(2, 8, 16).transpose(1, 2))
+    one_row = (torch.zeros(1, 1, dtype=torch.float8_e4m3fn).expand(1, 384), a[1][:1])
+    with pytest.raises(ValueError, match="a\\[0\\]"):
+        fn(one_row, b, torch.empty(2, 1, 8), ks)
+    strided = (torch.zeros(8, 768, dtype=torch.float8_e4m3fn)[:, ::2], b[1])
+    with pytest.raises(ValueError, match="b\\[0\\]"):
+        fn(a, strided, out, ks)
+    monkeypatch.setattr(api, "MAX_ROWS", 256)
+    with pytest.raises(ValueError, match="K_total=384"):
+        fn(a, b, out, ks)
+    assert len(launches) == 1

@@ -107,3 +107,18 @@ def test_k_grouped_cuda_graph_replay() -> None:
     with pytest.raises(deepgemm.GraphCaptureError, match="warm|eagerly"):
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, out, [128, 128, 128])  # new ks: offsets not uploaded
+
+
+def test_k_grouped_new_ks_then_side_stream() -> None:
+    """Offsets uploaded on one stream are waited for, and kept alive, when another stream uses them."""
+    m, n, ks = 256, 256, [128, 384, 0]
+    a, b = operands(m, n, sum(ks), seed=21)
+    expected = deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, torch.empty(len(ks), m, n, device="cuda"), ks)
+    fresh_ks = [256, 256, 0]  # a new ks: uploaded on the default stream, then used at once on a side stream
+    first = deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, torch.empty(len(ks), m, n, device="cuda"), fresh_ks)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        again = deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, torch.empty(len(ks), m, n, device="cuda"), fresh_ks)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(first, again) and not torch.equal(first, expected)
