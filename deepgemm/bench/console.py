@@ -34,11 +34,11 @@ def say(text: str = "") -> None:
 def print_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[str]], *,
                 left_columns: int | Collection[int] = 1, caption: str | None = None) -> None:
     """A table of text cells: numbers right-aligned, the ``left_columns`` (the first n, or these indices) left."""
-    rows = [list(row) for row in rows]
+    cells: list[list[str]] = [list(row) for row in rows]
     left = set(range(left_columns)) if isinstance(left_columns, int) else set(left_columns)
     console = _rich_console()
     if console is None:
-        _print_plain_table(title, headers, rows, left, caption)
+        _print_plain_table(title, headers, cells, left, caption)
         return
     from rich.markup import escape
     from rich.table import Table
@@ -47,7 +47,7 @@ def print_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[str]
                   caption_justify="left")
     for index, header in enumerate(headers):
         table.add_column(escape(header), justify="left" if index in left else "right", no_wrap=index not in left)
-    for row in rows:
+    for row in cells:
         table.add_row(*(escape(str(cell)) for cell in row))
     _emit(console, table)
 

@@ -30,13 +30,14 @@ def _row(results: BenchResults, m: Measurement, speedup: float | None) -> list[s
         return [shape, m.impl, m.status, m.reason or "", "", "", "", "", "", ""]
     ceilings = results.ceilings
     peak = ceilings.tflops(m.precision) if m.precision == "bf16" or ceilings.fp8_tflops else None
+    tflops, gbs = m.tflops or 0.0, m.gbs or 0.0  # set: the measurement is ok
     diff = f"{m.calc_diff:.1e}" if m.calc_diff is not None else "-"
     if not m.accurate:
         diff += " FAIL"
     return [
-        shape, m.impl, f"{m.median_us:.1f}", f"{m.p10_us:.1f}-{m.p90_us:.1f}", f"{m.tflops:.0f}",
-        f"{100 * m.tflops / peak:.0f}%" if peak else "-", f"{m.gbs:.0f}",
-        f"{100 * m.gbs / ceilings.bandwidth_gbs:.0f}%", diff,
+        shape, m.impl, f"{m.median_us:.1f}", f"{m.p10_us:.1f}-{m.p90_us:.1f}", f"{tflops:.0f}",
+        f"{100 * tflops / peak:.0f}%" if peak else "-", f"{gbs:.0f}",
+        f"{100 * gbs / ceilings.bandwidth_gbs:.0f}%", diff,
         f"{speedup:.2f}x" if speedup is not None else "",
     ]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from deepgemm.analysis.gpus import Precision
 from deepgemm.analysis.roofline import Ceilings
@@ -85,7 +85,7 @@ def measure(impl: Implementation, problem: Problem, settings: BenchSettings) -> 
     from deepgemm.errors import UnsupportedError
     from deepgemm.utils import calc_diff
 
-    base = {"m": problem.m, "n": problem.n, "k": problem.k, "impl": impl.name, "precision": impl.precision}
+    base: dict[str, Any] = {"m": problem.m, "n": problem.n, "k": problem.k, "impl": impl.name, "precision": impl.precision}
     try:
         prepared = impl.prepare(problem)
     except (Unavailable, UnsupportedError) as exc:
@@ -97,7 +97,7 @@ def measure(impl: Implementation, problem: Problem, settings: BenchSettings) -> 
         timing = bench_gpu(prepared.fn, iters=settings.iters, warmup=settings.warmup, flush_l2=settings.flush_l2,
                            use_graph=settings.use_graph)
     except Exception as exc:  # noqa: BLE001 - reported per shape, the run goes on
-        status = "n/a" if isinstance(exc, UnsupportedError) or not impl.is_deepgemm else "error"
+        status: Literal["n/a", "error"] = "n/a" if isinstance(exc, UnsupportedError) or not impl.is_deepgemm else "error"
         reason = f"{type(exc).__name__}: {_first_line(exc)} ({format_shape(problem.shape)})"
         return Measurement(**base, status=status, reason=reason, bytes=prepared.bytes, note=prepared.note)
     return Measurement(**base, status="ok", median_us=timing.median_us, min_us=timing.min_us, p10_us=timing.p10_us,

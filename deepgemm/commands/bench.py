@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         return usage_error("bench", "argument --results: needs --compare BASELINE.json")
 
     try:
-        if current is not None:
+        if current is not None and baseline is not None:  # --results always comes with --compare
             return _report_comparison(compare(baseline, current, fail_below=args.fail_below, gate=args.gate))
         from deepgemm.bench.runner import cuda_device_problem
 
