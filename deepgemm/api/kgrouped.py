@@ -29,7 +29,6 @@ FP8 = torch.float8_e4m3fn
 K_ALIGNMENT = 128
 
 
-
 @dataclass(frozen=True)
 class _Upload:
     tensor: torch.Tensor
