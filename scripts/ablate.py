@@ -30,17 +30,17 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         "            const float scale_b0 = sfb_tile[k_block];\n",
         "            if (scale_a.lo != 12345.0f) return;\n            const float scale_b0 = sfb_tile[k_block];\n",
     )],
-    "no_mma": [("            Mma::mma(desc_a + 2 * k, desc_b + 2 * k, partial, k > 0);\n", "")],
+    "no_mma": [("        ptx::mma_k128_block<Mma>(desc_a, desc_b, partial);\n", "")],
     "no_loads": [
         ("                ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes, tma_a, full, k, row_a);\n", ""),
         ("                    ptx::tma_load_2d(ring.smem + kOffsetB + stage * kStageBBytes, tma_b, full, k, row_b);\n", ""),
         ("ptx::mbarrier_arrive_expect_tx(full, kStageTxBytes);", "ptx::mbarrier_arrive_expect_tx(full, kStageSfaBytes);"),
     ],
     "no_store": [(
-        "            Store::store(result, d_tile, tma_d, col0, row0, thread_in_wg, barrier_id);\n        }\n        Store::drain",
-        "            float sink = 0.0f;\n#pragma unroll\n            for (u32 i = 0; i < kBlockN / 2; ++i) sink += result[i];\n"
-        "            if (sink == 12345.0f) Store::store(result, d_tile, tma_d, col0, row0, thread_in_wg, barrier_id);\n"
-        "        }\n        Store::drain",
+        "                    Store::store(chunk, d_tile, tma_d, col0 + c * kStoreN, row0 + wave_offset, thread_in_wg, barrier_id);\n",
+        "                    float sink = 0.0f;\n#pragma unroll\n                    for (u32 i = 0; i < kStoreN / 2; ++i) sink += chunk[i];\n"
+        "                    if (sink == 12345.0f) Store::store(chunk, d_tile, tma_d, col0 + c * kStoreN, row0 + wave_offset,"
+        " thread_in_wg, barrier_id);\n",
     )],
 }
 SHAPES = ["4096x7168x16384", "4096x4096x7168", "4096x2112x7168"]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
+from deepgemm.configs.heuristics import SMEM_CAPACITY
 from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
@@ -18,7 +19,6 @@ from deepgemm.utils import align_up, ceil_div
 
 BLOCK_M = 128
 BLOCK_K = 128
-SMEM_CAPACITY = 232_448
 THREADS = 384
 
 

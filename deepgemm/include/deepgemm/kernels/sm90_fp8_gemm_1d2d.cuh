@@ -228,14 +228,7 @@ struct Sm90Fp8Gemm1D2D {
         const u64 desc_a =
             ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetA + stage * kStageABytes + first_row * kBlockK);
         const u64 desc_b = ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetB + stage * kStageBBytes);
-        ptx::fence_accumulators(partial);
-        ptx::wgmma_fence();
-#pragma unroll
-        for (u32 k = 0; k < kBlockK / 32; ++k) {
-            // +32 bytes along K inside the 128-byte swizzle atom = +2 in the descriptor's address field.
-            Mma::mma(desc_a + 2 * k, desc_b + 2 * k, partial, k > 0);
-        }
-        ptx::wgmma_commit_group();
+        ptx::mma_k128_block<Mma>(desc_a, desc_b, partial);
         ptx::fence_accumulators(partial);
     }
 

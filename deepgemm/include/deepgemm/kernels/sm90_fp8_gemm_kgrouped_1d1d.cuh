@@ -182,13 +182,7 @@ struct Sm90Fp8GemmKGrouped1D1D {
                 for (u32 j = 0; j < kBlockN / 8; ++j) {
                     scale_b[j] = *reinterpret_cast<const float2*>(sfb + j * 8 + col_in_8);
                 }
-                ptx::fence_accumulators(partial);
-                ptx::wgmma_fence();
-#pragma unroll
-                for (u32 k = 0; k < kBlockK / 32; ++k) {
-                    Mma::mma(desc_a + 2 * k, desc_b + 2 * k, partial, k > 0);
-                }
-                ptx::wgmma_commit_group();
+                ptx::mma_k128_block<Mma>(desc_a, desc_b, partial);
                 ptx::wgmma_wait_group<0>();
                 ptx::fence_accumulators(partial);
                 __syncwarp();

@@ -40,3 +40,21 @@ DG_DEVICE void fence_accumulators(float (&regs)[kCount]) {
 }
 
 }  // namespace deepgemm::ptx
+
+namespace deepgemm::ptx {
+
+// One 128-wide K block as one commit group: the four k32 wgmmas of `Mma` (e.g. WgmmaFp8<N>) over
+// K-major 128B-swizzled tiles (+32 bytes along K inside the swizzle atom = +2 in the descriptor's
+// address field). `partial` is overwritten, not accumulated into.
+template <typename Mma, int kCount>
+DG_DEVICE void mma_k128_block(u64 desc_a, u64 desc_b, float (&partial)[kCount]) {
+    fence_accumulators(partial);
+    wgmma_fence();
+#pragma unroll
+    for (u32 k = 0; k < 4; ++k) {
+        Mma::mma(desc_a + 2 * k, desc_b + 2 * k, partial, k > 0);
+    }
+    wgmma_commit_group();
+}
+
+}  // namespace deepgemm::ptx
