@@ -97,7 +97,6 @@ class KGroupedPlan:
         self.tiles_per_group = ceil_div(spec.m, BLOCK_M) * ceil_div(spec.n, spec.block_n)
         self.num_sms = sm_count(device_index)
         self._args: dict[tuple[int, ...], PackedArgs] = {}
-        self._configs: dict[tuple[int, int], object] = {}
 
     def _pack(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, k_offsets: torch.Tensor,
               groups: int, d: torch.Tensor, c: torch.Tensor | None) -> PackedArgs:
@@ -128,9 +127,7 @@ class KGroupedPlan:
             args = self._args[key] = self._pack(a, sfa, b, sfb, k_offsets, groups, d, c)
         grid = max(1, min(self.num_sms, groups * self.tiles_per_group))
         stream = current_raw_stream(self.device_index)
-        config = self._configs.get((stream, grid))
-        if config is None:
-            config = self._configs[(stream, grid)] = self.kernel.launch_config(self.device_index, stream, grid, THREADS)
+        config = self.kernel.launch_config(self.device_index, stream, grid, THREADS)  # cached per stream and grid
         launch_on_device(self.kernel, self.device_index, stream, config, args.address)
 
 
