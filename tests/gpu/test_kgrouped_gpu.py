@@ -113,12 +113,15 @@ def test_k_grouped_new_ks_then_side_stream() -> None:
     """Offsets uploaded on one stream are waited for, and kept alive, when another stream uses them."""
     m, n, ks = 256, 256, [128, 384, 0]
     a, b = operands(m, n, sum(ks), seed=21)
-    expected = deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, torch.empty(len(ks), m, n, device="cuda"), ks)
+    expected = deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, torch.full((len(ks), m, n), float("nan"), device="cuda"), ks)
     fresh_ks = [256, 256, 0]  # a new ks: uploaded on the default stream, then used at once on a side stream
-    first = deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, torch.empty(len(ks), m, n, device="cuda"), fresh_ks)
     side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+    torch.cuda.synchronize()  # inputs ready; the side stream is NOT ordered after the upload below
+    first = deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, torch.full((len(ks), m, n), float("nan"), device="cuda"), fresh_ks)
     with torch.cuda.stream(side):
-        again = deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, torch.empty(len(ks), m, n, device="cuda"), fresh_ks)
+        again = deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, torch.full((len(ks), m, n), float("nan"), device="cuda"), fresh_ks)
     torch.cuda.current_stream().wait_stream(side)
-    assert torch.equal(first, again) and not torch.equal(first, expected)
+    assert torch.equal(first, again) and not torch.equal(first, expected)  # NaN-poisoned: unwritten never equal
+    refs, abs_refs = references(a, b, fresh_ks, None)
+    for g in (0, 1):
+        assert_close_to_reference(again[g], refs[g], abs_refs[g], max_diff=1e-5)
