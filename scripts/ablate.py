@@ -8,9 +8,13 @@ Variants:
   no_mma      wgmma instructions removed (loads, barriers, promotion, epilogue remain)
   no_loads    A/B TMA loads removed (MMAs read stale shared memory: no L2/HBM traffic for operands)
   no_store    epilogue store skipped (results are still reduced, so promotion stays)
+  mma_only    no_promote and no_loads together
 Usage: ablate.py [MxNxK ...]   (default: three M = 4096 shapes). Prints a table of median µs.
-ABLATE_CONFIG=bm,bn,cluster_m[;bm,bn,cluster_m...] times those tiles instead of the cost model's pick
-(one row per shape and tile); ABLATE_VARIANTS=base,no_mma,... limits the variants.
+ABLATE_CONFIG=bm,bn,cluster_m[,stages][;...] times those tiles (deepest pipeline unless stages is given)
+instead of the cost model's pick
+(one row per shape and tile); ABLATE_VARIANTS=base,no_mma,... limits the variants. ABLATE_POWER=1 also runs
+each variant back to back for 1.5 s and reports its SM clock, power and TFLOPS per GHz (scripts/power_probe.py):
+under the power cap a removed part can look faster only because the clock rose.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the package and tests.helpers, run from anywhere
 KERNEL = "deepgemm/kernels/sm90_fp8_gemm_1d2d.cuh"
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "base": [],
@@ -43,6 +49,7 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         " thread_in_wg, barrier_id);\n",
     )],
 }
+VARIANTS["mma_only"] = VARIANTS["no_promote"] + VARIANTS["no_loads"]  # the MMAs, barriers and epilogue alone
 SHAPES = ["4096x7168x16384", "4096x4096x7168", "4096x2112x7168"]
 
 
@@ -69,8 +76,8 @@ def chosen_config(m: int, n: int, k: int):  # noqa: ANN201 - GemmConfig, importe
     override = os.environ.get("ABLATE_CONFIG")
     if not override:
         return choose_fp8_gemm_config(m, n, k, sm_count(0))
-    bm, bn, cm = (int(v) for v in override.split(","))
-    return make_config(m, n, k, bm, bn, sm_count(0), 2, cluster_m=cm)
+    bm, bn, cm, *stages = (int(v) for v in override.split(","))
+    return make_config(m, n, k, bm, bn, sm_count(0), 2, cluster_m=cm, num_stages=stages[0] if stages else None)
 
 
 def compile_one(shape: str) -> None:
@@ -95,6 +102,11 @@ def time_one(shape: str) -> None:
     a, b = random_operands(m, n, k, "cuda", seed=1)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     t = bench_gpu(lambda: plan.launch(a[0], a[1], b[0], b[1], out), iters=30, warmup=3)
+    if os.environ.get("ABLATE_POWER") == "1":
+        from power_probe import sample_while
+
+        steady_us, mhz, watts, _ = sample_while(lambda: plan.launch(a[0], a[1], b[0], b[1], out), 1.5)
+        print(f"power: {steady_us:.1f} {mhz:.0f} {watts:.0f}")
     print(f"{t.median_us:.1f} {config.label()}")
 
 
@@ -114,7 +126,7 @@ def main() -> None:
 
     def runs(name: str, tile: str) -> bool:
         # Without operand loads a multicast cluster never completes its transaction counts: skip.
-        return not (name == "no_loads" and tile.endswith(",2"))
+        return not (name == "no_loads" and tile.split(",")[2:3] == ["2"])
 
     jobs = [(name, shape, tile) for name in names for shape in shapes for tile in tiles if runs(name, tile)]
     with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:  # compile every variant up front, in parallel
@@ -132,13 +144,20 @@ def main() -> None:
                 try:
                     done = subprocess.run([sys.executable, __file__, "--time", shape], env=env_for(name, tile),
                                           capture_output=True, text=True, timeout=60)
-                    last = (done.stdout.strip().splitlines() or ["?"])[-1]
+                    lines = done.stdout.strip().splitlines() or ["?"]
+                    last = lines[-1]
+                    power = [line.split()[1:] for line in lines if line.startswith("power: ")]
                     if done.returncode:
                         row.append(f"rc{done.returncode}")
                         print(done.stderr[-2000:], file=sys.stderr)
                     else:
                         us = float(last.split()[0])
-                        row.append(f"{us:.1f} ({2 * m * n * k / us / 1e6:.0f})")
+                        cell = f"{us:.1f} ({2 * m * n * k / us / 1e6:.0f})"
+                        if power:  # steady state, back to back: µs, SM MHz, W and TFLOPS per GHz
+                            steady_us, mhz, watts = (float(v) for v in power[0])
+                            per_ghz = 2 * m * n * k / steady_us / 1e6 / (mhz / 1e3)
+                            cell += f" steady {steady_us:.0f} µs @{mhz:.0f} MHz {watts:.0f} W = {per_ghz:.0f}/GHz"
+                        row.append(cell)
                         if not tile:
                             row[1] = " ".join(last.split()[1:4])
                 except subprocess.TimeoutExpired:

@@ -120,10 +120,20 @@ def spans_at_most_two_scale_blocks(block_n: int) -> bool:
 
 
 MIN_M_FOR_BLOCK_M_256 = 512
+# Contiguous grouped GEMMs: a 256-row block whose halves belong to two experts runs as two 128-row
+# half tiles (each still loading 256 rows of A), so block_m 256 needs long expert segments. With at
+# least 1024 rows per expert on average at most one block in four is split.
+MIN_ROWS_PER_GROUP_FOR_BLOCK_M_256 = 1024
+
+
+def contiguous_allows_block_m_256(m_total: int, groups: int) -> bool:
+    """block_m 256 for the contiguous MoE layout only when the average expert segment is long."""
+    return m_total >= MIN_M_FOR_BLOCK_M_256 and m_total >= MIN_ROWS_PER_GROUP_FOR_BLOCK_M_256 * max(groups, 1)
 
 
 def candidate_tiles(m: int, n: int, allow_block_m_256: bool = True) -> list[tuple[int, int]]:
-    """Feasible (block_m, block_n): block_m 256 only for dense GEMMs with M >= 512, with block_n 128
+    """Feasible (block_m, block_n): block_m 256 only where allowed (dense, long contiguous segments) with
+    M >= 512, with block_n 128
     (256 x 64 measured slower than 128 x 128 on 4096x2112x7168 although it fills whole waves)."""
     block_ms = [64] if m <= 64 else [64, 128]
     widest_useful = max(align_up(n, 8), 16)
@@ -139,9 +149,13 @@ def candidate_tiles(m: int, n: int, allow_block_m_256: bool = True) -> list[tupl
 
 
 def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int, out_elem_bytes: int = 2,
-                cluster_m: int | None = None) -> GemmConfig:
-    """A complete config for a tile choice: deepest pipeline that fits, cluster and pipelining rules."""
-    stages = max_stages(block_m, block_n, k, out_elem_bytes)
+                cluster_m: int | None = None, num_stages: int | None = None) -> GemmConfig:
+    """A complete config for a tile choice: deepest pipeline that fits (or `num_stages`), cluster and
+    pipelining rules."""
+    deepest = max_stages(block_m, block_n, k, out_elem_bytes)
+    if num_stages is not None and not 2 <= num_stages <= deepest:
+        raise ValueError(f"num_stages must be in [2, {deepest}] for block {block_m}x{block_n}, k={k}; got {num_stages}")
+    stages = deepest if num_stages is None else num_stages
     return GemmConfig(
         block_m=block_m,
         block_n=block_n,
@@ -175,7 +189,8 @@ def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes:
                            allow_block_m_256: bool = True) -> GemmConfig:
     """Pick block sizes and stages for D[m, n] = A[m, k] B[n, k]^T on `num_sms` SMs.
 
-    Grouped GEMMs pass allow_block_m_256=False: their M-blocks must not span two groups."""
+    Masked grouped GEMMs pass allow_block_m_256=False (tiles follow each group's rows); contiguous ones
+    allow it for long expert segments (contiguous_allows_block_m_256)."""
     if min(m, n, k) <= 0 or num_sms <= 0:
         raise ValueError(f"choose_fp8_gemm_config needs positive m, n, k, num_sms; got {m}, {n}, {k}, {num_sms}")
     ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes, allow_block_m_256)

@@ -12,7 +12,7 @@ import torch
 
 from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
-from deepgemm.configs.heuristics import make_config, spans_at_most_two_scale_blocks
+from deepgemm.configs.heuristics import contiguous_allows_block_m_256, make_config, spans_at_most_two_scale_blocks
 from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
@@ -248,7 +248,7 @@ def get_grouped_plan(device_index: int, kind: GemmKind, geometry: Geometry, n: i
                              4 if out_dtype == torch.float32 else 2, cluster_m=1)
     else:
         base = choose_fp8_gemm_config(max(work_m, 1), n, k, sms, 4 if out_dtype == torch.float32 else 2,
-                                      allow_block_m_256=False)
+                                      allow_block_m_256=contiguous_allows_block_m_256(work_m, geometry.groups))
         config = make_config(max(work_m, 1), n, k, base.block_m, base.block_n, sms,
                              4 if out_dtype == torch.float32 else 2, cluster_m=1)
     spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config, kind=kind)

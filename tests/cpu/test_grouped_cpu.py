@@ -136,3 +136,29 @@ def test_contiguous_psum_kernel_compiles_without_spills() -> None:
         compiled = compile_spec(Fp8GemmSpec(4096, 7168, out_dtype, config, GemmKind.GROUPED_CONTIGUOUS_PSUM))
         assert compiled.resources is not None
         assert (compiled.resources.spill_stores, compiled.resources.stack_frame) == (0, 0)
+
+
+@pytest.mark.parametrize("kind_name", ["GROUPED_CONTIGUOUS", "GROUPED_CONTIGUOUS_PSUM"])
+def test_contiguous_block_m_256_compiles_without_spills(kind_name: str) -> None:
+    """block_m 256 (two waves per warpgroup, half tiles at expert boundaries) for both contiguous forms."""
+    from deepgemm.configs.heuristics import make_config
+    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, compile_spec
+
+    for out_dtype in (torch.bfloat16, torch.float32):
+        config = make_config(32768, 4096, 7168, 256, 128, 132, 4 if out_dtype == torch.float32 else 2, cluster_m=1)
+        assert not config.pipelined
+        compiled = compile_spec(Fp8GemmSpec(4096, 7168, out_dtype, config, GemmKind[kind_name]))
+        assert compiled.resources is not None
+        assert (compiled.resources.spill_stores, compiled.resources.stack_frame) == (0, 0)
+
+
+def test_contiguous_block_m_256_needs_long_expert_segments() -> None:
+    from deepgemm.configs.heuristics import choose_fp8_gemm_config, contiguous_allows_block_m_256
+
+    assert contiguous_allows_block_m_256(4 * 8192, 4) and contiguous_allows_block_m_256(8 * 4096, 8)
+    assert not contiguous_allows_block_m_256(256 * 128, 256)  # decode-sized experts: half tiles everywhere
+    assert not contiguous_allows_block_m_256(384, 1)  # below the dense minimum too
+    assert contiguous_allows_block_m_256(1024, 1) and not contiguous_allows_block_m_256(1024, 2)
+    # Where it is allowed the cost model takes it for these MoE shapes, as for dense M = 4096.
+    for n, k in ((4096, 7168), (7168, 2048)):
+        assert choose_fp8_gemm_config(32768, n, k, 132, allow_block_m_256=True).block_m == 256

@@ -33,8 +33,11 @@ def poison_padding(a: tuple[torch.Tensor, torch.Tensor], m_indices: torch.Tensor
 
 
 def check_contiguous(counts: list[int], n: int, k: int, seed: int, extra_padding_segments: int = 0) -> None:
-    m_indices = contiguous_layout(counts, extra_padding_segments)
-    groups = len(counts)
+    check_contiguous_indices(contiguous_layout(counts, extra_padding_segments), len(counts), n, k, seed)
+
+
+def check_contiguous_indices(m_indices: torch.Tensor, groups: int, n: int, k: int, seed: int) -> None:
+    """One contiguous GEMM on a NaN-poisoned output against float64, segment by segment; padding rows zero."""
     a = random_activations(m_indices.numel(), k, "cuda", seed)
     poison_padding(a, m_indices)
     b = random_grouped_weights(groups, n, k, "cuda", seed + 1)
@@ -49,12 +52,11 @@ def check_contiguous(counts: list[int], n: int, k: int, seed: int, extra_padding
     ref_abs = m_grouped_contiguous_reference(a_clean[0].float().abs(), a_clean[1].abs(), b[0].float().abs(), b[1].abs(),
                                              m_indices.cuda(), torch.float64)
     assert (out[~valid.cuda()] == 0).all(), "padding rows must be zero"
-    start = 0
-    for group, count in enumerate(counts):
-        rows = slice(start, start + count)
-        if count:
-            assert_close_to_reference(out[rows], ref[rows], ref_abs[rows])
-        start += -(-count // ALIGN) * ALIGN
+    for start in range(0, m_indices.numel(), ALIGN):
+        rows = slice(start, start + ALIGN)
+        seg_valid = valid[rows].cuda()
+        if seg_valid.any():
+            assert_close_to_reference(out[rows][seg_valid], ref[rows][seg_valid], ref_abs[rows][seg_valid])
 
 
 @pytest.mark.parametrize("counts,n,k", [
@@ -73,6 +75,55 @@ def test_contiguous_random_experts_with_padding_segment() -> None:
         groups = rng.choice([1, 9, 64, 256])
         counts = [rng.choice([0, rng.randint(1, 40), rng.randint(1, 300)]) for _ in range(groups)]
         check_contiguous(counts, 512, 1024, seed=trial, extra_padding_segments=1)
+
+
+def planned_block_m(m_total: int, groups: int, n: int, k: int) -> int:
+    from deepgemm.kernels.fp8_gemm import Geometry, GemmKind, get_grouped_plan
+
+    plan = get_grouped_plan(0, GemmKind.GROUPED_CONTIGUOUS, Geometry(rows=m_total, groups=groups), n, k,
+                            torch.bfloat16, m_total)
+    return plan.spec.config.block_m
+
+
+def segments(*parts: tuple[int, int]) -> torch.Tensor:
+    """m_indices from (group, valid rows) segments, each padded to 128 rows; group -1 is a padding segment."""
+    indices: list[int] = []
+    for group, count in parts:
+        padded = max(-(-count // ALIGN), 1) * ALIGN
+        indices += ([group] * count + [-1] * (padded - count)) if group >= 0 else [-1] * padded
+    return torch.tensor(indices, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("n,k", [(4096, 7168), (2048, 1024)])
+def test_contiguous_block_m_256_half_tiles(n: int, k: int) -> None:
+    """Long experts run 256-row tiles; a 256-row block whose halves hold two experts, an expert and padding,
+    or padding and an expert runs as two half tiles. Every kind of boundary is in this layout."""
+    m_indices = segments((0, 1000), (-1, 128), (1, 1100), (2, 0), (3, 2300), (4, 129), (5, 3000), (-1, 128),
+                         (6, 1900))
+    groups = 7
+    assert m_indices.numel() % 256 == 128  # and a tail block with one half
+    assert planned_block_m(m_indices.numel(), groups, n, k) == 256
+    starts = {int(s) for s in range(0, m_indices.numel(), ALIGN)}
+    first = {s: int(m_indices[s]) for s in starts}
+    pairs = {(first[s], first[s + ALIGN]) for s in starts if s % 256 == 0 and s + ALIGN in starts}
+    assert any(a >= 0 and b >= 0 and a != b for a, b in pairs), "two experts in one block"
+    assert any(a >= 0 > b for a, b in pairs) and any(b >= 0 > a for a, b in pairs), "expert/padding halves"
+    check_contiguous_indices(m_indices, groups, n, k, seed=n)
+
+
+def test_contiguous_psum_block_m_256_matches_m_indices_form() -> None:
+    counts = [1000, 1100, 0, 2300, 129, 3000]
+    m_indices = contiguous_layout(counts, extra_padding_segments=1)
+    assert planned_block_m(m_indices.numel(), len(counts), 4096, 2048) == 256
+    a = random_activations(m_indices.numel(), 2048, "cuda", 5)
+    poison_padding(a, m_indices)
+    b = random_grouped_weights(len(counts), 4096, 2048, "cuda", 6)
+    by_psum = torch.full((m_indices.numel(), 4096), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, by_psum, psum_of(counts).cuda())
+    by_index = torch.full_like(by_psum, float("nan"))
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, by_index, m_indices.cuda())
+    assert torch.equal(by_psum, by_index)
+    check_contiguous(counts, 4096, 2048, seed=11, extra_padding_segments=1)
 
 
 def psum_of(counts: list[int]) -> torch.Tensor:

@@ -91,8 +91,9 @@ template <u32 kN, u32 kK, u32 kBlockM, u32 kBlockN, u32 kNumStages, u32 kGroupM,
           bool kOutputFp32, GemmKind kKind = GemmKind::kDense>
 struct Sm90Fp8Gemm1D2D {
     static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 256, "block_m must be 64, 128 or 256");
-    static_assert(kBlockM != 256 || (!kPipelinedPromotion && kKind == GemmKind::kDense && 128 % kBlockN == 0),
-                  "block_m 256 (two waves per warpgroup) is dense-only, unpipelined, with block_n dividing 128");
+    static_assert(kBlockM != 256 || (!kPipelinedPromotion && kKind != GemmKind::kGroupedMasked && 128 % kBlockN == 0),
+                  "block_m 256 (two waves per warpgroup) is for dense and contiguous GEMMs, unpipelined, with "
+                  "block_n dividing 128");
     static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "block_n must be a multiple of 8 in [8, 256]");
     static_assert(kNumStages >= 2, "need at least two pipeline stages");
     static_assert(kClusterM == 1 || (kClusterM == 2 && kBlockN % 16 == 0), "multicast halves of B need block_n % 16 == 0");
@@ -285,15 +286,20 @@ struct Sm90Fp8Gemm1D2D {
 
             if (tile.padding) {
                 // Contiguous layout: a block of padding rows stores zeros and reads nothing.
-                if (has_rows) {
-                    float zeros[kStoreN / 2];
+                float zeros[kStoreN / 2];
 #pragma unroll
-                    for (u32 i = 0; i < kStoreN / 2; ++i) {
-                        zeros[i] = 0.0f;
+                for (u32 i = 0; i < kStoreN / 2; ++i) {
+                    zeros[i] = 0.0f;
+                }
+#pragma unroll
+                for (u32 w = 0; w < kNumWaves; ++w) {
+                    const u32 wave_offset = wave_row(w, math_wg) - first_row;
+                    if (row_in_tensor + wave_offset >= tile.rows) {
+                        break;
                     }
 #pragma unroll
                     for (u32 c = 0; c < kStoreChunks; ++c) {
-                        Store::store(zeros, d_tile, tma_d, col0 + c * kStoreN, row0, thread_in_wg, barrier_id);
+                        Store::store(zeros, d_tile, tma_d, col0 + c * kStoreN, row0 + wave_offset, thread_in_wg, barrier_id);
                     }
                 }
                 continue;
@@ -336,7 +342,8 @@ struct Sm90Fp8Gemm1D2D {
                 for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
 #pragma unroll
                     for (u32 w = 0; w < kNumWaves; ++w) {
-                        // Waves past M (block_m 256 tail tiles) issue nothing; TMA zero-filled their rows.
+                        // Waves past the tile's rows (block_m 256 tail tiles, and contiguous half tiles)
+                        // issue nothing; TMA zero-filled any rows past M.
                         if (w > 0 && row_in_tensor + (wave_row(w, math_wg) - first_row) >= tile.rows) {
                             break;
                         }
@@ -400,20 +407,23 @@ struct Sm90Fp8Gemm1D2D {
                 // Padding rows inside a computed block (m_indices == -1, or any index outside [0, G);
                 // psum form: rows past the group's end) are stored as zeros.
 #pragma unroll
-                for (u32 half = 0; half < 2; ++half) {
-                    const u32 row = row0 + row_in_wg + half * 8;
-                    bool padding_row;
-                    if constexpr (kKind == GemmKind::kGroupedContiguous) {
-                        padding_row = row < problem.m &&
-                                      static_cast<u32>(__ldg(problem.grouping + row)) >= problem.num_groups;
-                    } else {
-                        padding_row = row >= tile.valid_end;
-                    }
-                    if (padding_row) {
+                for (u32 w = 0; w < kNumWaves; ++w) {
 #pragma unroll
-                        for (u32 j = 0; j < kBlockN / 8; ++j) {
-                            result[j * 4 + half * 2] = 0.0f;
-                            result[j * 4 + half * 2 + 1] = 0.0f;
+                    for (u32 half = 0; half < 2; ++half) {
+                        const u32 row = row0 + (wave_row(w, math_wg) - first_row) + row_in_wg + half * 8;
+                        bool padding_row;
+                        if constexpr (kKind == GemmKind::kGroupedContiguous) {
+                            padding_row = row < problem.m &&
+                                          static_cast<u32>(__ldg(problem.grouping + row)) >= problem.num_groups;
+                        } else {
+                            padding_row = row >= tile.valid_end;
+                        }
+                        if (padding_row) {
+#pragma unroll
+                            for (u32 j = 0; j < kBlockN / 8; ++j) {
+                                results[w][j * 4 + half * 2] = 0.0f;
+                                results[w][j * 4 + half * 2 + 1] = 0.0f;
+                            }
                         }
                     }
                 }

@@ -8,6 +8,9 @@
 //   valid rows; group g starts at align_up(psum[g - 1], 128) (psum[-1] = 0). Rows in no group's
 //   [start, end) are padding. M-blocks are visited in increasing order by each CTA, so a forward-only
 //   cursor finds each block's group with at most G reads of psum per CTA.
+// Contiguous with block_m 256: a 256-row block whose two 128-row halves belong to different groups
+//   (or one half is padding) is issued as two half tiles, each computing only its first 128-row wave
+//   (GroupedTile::rows ends the first at the half boundary; the second starts at row_begin = 128).
 // Masked: A is [G, max_m, K]; group g has masked_m[g] valid rows (read from device memory, so a CUDA
 //   graph can replay with new counts). Tiles are numbered group by group, M-block fastest.
 #pragma once
@@ -25,17 +28,30 @@ struct GroupedTile {
     u32 valid_end;  // contiguous psum form: rows at or past this one (in the block's group) are padding
 };
 
+// Rows of one aligned contiguous segment: a group never starts inside these.
+constexpr u32 kContiguousSegmentRows = 128;
+
 template <u32 kBlockM, u32 kNumNBlocks>
 struct ContiguousTileScheduler {
+    static_assert(kBlockM <= 2 * kContiguousSegmentRows, "a block spans at most two segments");
+    static constexpr bool kMaySplit = kBlockM > kContiguousSegmentRows;
     const i32* m_indices;
     u32 m_total;
     u32 num_groups;
     u32 num_tiles;
     u32 next_tile;
+    u32 half;  // 1 while the second half of a split block is due
 
     DG_DEVICE ContiguousTileScheduler(const i32* indices, u32 m, u32 groups)
         : m_indices(indices), m_total(m), num_groups(groups), num_tiles(ceil_div(m, kBlockM) * kNumNBlocks),
-          next_tile(blockIdx.x) {}
+          next_tile(blockIdx.x), half(0) {}
+
+    // The group of the segment starting at `row`; num_groups for padding. An index outside
+    // [0, num_groups) is treated as padding: B and sfb are never read out of bounds.
+    DG_DEVICE u32 group_of(u32 row) const {
+        const i32 group = __ldg(m_indices + row);
+        return group < 0 || static_cast<u32>(group) >= num_groups ? num_groups : static_cast<u32>(group);
+    }
 
     // N-block fastest for one M-block: consecutive CTAs share the A rows and walk the expert's weights.
     DG_DEVICE bool next(GroupedTile& tile) {
@@ -44,37 +60,64 @@ struct ContiguousTileScheduler {
         }
         tile.m_block = next_tile / kNumNBlocks;
         tile.n_block = next_tile % kNumNBlocks;
-        const i32 group = __ldg(m_indices + tile.m_block * kBlockM);
-        // An index outside [0, num_groups) is treated as padding: B and sfb are never read out of bounds.
-        tile.padding = group < 0 || static_cast<u32>(group) >= num_groups;
-        tile.group = tile.padding ? 0 : static_cast<u32>(group);
+        const u32 row = tile.m_block * kBlockM;
+        const u32 group = group_of(row + half * kContiguousSegmentRows);
         tile.row_begin = 0;
         tile.rows = m_total;
-        next_tile += gridDim.x;
+        if constexpr (kMaySplit) {
+            if (half == 1) {
+                tile.row_begin = kContiguousSegmentRows;
+                tile.rows = min(row + kContiguousSegmentRows, m_total - kContiguousSegmentRows);
+                half = 0;
+            } else if (row + kContiguousSegmentRows < m_total && group_of(row + kContiguousSegmentRows) != group) {
+                tile.rows = row + kContiguousSegmentRows;
+                half = 1;
+            }
+        }
+        tile.padding = group == num_groups;
+        tile.group = tile.padding ? 0 : group;
+        if (half == 0) {
+            next_tile += gridDim.x;
+        }
         return true;
     }
 };
 
 template <u32 kBlockM, u32 kNumNBlocks>
 struct ContiguousPsumTileScheduler {
-    static constexpr u32 kAlignment = 128;
+    static_assert(kBlockM <= 2 * kContiguousSegmentRows, "a block spans at most two segments");
+    static constexpr bool kMaySplit = kBlockM > kContiguousSegmentRows;
     const i32* psum;
     u32 m_total;
     u32 num_groups;
     u32 num_tiles;
     u32 next_tile;
-    u32 group;       // cursor: first group whose end row is past the current block's first row
+    u32 half;        // 1 while the second half of a split block is due
+    u32 group;       // cursor: first group whose end row is past the current segment's first row
     u32 group_end;   // psum[group], clamped to [0, m_total]
     u32 prev_end;    // psum[group - 1] (0 for group 0), clamped
 
     DG_DEVICE ContiguousPsumTileScheduler(const i32* ends, u32 m, u32 groups)
         : psum(ends), m_total(m), num_groups(groups), num_tiles(ceil_div(m, kBlockM) * kNumNBlocks),
-          next_tile(blockIdx.x), group(0), group_end(0), prev_end(0) {
+          next_tile(blockIdx.x), half(0), group(0), group_end(0), prev_end(0) {
         group_end = load_end(0);
     }
 
     DG_DEVICE u32 load_end(u32 g) const {
         return g < num_groups ? min(static_cast<u32>(max(__ldg(psum + g), 0)), m_total) : m_total;
+    }
+
+    // The group of the segment starting at `row` (num_groups for padding) and its end of valid rows.
+    // Rows must not decrease from call to call: the cursor only moves forward.
+    DG_DEVICE u32 group_at(u32 row, u32& valid_end) {
+        while (group < num_groups && group_end <= row) {
+            prev_end = max(prev_end, group_end);  // a decreasing psum (invalid) cannot move starts back
+            group_end = load_end(++group);
+        }
+        const u32 start = align_up(prev_end, kContiguousSegmentRows);
+        const bool padding = group >= num_groups || row < start || row >= group_end;
+        valid_end = padding ? 0 : group_end;
+        return padding ? num_groups : group;
     }
 
     DG_DEVICE bool next(GroupedTile& tile) {
@@ -83,18 +126,27 @@ struct ContiguousPsumTileScheduler {
         }
         tile.m_block = next_tile / kNumNBlocks;
         tile.n_block = next_tile % kNumNBlocks;
-        const u32 block_row = tile.m_block * kBlockM;
-        while (group < num_groups && group_end <= block_row) {
-            prev_end = max(prev_end, group_end);  // a decreasing psum (invalid) cannot move starts back
-            group_end = load_end(++group);
-        }
-        const u32 start = align_up(prev_end, kAlignment);
-        tile.padding = group >= num_groups || block_row < start || block_row >= group_end;
-        tile.group = tile.padding ? 0 : group;
-        tile.valid_end = tile.padding ? 0 : group_end;
+        const u32 row = tile.m_block * kBlockM;
+        const u32 found = group_at(row + half * kContiguousSegmentRows, tile.valid_end);
         tile.row_begin = 0;
         tile.rows = m_total;
-        next_tile += gridDim.x;
+        if constexpr (kMaySplit) {
+            u32 second_end;
+            if (half == 1) {
+                tile.row_begin = kContiguousSegmentRows;
+                tile.rows = min(row + kContiguousSegmentRows, m_total - kContiguousSegmentRows);
+                half = 0;
+            } else if (row + kContiguousSegmentRows < m_total &&
+                       group_at(row + kContiguousSegmentRows, second_end) != found) {
+                tile.rows = row + kContiguousSegmentRows;
+                half = 1;
+            }
+        }
+        tile.padding = found == num_groups;
+        tile.group = tile.padding ? 0 : found;
+        if (half == 0) {
+            next_tile += gridDim.x;
+        }
         return true;
     }
 };
