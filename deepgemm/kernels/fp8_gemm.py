@@ -12,7 +12,8 @@ import torch
 
 from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
-from deepgemm.configs.heuristics import contiguous_allows_block_m_256, make_config, spans_at_most_two_scale_blocks
+from deepgemm.configs.heuristics import (contiguous_allows_block_m_256, make_config, masked_allows_block_m_256,
+                                        spans_at_most_two_scale_blocks)
 from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
@@ -243,8 +244,10 @@ def get_grouped_plan(device_index: int, kind: GemmKind, geometry: Geometry, n: i
     if kind == GemmKind.GROUPED_MASKED:
         # Same tile count and weight bytes as one GEMM of N x groups columns.
         base = choose_fp8_gemm_config(max(work_m, 1), n * geometry.groups, k, sms, 4 if out_dtype == torch.float32 else 2,
-                                      allow_block_m_256=False)
-        config = make_config(max(work_m, 1), n, k, base.block_m, max_block_n_for(n, base.block_n), sms,
+                                      allow_block_m_256=masked_allows_block_m_256(k))
+        # block_m 256 needs block_n dividing 128: it keeps the model's 128 columns.
+        block_n = base.block_n if base.block_m == 256 else max_block_n_for(n, base.block_n)
+        config = make_config(max(work_m, 1), n, k, base.block_m, block_n, sms,
                              4 if out_dtype == torch.float32 else 2, cluster_m=1)
     else:
         base = choose_fp8_gemm_config(max(work_m, 1), n, k, sms, 4 if out_dtype == torch.float32 else 2,

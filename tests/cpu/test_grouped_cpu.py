@@ -162,3 +162,19 @@ def test_contiguous_block_m_256_needs_long_expert_segments() -> None:
     # Where it is allowed the cost model takes it for these MoE shapes, as for dense M = 4096.
     for n, k in ((4096, 7168), (7168, 2048)):
         assert choose_fp8_gemm_config(32768, n, k, 132, allow_block_m_256=True).block_m == 256
+
+
+def test_masked_block_m_256_compiles_without_spills() -> None:
+    from deepgemm.configs.heuristics import make_config
+    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, compile_spec
+
+    config = make_config(1024, 4096, 7168, 256, 128, 132, 2, cluster_m=1)
+    compiled = compile_spec(Fp8GemmSpec(4096, 7168, torch.bfloat16, config, GemmKind.GROUPED_MASKED))
+    assert compiled.resources is not None
+    assert (compiled.resources.spill_stores, compiled.resources.stack_frame) == (0, 0)
+
+
+def test_masked_block_m_256_only_with_long_k() -> None:
+    from deepgemm.configs.heuristics import masked_allows_block_m_256
+
+    assert masked_allows_block_m_256(7168) and not masked_allows_block_m_256(2048)

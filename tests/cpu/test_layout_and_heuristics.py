@@ -278,3 +278,15 @@ def test_smem_grows_with_stages_and_k() -> None:
     assert fp8_gemm_smem_bytes(128, 128, 4, 7168, 4) > base
     # block_m 256 stores 64-column chunks: one 8 KB buffer per math warpgroup (plus its sfb rows).
     assert fp8_gemm_smem_bytes(256, 128, 4, 7168, 2) == 4 * (256 * 128 + 128 * 128 + 256 * 4) + 2 * (64 * 128 + 256) + 64
+
+
+def test_make_config_takes_a_pipeline_depth_within_what_fits() -> None:
+    from deepgemm.configs.heuristics import make_config, max_stages
+
+    deepest = max_stages(128, 128, 7168, 2)
+    assert make_config(4096, 2112, 7168, 128, 128, 132).num_stages == deepest
+    shallow = make_config(4096, 2112, 7168, 128, 128, 132, num_stages=3)
+    assert shallow.num_stages == 3 and shallow.smem_bytes == fp8_gemm_smem_bytes(128, 128, 3, 7168, 2)
+    for bad in (1, deepest + 1):
+        with pytest.raises(ValueError, match="num_stages"):
+            make_config(4096, 2112, 7168, 128, 128, 132, num_stages=bad)

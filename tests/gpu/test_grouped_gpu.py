@@ -231,3 +231,20 @@ def test_masked_graph_replay_with_new_counts() -> None:
         graph.replay()
         torch.cuda.synchronize()
         check_masked(out, a, b, masked_m.cpu())
+
+
+def test_masked_block_m_256_tails() -> None:
+    """Large masked groups with long K run 256-row tiles; a group's last tile computes (and stores) only the
+    64-row pieces that start below masked_m, like 128-row tiles do."""
+    from deepgemm.kernels.fp8_gemm import Geometry, GemmKind, get_grouped_plan
+
+    groups, max_m, n, k = 4, 1024, 2048, 7168
+    geometry = Geometry(rows=groups * max_m, groups=groups, max_m=max_m, tiles_known=False)
+    plan = get_grouped_plan(0, GemmKind.GROUPED_MASKED, geometry, n, k, torch.bfloat16, 512)
+    assert plan.spec.config.block_m == 256
+    a, b = masked_inputs(groups, max_m, n, k, seed=21)
+    for counts in ([1024, 300, 0, 129], [64, 1000, 257, 1]):
+        masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        out = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=512)
+        check_masked(out, a, b, masked_m.cpu())

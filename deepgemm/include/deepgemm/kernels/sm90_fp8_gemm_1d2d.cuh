@@ -11,7 +11,9 @@
 //               128v + 64w for wave v of warpgroup w, sharing the stage's B tile): wgmma from shared
 //               memory, release the stage, then promote with sfa (per row, from the stage) x sfb (per
 //               128 columns); with kPipelinedPromotion the next K block's MMAs are issued into a second
-//               accumulator first;
+//               accumulator first. block_m 256 serves dense GEMMs, masked groups (a group's last tile
+//               skips the waves past its rows) and the contiguous layout (a block whose two 128-row
+//               halves hold different experts runs as two half tiles, see grouped_tiles.cuh);
 //   epilogue  - registers -> shared memory -> TMA store (clipped at the tensor's edges).
 // M is a run-time value; N, K and every tile constant are compile-time.
 #pragma once
@@ -91,9 +93,8 @@ template <u32 kN, u32 kK, u32 kBlockM, u32 kBlockN, u32 kNumStages, u32 kGroupM,
           bool kOutputFp32, GemmKind kKind = GemmKind::kDense>
 struct Sm90Fp8Gemm1D2D {
     static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 256, "block_m must be 64, 128 or 256");
-    static_assert(kBlockM != 256 || (!kPipelinedPromotion && kKind != GemmKind::kGroupedMasked && 128 % kBlockN == 0),
-                  "block_m 256 (two waves per warpgroup) is for dense and contiguous GEMMs, unpipelined, with "
-                  "block_n dividing 128");
+    static_assert(kBlockM != 256 || (!kPipelinedPromotion && 128 % kBlockN == 0),
+                  "block_m 256 (two waves per warpgroup) is unpipelined, with block_n dividing 128");
     static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "block_n must be a multiple of 8 in [8, 256]");
     static_assert(kNumStages >= 2, "need at least two pipeline stages");
     static_assert(kClusterM == 1 || (kClusterM == 2 && kBlockN % 16 == 0), "multicast halves of B need block_n % 16 == 0");
