@@ -124,16 +124,10 @@ MIN_M_FOR_BLOCK_M_256 = 512
 # half tiles (each still loading 256 rows of A), so block_m 256 needs long expert segments. With at
 # least 1024 rows per expert on average at most one block in four is split.
 MIN_ROWS_PER_GROUP_FOR_BLOCK_M_256 = 1024
-
-
 # Masked grouped GEMMs: block_m 256 measured +4% on the K = 7168 cases (1 x ~1024 and 2 x ~512 rows,
 # N = 4096) and -11% / -24% on the K = 2048 ones (N = 7168): with short K the unpipelined 256-row tiles,
 # often half empty at the end of a group, lose to pipelined 128-row tiles.
 MIN_K_FOR_MASKED_BLOCK_M_256 = 4096
-
-
-def masked_allows_block_m_256(k: int) -> bool:
-    return k >= MIN_K_FOR_MASKED_BLOCK_M_256
 
 
 def contiguous_allows_block_m_256(m_total: int, groups: int) -> bool:
@@ -141,9 +135,14 @@ def contiguous_allows_block_m_256(m_total: int, groups: int) -> bool:
     return m_total >= MIN_M_FOR_BLOCK_M_256 and m_total >= MIN_ROWS_PER_GROUP_FOR_BLOCK_M_256 * max(groups, 1)
 
 
+def masked_allows_block_m_256(k: int) -> bool:
+    """block_m 256 for masked groups only with long K."""
+    return k >= MIN_K_FOR_MASKED_BLOCK_M_256
+
+
 def candidate_tiles(m: int, n: int, allow_block_m_256: bool = True) -> list[tuple[int, int]]:
-    """Feasible (block_m, block_n): block_m 256 only where allowed (dense, long contiguous segments) with
-    M >= 512, with block_n 128
+    """Feasible (block_m, block_n): block_m 256 only where allowed (dense; grouped under the rules above)
+    with M >= 512, with block_n 128
     (256 x 64 measured slower than 128 x 128 on 4096x2112x7168 although it fills whole waves)."""
     block_ms = [64] if m <= 64 else [64, 128]
     widest_useful = max(align_up(n, 8), 16)
