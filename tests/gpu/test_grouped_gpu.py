@@ -86,7 +86,8 @@ def planned_block_m(m_total: int, groups: int, n: int, k: int) -> int:
 
 
 def segments(*parts: tuple[int, int]) -> torch.Tensor:
-    """m_indices from (group, valid rows) segments, each padded to 128 rows; group -1 is a padding segment."""
+    """m_indices from (group, valid rows) segments, each padded to 128 rows; group -1 (or 0 rows) is a
+    segment of padding."""
     indices: list[int] = []
     for group, count in parts:
         padded = max(-(-count // ALIGN), 1) * ALIGN
