@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: scripts/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench grouped kgrouped ablate clusters ncu (default: the first
-# seven). ablate times the FP8 GEMM with one part removed at a time (scripts/ablate.py).
+# Steps: install smoke tests sanitize host sass bench grouped kgrouped ablate clusters ncu power overlap (default:
+# the first seven). ablate times the FP8 GEMM with one part removed at a time (scripts/ablate.py); power compares
+# steady-state clock and TFLOPS/GHz with cuBLAS (scripts/power_probe.py); overlap asks whether FFMAs overlap wgmma
+# (scripts/overlap_probe.py).
 set -uo pipefail
 OUT=${OUT:-/tmp/deepgemm-out}
 mkdir -p "$OUT"
@@ -58,6 +60,12 @@ if has kgrouped; then
 fi
 if has ablate; then
   timeout 400 python3 scripts/ablate.py 2>&1 | tee "$OUT/ablate.md" | tail -5
+fi
+if has power; then
+  timeout 300 python3 scripts/power_probe.py ${POWER_SHAPES:-4096x7168x16384} 2>&1 | tee "$OUT/power.md" | tail -8
+fi
+if has overlap; then
+  timeout 120 python3 scripts/overlap_probe.py 2>&1 | tee "$OUT/overlap.md"
 fi
 if has clusters; then
   python3 - <<'PY'
