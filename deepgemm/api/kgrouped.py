@@ -91,7 +91,29 @@ class _DeviceOffsets:
 _offsets = _DeviceOffsets()
 
 
+# Validated `ks` lists/tuples of plain ints (so 128.0 or False never hit an entry made by 128 or 0): the
+# per-call check is then a hash of the values instead of a Python loop over G. Other inputs (tensors,
+# numpy integers) take the full check every call.
+_VALIDATED_KS: dict[tuple[int, ...], tuple[int, ...]] = {}
+_VALIDATED_KS_CAPACITY = 256
+_PLAIN_INT = {int}
+
+
 def _check_ks(ks: object, where: str) -> tuple[int, ...]:
+    key = tuple(ks) if isinstance(ks, (list, tuple)) and set(map(type, ks)) <= _PLAIN_INT else None
+    if key is not None:
+        hit = _VALIDATED_KS.get(key)
+        if hit is not None:
+            return hit
+    sizes = _validate_ks(ks, where)
+    if key is not None:
+        if len(_VALIDATED_KS) >= _VALIDATED_KS_CAPACITY:
+            _VALIDATED_KS.clear()
+        _VALIDATED_KS[key] = sizes
+    return sizes
+
+
+def _validate_ks(ks: object, where: str) -> tuple[int, ...]:
     if isinstance(ks, torch.Tensor):
         if ks.is_cuda:
             raise TypeError(f"{where}: 'ks' must be host values (a list of ints or a CPU tensor); a CUDA tensor would "

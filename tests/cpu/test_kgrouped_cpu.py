@@ -128,3 +128,20 @@ def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(ValueError, match="K_total=384"):
         fn(a, b, out, ks)
     assert len(launches) == 1
+
+
+def test_validated_ks_memo_keeps_the_type_rules() -> None:
+    """A ks list seen before skips the per-group loop, but equal floats or bools are still rejected."""
+    from deepgemm.api.kgrouped import _check_ks
+
+    sizes = [128 * (g % 5) for g in range(256)]
+    assert _check_ks(sizes, "w") == tuple(sizes)
+    assert _check_ks(tuple(sizes), "w") == tuple(sizes)  # a hit: same values
+    with pytest.raises(TypeError, match=r"ks\[0\]"):
+        _check_ks([0.0] + sizes[1:], "w")
+    with pytest.raises(TypeError, match=r"ks\[0\]"):
+        _check_ks([False] + sizes[1:], "w")
+    with pytest.raises(ValueError, match=r"ks\[1\]"):
+        _check_ks([0, 100], "w")
+    with pytest.raises(ValueError, match=r"ks\[1\]"):
+        _check_ks([0, 100], "w")  # a failed list is never remembered
