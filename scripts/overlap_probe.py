@@ -40,10 +40,11 @@ SOURCE = r"""
 using namespace deepgemm;
 using Mma = ptx::WgmmaFp8<128>;
 
+// 64 FFMAs with a loop-carried dependence (acc = acc * scale + x), so none can be hoisted out of the loop.
 DG_DEVICE void ffma_block(float (&acc)[64], const float (&x)[64], float scale) {
 #pragma unroll
     for (int j = 0; j < 64; ++j) {
-        acc[j] += scale * x[j];
+        acc[j] = fmaf(acc[j], scale, x[j]);
     }
 }
 

@@ -33,7 +33,7 @@ def sample_while(fn: Callable[[], Any], seconds: float) -> tuple[float, float, f
 
     sampler = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "50"],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    time.sleep(0.3)  # the sampler's first lines come late; the GPU is busy before we count
+    time.sleep(0.3)  # nvidia-smi's first samples come late (the GPU is idle meanwhile; see the trimming below)
     torch.cuda.synchronize()
     calls = 0
     start = time.perf_counter()

@@ -127,6 +127,28 @@ def test_contiguous_psum_block_m_256_matches_m_indices_form() -> None:
     check_contiguous(counts, 4096, 2048, seed=11, extra_padding_segments=1)
 
 
+def test_contiguous_block_m_256_on_few_sms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With fewer CTAs than N-blocks one CTA visits an M-block once per N-block; the psum cursor must still
+    find the block's first half (a look-ahead that moved it past there zeroed those rows). The layout also
+    ends in a block with one half."""
+    import deepgemm.kernels.fp8_gemm as fp8_gemm
+
+    monkeypatch.setattr(fp8_gemm, "sm_count", lambda device_index: 16)
+    counts, n, k = [1000, 1100, 0, 2300, 129, 3000], 4096, 1152  # a (n, k) no other test plans
+    m_indices = contiguous_layout(counts, extra_padding_segments=2)
+    assert m_indices.numel() % 256 == 128
+    assert planned_block_m(m_indices.numel(), len(counts), n, k) == 256
+    a = random_activations(m_indices.numel(), k, "cuda", 9)
+    poison_padding(a, m_indices)
+    b = random_grouped_weights(len(counts), n, k, "cuda", 10)
+    by_psum = torch.full((m_indices.numel(), n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, by_psum, psum_of(counts).cuda())
+    by_index = torch.full_like(by_psum, float("nan"))
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, by_index, m_indices.cuda())
+    assert torch.equal(by_psum, by_index)
+    check_contiguous_indices(m_indices, len(counts), n, k, seed=9)
+
+
 def psum_of(counts: list[int]) -> torch.Tensor:
     """Cumulative valid-row ends of the aligned contiguous layout (what the psum form takes)."""
     ends, start = [], 0

@@ -127,19 +127,26 @@ struct ContiguousPsumTileScheduler {
         tile.m_block = next_tile / kNumNBlocks;
         tile.n_block = next_tile % kNumNBlocks;
         const u32 row = tile.m_block * kBlockM;
-        const u32 found = group_at(row + half * kContiguousSegmentRows, tile.valid_end);
+        // The cursor only ever moves to block starts: the same CTA may visit this block again for its
+        // next N-block. The second half is looked up on a copy.
+        u32 found = group_at(row, tile.valid_end);
         tile.row_begin = 0;
         tile.rows = m_total;
         if constexpr (kMaySplit) {
-            u32 second_end;
-            if (half == 1) {
-                tile.row_begin = kContiguousSegmentRows;
-                tile.rows = min(row + kContiguousSegmentRows, m_total - kContiguousSegmentRows);
-                half = 0;
-            } else if (row + kContiguousSegmentRows < m_total &&
-                       group_at(row + kContiguousSegmentRows, second_end) != found) {
-                tile.rows = row + kContiguousSegmentRows;
-                half = 1;
+            if (row + kContiguousSegmentRows < m_total) {
+                ContiguousPsumTileScheduler ahead = *this;
+                u32 second_end;
+                const u32 second = ahead.group_at(row + kContiguousSegmentRows, second_end);
+                if (half == 1) {
+                    found = second;
+                    tile.valid_end = second_end;
+                    tile.row_begin = kContiguousSegmentRows;
+                    tile.rows = min(row + kContiguousSegmentRows, m_total - kContiguousSegmentRows);
+                    half = 0;
+                } else if (second != found) {
+                    tile.rows = row + kContiguousSegmentRows;
+                    half = 1;
+                }
             }
         }
         tile.padding = found == num_groups;

@@ -1,0 +1,249 @@
+// Host check of the grouped tile schedulers (deepgemm/scheduler/grouped_tiles.cuh), compiled with the
+// host C++ compiler by tests/cpu/test_grouped_schedulers.py. Every CTA of a persistent grid runs a
+// producer and a consumer copy of a scheduler; each tile is then "stored" the way the FP8 GEMM kernel
+// stores it (64-row pieces per warpgroup and wave, the same skip rules as sm90_fp8_gemm_1d2d.cuh), and
+// every output row of every N-block must be written exactly once with the right group (or as padding).
+// Random layouts over block_m 64/128/256, grid sizes below and above the tile count, both contiguous
+// forms and the masked form. Prints "failures: N" last; the exit status is 1 when N > 0.
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#define __host__
+#define __device__
+#define __forceinline__ inline
+struct HostDim {
+    unsigned x;
+};
+static HostDim blockIdx{0};
+static HostDim gridDim{1};
+static const int* g_valid_begin = nullptr;
+static const int* g_valid_end = nullptr;
+static long g_out_of_bounds_reads = 0;
+template <typename T>
+T __ldg(const T* p) {
+    if (p < g_valid_begin || p >= g_valid_end) {
+        ++g_out_of_bounds_reads;
+        return T(0);
+    }
+    return *p;
+}
+using std::max;
+using std::min;
+
+#include <deepgemm/ptx/types.cuh>
+#include <deepgemm/scheduler/grouped_tiles.cuh>
+
+using namespace deepgemm;
+
+namespace {
+
+constexpr int kPadding = -1;
+
+struct Written {
+    int group = -2;  // -2: never written
+    int writes = 0;
+};
+
+// Stores one tile like the kernel: for each math warpgroup and wave, a 64-row piece.
+template <u32 kBlockM>
+void store_tile(const GroupedTile& tile, bool psum, const std::vector<int>& m_indices, u32 num_groups,
+                std::vector<Written>& out, u32 m_limit) {
+    constexpr u32 kWarpgroups = kBlockM == 64 ? 1 : 2;
+    constexpr u32 kWaves = kBlockM / (64 * kWarpgroups);
+    for (u32 wg = 0; wg < kWarpgroups; ++wg) {
+        const u32 first_row = wg * 64;
+        const u32 row_in_tensor = tile.m_block * kBlockM + first_row;
+        const u32 row0 = tile.row_begin + row_in_tensor;
+        if (!tile.padding && row_in_tensor >= tile.rows) {
+            continue;  // this warpgroup has no rows: computes and stores nothing
+        }
+        for (u32 w = 0; w < kWaves; ++w) {
+            const u32 offset = (w * kWarpgroups + wg) * 64 - first_row;
+            if ((tile.padding || w > 0) && row_in_tensor + offset >= tile.rows) {
+                break;
+            }
+            for (u32 r = 0; r < 64; ++r) {
+                const u32 row = row0 + offset + r;
+                if (row >= m_limit) {
+                    continue;  // TMA clips at the tensor's edge
+                }
+                int group = tile.padding ? kPadding : static_cast<int>(tile.group);
+                if (!tile.padding && !m_indices.empty()) {
+                    const bool padding_row = psum ? row >= tile.valid_end
+                                                  : static_cast<u32>(m_indices[row]) >= num_groups;
+                    group = padding_row ? kPadding : group;
+                }
+                out[row].group = group;
+                ++out[row].writes;
+            }
+        }
+    }
+}
+
+// Runs every CTA's producer and consumer schedulers; returns the rows written per N-block.
+template <typename Scheduler, u32 kBlockM, u32 kNumNBlocks, typename Make>
+bool run_grid(u32 grid, u32 m_rows, bool psum, const std::vector<int>& m_indices, u32 num_groups, Make make,
+              std::vector<std::vector<Written>>& out) {
+    out.assign(kNumNBlocks, std::vector<Written>(m_rows));
+    for (u32 cta = 0; cta < grid; ++cta) {
+        blockIdx.x = cta;
+        gridDim.x = grid;
+        Scheduler producer = make();
+        Scheduler consumer = make();
+        GroupedTile a{};
+        GroupedTile b{};
+        for (u32 guard = 0;; ++guard) {
+            const bool more_a = producer.next(a);
+            const bool more_b = consumer.next(b);
+            if (more_a != more_b || (more_a && (a.m_block != b.m_block || a.n_block != b.n_block || a.group != b.group ||
+                                                 a.row_begin != b.row_begin || a.rows != b.rows || a.padding != b.padding))) {
+                std::printf("producer and consumer disagree (cta %u)\n", cta);
+                return false;
+            }
+            if (!more_a) {
+                break;
+            }
+            if (guard > 1000000) {
+                std::printf("scheduler does not terminate (cta %u)\n", cta);
+                return false;
+            }
+            store_tile<kBlockM>(a, psum, m_indices, num_groups, out[a.n_block], m_rows);
+        }
+    }
+    return true;
+}
+
+long g_failures = 0;
+
+void fail(const char* what, u32 block_m, u32 grid, u32 n_block, u32 row, const Written& got, int expected) {
+    if (++g_failures <= 10) {
+        std::printf("FAIL %s block_m=%u grid=%u n_block=%u row=%u: writes=%d group=%d, expected group %d\n", what,
+                    block_m, grid, n_block, row, got.writes, got.group, expected);
+    }
+}
+
+template <u32 kBlockM, u32 kNumNBlocks>
+void check_contiguous(const std::vector<int>& counts, u32 extra_padding_segments, u32 grid) {
+    std::vector<int> m_indices;
+    std::vector<int> psum;
+    for (size_t g = 0; g < counts.size(); ++g) {
+        const u32 padded = (static_cast<u32>(counts[g]) + 127) / 128 * 128;
+        psum.push_back(static_cast<int>(m_indices.size()) + counts[g]);
+        for (u32 i = 0; i < padded; ++i) {
+            m_indices.push_back(i < static_cast<u32>(counts[g]) ? static_cast<int>(g) : kPadding);
+        }
+    }
+    m_indices.insert(m_indices.end(), 128 * extra_padding_segments, kPadding);
+    const u32 m = static_cast<u32>(m_indices.size());
+    const u32 groups = static_cast<u32>(counts.size());
+    if (m == 0) {
+        return;
+    }
+    std::vector<std::vector<Written>> out;
+    for (int form = 0; form < 2; ++form) {
+        const bool by_psum = form == 1;
+        const std::vector<int>& grouping = by_psum ? psum : m_indices;
+        g_valid_begin = grouping.data();
+        g_valid_end = grouping.data() + grouping.size();
+        bool ok;
+        if (by_psum) {
+            using S = ContiguousPsumTileScheduler<kBlockM, kNumNBlocks>;
+            ok = run_grid<S, kBlockM, kNumNBlocks>(grid, m, true, m_indices, groups,
+                                                   [&] { return S(psum.data(), m, groups); }, out);
+        } else {
+            using S = ContiguousTileScheduler<kBlockM, kNumNBlocks>;
+            ok = run_grid<S, kBlockM, kNumNBlocks>(grid, m, false, m_indices, groups,
+                                                   [&] { return S(m_indices.data(), m, groups); }, out);
+        }
+        const char* what = by_psum ? "contiguous psum" : "contiguous m_indices";
+        if (!ok) {
+            fail(what, kBlockM, grid, 0, 0, Written{}, 0);
+            continue;
+        }
+        for (u32 n = 0; n < kNumNBlocks; ++n) {
+            for (u32 row = 0; row < m; ++row) {
+                const int expected = m_indices[row];
+                if (out[n][row].writes != 1 || out[n][row].group != expected) {
+                    fail(what, kBlockM, grid, n, row, out[n][row], expected);
+                }
+            }
+        }
+        if (g_out_of_bounds_reads) {
+            std::printf("FAIL %s block_m=%u: %ld out-of-bounds reads of the grouping\n", what, kBlockM, g_out_of_bounds_reads);
+            ++g_failures;
+            g_out_of_bounds_reads = 0;
+        }
+    }
+}
+
+template <u32 kBlockM, u32 kNumNBlocks>
+void check_masked(const std::vector<int>& masked_m, u32 max_m, u32 grid) {
+    const u32 groups = static_cast<u32>(masked_m.size());
+    g_valid_begin = masked_m.data();
+    g_valid_end = masked_m.data() + masked_m.size();
+    using S = MaskedTileScheduler<kBlockM, kNumNBlocks>;
+    std::vector<std::vector<Written>> out;
+    const std::vector<int> no_indices;
+    if (!run_grid<S, kBlockM, kNumNBlocks>(grid, groups * max_m, false, no_indices, groups,
+                                           [&] { return S(masked_m.data(), groups, max_m); }, out)) {
+        fail("masked", kBlockM, grid, 0, 0, Written{}, 0);
+        return;
+    }
+    for (u32 n = 0; n < kNumNBlocks; ++n) {
+        for (u32 g = 0; g < groups; ++g) {
+            const u32 valid = static_cast<u32>(std::clamp(masked_m[g], 0, static_cast<int>(max_m)));
+            const u32 stored = std::min((valid + 63) / 64 * 64, max_m);  // whole 64-row pieces
+            for (u32 r = 0; r < max_m; ++r) {
+                const Written& got = out[n][g * max_m + r];
+                const bool want = r < stored;
+                if (got.writes != (want ? 1 : 0) || (want && got.group != static_cast<int>(g))) {
+                    fail("masked", kBlockM, grid, n, g * max_m + r, got, want ? static_cast<int>(g) : -2);
+                }
+            }
+        }
+    }
+}
+
+template <u32 kBlockM, u32 kNumNBlocks>
+void random_cases(std::mt19937& rng, int trials) {
+    for (int trial = 0; trial < trials; ++trial) {
+        const u32 groups = std::uniform_int_distribution<u32>(1, 12)(rng);
+        std::vector<int> counts(groups);
+        for (int& c : counts) {
+            switch (std::uniform_int_distribution<int>(0, 4)(rng)) {
+                case 0: c = 0; break;
+                case 1: c = std::uniform_int_distribution<int>(1, 130)(rng); break;
+                case 2: c = 128 * std::uniform_int_distribution<int>(1, 5)(rng); break;
+                default: c = std::uniform_int_distribution<int>(1, 1200)(rng); break;
+            }
+        }
+        const u32 grid = std::uniform_int_distribution<u32>(1, 40)(rng);
+        check_contiguous<kBlockM, kNumNBlocks>(counts, std::uniform_int_distribution<u32>(0, 2)(rng), grid);
+
+        const u32 max_m = 64 * std::uniform_int_distribution<u32>(1, 12)(rng);
+        std::vector<int> masked(groups);
+        for (int& c : masked) {
+            c = std::uniform_int_distribution<int>(-3, static_cast<int>(max_m) + 5)(rng);
+        }
+        check_masked<kBlockM, kNumNBlocks>(masked, max_m, grid);
+    }
+}
+
+}  // namespace
+
+int main() {
+    std::mt19937 rng(2026);
+    // The psum layout of the GPU test, with grids that make one CTA revisit an M-block for its next N-block.
+    for (u32 grid : {132u, 32u, 31u, 16u, 5u, 1u}) {
+        check_contiguous<256, 32>({1000, 1100, 0, 2300, 129, 3000}, 1, grid);
+        check_contiguous<128, 32>({1000, 1100, 0, 2300, 129, 3000}, 1, grid);
+    }
+    random_cases<256, 3>(rng, 400);
+    random_cases<256, 1>(rng, 200);
+    random_cases<128, 3>(rng, 300);
+    random_cases<64, 2>(rng, 200);
+    std::printf("failures: %ld\n", g_failures);
+    return g_failures ? 1 : 0;
+}
