@@ -31,47 +31,49 @@ struct GroupedTile {
 // Rows of one aligned contiguous segment: a group never starts inside these.
 constexpr u32 kContiguousSegmentRows = 128;
 
+// The walk both contiguous forms share: tiles c, c + gridDim.x, ... (N-block fastest for one M-block,
+// so consecutive CTAs share the A rows and walk the expert's weights), and with block_m 256 the split of
+// a block whose two 128-row halves belong to different groups into two half tiles. The forms differ
+// only in how they find the group of a segment.
 template <u32 kBlockM, u32 kNumNBlocks>
-struct ContiguousTileScheduler {
+struct ContiguousBlockWalk {
     static_assert(kBlockM <= 2 * kContiguousSegmentRows, "a block spans at most two segments");
-    static constexpr bool kMaySplit = kBlockM > kContiguousSegmentRows;
-    const i32* m_indices;
     u32 m_total;
     u32 num_groups;
     u32 num_tiles;
     u32 next_tile;
     u32 half;  // 1 while the second half of a split block is due
 
-    DG_DEVICE ContiguousTileScheduler(const i32* indices, u32 m, u32 groups)
-        : m_indices(indices), m_total(m), num_groups(groups), num_tiles(ceil_div(m, kBlockM) * kNumNBlocks),
-          next_tile(blockIdx.x), half(0) {}
+    DG_DEVICE ContiguousBlockWalk(u32 m, u32 groups)
+        : m_total(m), num_groups(groups), num_tiles(ceil_div(m, kBlockM) * kNumNBlocks), next_tile(blockIdx.x), half(0) {}
 
-    // The group of the segment starting at `row`; num_groups for padding. An index outside
-    // [0, num_groups) is treated as padding: B and sfb are never read out of bounds.
-    DG_DEVICE u32 group_of(u32 row) const {
-        const i32 group = __ldg(m_indices + row);
-        return group < 0 || static_cast<u32>(group) >= num_groups ? num_groups : static_cast<u32>(group);
-    }
-
-    // N-block fastest for one M-block: consecutive CTAs share the A rows and walk the expert's weights.
-    DG_DEVICE bool next(GroupedTile& tile) {
+    // `first(row, valid_end)` names the group of the segment at the block's first row (num_groups for
+    // padding), `second(row, valid_end)` that of the segment 128 rows in.
+    template <typename First, typename Second>
+    DG_DEVICE bool next(GroupedTile& tile, First first, Second second) {
         if (next_tile >= num_tiles) {
             return false;
         }
         tile.m_block = next_tile / kNumNBlocks;
         tile.n_block = next_tile % kNumNBlocks;
         const u32 row = tile.m_block * kBlockM;
-        const u32 group = group_of(row + half * kContiguousSegmentRows);
+        u32 group = first(row, tile.valid_end);
         tile.row_begin = 0;
         tile.rows = m_total;
-        if constexpr (kMaySplit) {
-            if (half == 1) {
-                tile.row_begin = kContiguousSegmentRows;
-                tile.rows = min(row + kContiguousSegmentRows, m_total - kContiguousSegmentRows);
-                half = 0;
-            } else if (row + kContiguousSegmentRows < m_total && group_of(row + kContiguousSegmentRows) != group) {
-                tile.rows = row + kContiguousSegmentRows;
-                half = 1;
+        if constexpr (kBlockM > kContiguousSegmentRows) {
+            if (row + kContiguousSegmentRows < m_total) {
+                u32 second_end;
+                const u32 second_group = second(row + kContiguousSegmentRows, second_end);
+                if (half == 1) {
+                    group = second_group;
+                    tile.valid_end = second_end;
+                    tile.row_begin = kContiguousSegmentRows;
+                    tile.rows = min(row + kContiguousSegmentRows, m_total - kContiguousSegmentRows);
+                    half = 0;
+                } else if (second_group != group) {
+                    tile.rows = row + kContiguousSegmentRows;  // first wave only
+                    half = 1;
+                }
             }
         }
         tile.padding = group == num_groups;
@@ -84,77 +86,65 @@ struct ContiguousTileScheduler {
 };
 
 template <u32 kBlockM, u32 kNumNBlocks>
+struct ContiguousTileScheduler {
+    const i32* m_indices;
+    ContiguousBlockWalk<kBlockM, kNumNBlocks> walk;
+
+    DG_DEVICE ContiguousTileScheduler(const i32* indices, u32 m, u32 groups) : m_indices(indices), walk(m, groups) {}
+
+    // The group of the segment starting at `row`; num_groups for padding. An index outside
+    // [0, num_groups) is treated as padding: B and sfb are never read out of bounds.
+    DG_DEVICE u32 group_of(u32 row, u32& valid_end) const {
+        valid_end = 0;  // padding rows come from m_indices itself
+        const i32 group = __ldg(m_indices + row);
+        return group < 0 || static_cast<u32>(group) >= walk.num_groups ? walk.num_groups : static_cast<u32>(group);
+    }
+
+    DG_DEVICE bool next(GroupedTile& tile) {
+        const auto lookup = [this](u32 row, u32& valid_end) { return group_of(row, valid_end); };
+        return walk.next(tile, lookup, lookup);
+    }
+};
+
+template <u32 kBlockM, u32 kNumNBlocks>
 struct ContiguousPsumTileScheduler {
-    static_assert(kBlockM <= 2 * kContiguousSegmentRows, "a block spans at most two segments");
-    static constexpr bool kMaySplit = kBlockM > kContiguousSegmentRows;
     const i32* psum;
-    u32 m_total;
-    u32 num_groups;
-    u32 num_tiles;
-    u32 next_tile;
-    u32 half;        // 1 while the second half of a split block is due
-    u32 group;       // cursor: first group whose end row is past the current segment's first row
+    ContiguousBlockWalk<kBlockM, kNumNBlocks> walk;
+    u32 group;       // cursor: first group whose end row is past the current block's first row
     u32 group_end;   // psum[group], clamped to [0, m_total]
     u32 prev_end;    // psum[group - 1] (0 for group 0), clamped
 
     DG_DEVICE ContiguousPsumTileScheduler(const i32* ends, u32 m, u32 groups)
-        : psum(ends), m_total(m), num_groups(groups), num_tiles(ceil_div(m, kBlockM) * kNumNBlocks),
-          next_tile(blockIdx.x), half(0), group(0), group_end(0), prev_end(0) {
+        : psum(ends), walk(m, groups), group(0), group_end(0), prev_end(0) {
         group_end = load_end(0);
     }
 
     DG_DEVICE u32 load_end(u32 g) const {
-        return g < num_groups ? min(static_cast<u32>(max(__ldg(psum + g), 0)), m_total) : m_total;
+        return g < walk.num_groups ? min(static_cast<u32>(max(__ldg(psum + g), 0)), walk.m_total) : walk.m_total;
     }
 
     // The group of the segment starting at `row` (num_groups for padding) and its end of valid rows.
     // Rows must not decrease from call to call: the cursor only moves forward.
     DG_DEVICE u32 group_at(u32 row, u32& valid_end) {
-        while (group < num_groups && group_end <= row) {
+        while (group < walk.num_groups && group_end <= row) {
             prev_end = max(prev_end, group_end);  // a decreasing psum (invalid) cannot move starts back
             group_end = load_end(++group);
         }
         const u32 start = align_up(prev_end, kContiguousSegmentRows);
-        const bool padding = group >= num_groups || row < start || row >= group_end;
+        const bool padding = group >= walk.num_groups || row < start || row >= group_end;
         valid_end = padding ? 0 : group_end;
-        return padding ? num_groups : group;
+        return padding ? walk.num_groups : group;
     }
 
     DG_DEVICE bool next(GroupedTile& tile) {
-        if (next_tile >= num_tiles) {
-            return false;
-        }
-        tile.m_block = next_tile / kNumNBlocks;
-        tile.n_block = next_tile % kNumNBlocks;
-        const u32 row = tile.m_block * kBlockM;
-        // The cursor only ever moves to block starts: the same CTA may visit this block again for its
-        // next N-block. The second half is looked up on a copy.
-        u32 found = group_at(row, tile.valid_end);
-        tile.row_begin = 0;
-        tile.rows = m_total;
-        if constexpr (kMaySplit) {
-            if (row + kContiguousSegmentRows < m_total) {
-                ContiguousPsumTileScheduler ahead = *this;
-                u32 second_end;
-                const u32 second = ahead.group_at(row + kContiguousSegmentRows, second_end);
-                if (half == 1) {
-                    found = second;
-                    tile.valid_end = second_end;
-                    tile.row_begin = kContiguousSegmentRows;
-                    tile.rows = min(row + kContiguousSegmentRows, m_total - kContiguousSegmentRows);
-                    half = 0;
-                } else if (second != found) {
-                    tile.rows = row + kContiguousSegmentRows;
-                    half = 1;
-                }
-            }
-        }
-        tile.padding = found == num_groups;
-        tile.group = tile.padding ? 0 : found;
-        if (half == 0) {
-            next_tile += gridDim.x;
-        }
-        return true;
+        // The cursor only ever moves to block starts (the same CTA may visit this block again for its
+        // next N-block); the second half is looked up on a copy.
+        const auto at_block_start = [this](u32 row, u32& valid_end) { return group_at(row, valid_end); };
+        const auto ahead = [this](u32 row, u32& valid_end) {
+            ContiguousPsumTileScheduler copy = *this;
+            return copy.group_at(row, valid_end);
+        };
+        return walk.next(tile, at_block_start, ahead);
     }
 };
 
