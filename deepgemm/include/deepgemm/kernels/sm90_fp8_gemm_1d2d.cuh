@@ -219,11 +219,10 @@ struct Sm90Fp8Gemm1D2D {
     // First tile row of wave `wave` of warpgroup `math_wg`.
     DG_DEVICE static constexpr u32 wave_row(u32 wave, u32 math_wg) { return (wave * kNumMathWarpgroups + math_wg) * 64; }
 
-    // Wait for a stage, read its sfa, and issue the four k32 MMAs of one 128-wide K block of one wave
-    // into `partial`.
-    DG_DEVICE static void issue_block(const Ring& ring, u32 stage, u32 phase, u32 first_row, u32 row_in_wg,
+    // Read this thread's sfa from a (full) stage and issue the four k32 MMAs of one 128-wide K block of one
+    // wave into `partial`.
+    DG_DEVICE static void issue_block(const Ring& ring, u32 stage, u32 first_row, u32 row_in_wg,
                                       float (&partial)[kBlockN / 2], ScaleA& scale_a) {
-        ptx::mbarrier_wait(&ring.full[stage], phase);
         const float* sfa_stage = reinterpret_cast<const float*>(ring.smem + kOffsetSfa + stage * kStageSfaBytes);
         scale_a.lo = sfa_stage[first_row + row_in_wg];
         scale_a.hi = sfa_stage[first_row + row_in_wg + 8];
@@ -234,28 +233,43 @@ struct Sm90Fp8Gemm1D2D {
         ptx::fence_accumulators(partial);
     }
 
-    // result += (sfa x sfb) * partial for one K block; sfb comes from the tile's staged scale rows.
+    // sfb of one K block for the tile's columns (second: the next 128-column scale block, straddling tiles).
+    struct ScaleB {
+        float first;
+        float second;
+    };
+
+    // The two row scales (sfa x sfb) of this thread's rows for both column ranges of a tile.
+    struct BlockScales {
+        float lo0;
+        float hi0;
+        float lo1;
+        float hi1;
+    };
+
+    // result += (sfa x sfb) * partial for one K block. The scales are read and multiplied before the
+    // block's MMAs retire, so the FFMAs start as soon as the wait returns.
     struct Promotion {
         const float* sfb_tile;
         u32 straddle_col;  // tile columns at or past this offset use the next 128-column scale block
 
-        DG_DEVICE void apply(float (&result)[kBlockN / 2], const float (&partial)[kBlockN / 2], u32 k_block,
-                             const ScaleA& scale_a) const {
-            const float scale_b0 = sfb_tile[k_block];
-            const float lo0 = scale_a.lo * scale_b0;
-            const float hi0 = scale_a.hi * scale_b0;
-            float lo1 = lo0;
-            float hi1 = hi0;
-            if constexpr (kMayStraddle) {
-                const float scale_b1 = sfb_tile[kNumKBlocks + k_block];
-                lo1 = scale_a.lo * scale_b1;
-                hi1 = scale_a.hi * scale_b1;
-            }
+        DG_DEVICE ScaleB scale_b(u32 k_block) const {
+            ScaleB b;
+            b.first = sfb_tile[k_block];
+            b.second = kMayStraddle ? sfb_tile[kNumKBlocks + k_block] : b.first;
+            return b;
+        }
+
+        DG_DEVICE static BlockScales combine(const ScaleA& a, const ScaleB& b) {
+            return BlockScales{a.lo * b.first, a.hi * b.first, a.lo * b.second, a.hi * b.second};
+        }
+
+        DG_DEVICE void apply(float (&result)[kBlockN / 2], const float (&partial)[kBlockN / 2], const BlockScales& s) const {
 #pragma unroll
             for (u32 j = 0; j < kBlockN / 8; ++j) {
                 const bool second = kMayStraddle && j * 8 >= straddle_col;
-                const float lo = second ? lo1 : lo0;
-                const float hi = second ? hi1 : hi0;
+                const float lo = second ? s.lo1 : s.lo0;
+                const float hi = second ? s.hi1 : s.hi0;
                 result[j * 4 + 0] += lo * partial[j * 4 + 0];
                 result[j * 4 + 1] += lo * partial[j * 4 + 1];
                 result[j * 4 + 2] += hi * partial[j * 4 + 2];
@@ -338,9 +352,13 @@ struct Sm90Fp8Gemm1D2D {
 
             if constexpr (!kPipelinedPromotion) {
                 // One accumulator: per wave issue, wait, promote; the stage is released after the last
-                // wave's MMAs. Two math warpgroups overlap each other's promotion with their MMAs.
+                // wave's MMAs. Two math warpgroups overlap each other's promotion with their MMAs. Everything
+                // the promotion needs besides the accumulator (sfb, sfa, their products) is read before the
+                // wait, so the wait -> FFMA -> next issue chain is as short as it can be.
                 float partial[kBlockN / 2];
                 for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
+                    const ScaleB scale_b = promotion.scale_b(k_block);
+                    ptx::mbarrier_wait(&ring.full[stage], phase);
 #pragma unroll
                     for (u32 w = 0; w < kNumWaves; ++w) {
                         // Waves past the tile's rows (block_m 256 tail tiles, and contiguous half tiles)
@@ -349,7 +367,8 @@ struct Sm90Fp8Gemm1D2D {
                             break;
                         }
                         ScaleA scale_a;
-                        issue_block(ring, stage, phase, wave_row(w, math_wg), row_in_wg, partial, scale_a);
+                        issue_block(ring, stage, wave_row(w, math_wg), row_in_wg, partial, scale_a);
+                        const BlockScales scales = Promotion::combine(scale_a, scale_b);
                         ptx::wgmma_wait_group<0>();
                         ptx::fence_accumulators(partial);
                         const bool last_wave =
@@ -357,7 +376,7 @@ struct Sm90Fp8Gemm1D2D {
                         if (last_wave) {
                             release_stage(ring, stage, lane);  // every MMA reading the stage is done
                         }
-                        promotion.apply(results[w], partial, k_block, scale_a);
+                        promotion.apply(results[w], partial, scales);
                     }
                     advance(stage, phase);
                 }
@@ -366,12 +385,17 @@ struct Sm90Fp8Gemm1D2D {
                 // stay busy even when every warpgroup promotes at the same time.
                 float partial0[kBlockN / 2];
                 float partial1[kBlockN / 2];
-                ScaleA scale0;
-                ScaleA scale1;
+                BlockScales scales0;
+                BlockScales scales1;
                 u32 issue_stage = stage;
                 u32 issue_phase = phase;
-                const auto issue = [&](float (&partial)[kBlockN / 2], ScaleA& scale_a) {
-                    issue_block(ring, issue_stage, issue_phase, first_row, row_in_wg, partial, scale_a);
+                u32 issue_k_block = 0;
+                const auto issue = [&](float (&partial)[kBlockN / 2], BlockScales& scales) {
+                    const ScaleB scale_b = promotion.scale_b(issue_k_block++);
+                    ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);
+                    ScaleA scale_a;
+                    issue_block(ring, issue_stage, first_row, row_in_wg, partial, scale_a);
+                    scales = Promotion::combine(scale_a, scale_b);
                     advance(issue_stage, issue_phase);
                 };
                 const auto retire = [&](float (&partial)[kBlockN / 2]) {
@@ -383,24 +407,24 @@ struct Sm90Fp8Gemm1D2D {
                 // Only wait_group<0> is used, and each promotion reads the accumulator retired by the
                 // previous wait while the other one's MMAs run: ptxas can then prove no in-flight
                 // accumulator is read and keeps the MMAs asynchronous (a wait_group<1> loop gets serialized).
-                issue(partial0, scale0);
+                issue(partial0, scales0);
                 u32 k_block = 0;
                 for (; k_block + 2 < kNumKBlocks; k_block += 2) {
                     retire(partial0);
-                    issue(partial1, scale1);
-                    promotion.apply(result, partial0, k_block, scale0);
+                    issue(partial1, scales1);
+                    promotion.apply(result, partial0, scales0);
                     retire(partial1);
-                    issue(partial0, scale0);
-                    promotion.apply(result, partial1, k_block + 1, scale1);
+                    issue(partial0, scales0);
+                    promotion.apply(result, partial1, scales1);
                 }
                 retire(partial0);
                 if constexpr (kNumKBlocks % 2 == 0) {
-                    issue(partial1, scale1);
-                    promotion.apply(result, partial0, k_block, scale0);
+                    issue(partial1, scales1);
+                    promotion.apply(result, partial0, scales0);
                     retire(partial1);
-                    promotion.apply(result, partial1, k_block + 1, scale1);
+                    promotion.apply(result, partial1, scales1);
                 } else {
-                    promotion.apply(result, partial0, k_block, scale0);
+                    promotion.apply(result, partial0, scales0);
                 }
             }
 
