@@ -50,35 +50,36 @@ MARK = f"""
 
 PATCHES: list[tuple[str, str]] = [
     ("namespace deepgemm {\n\n// Which rows", "namespace deepgemm {\n" + MARK + "\n// Which rows"),
-    ("                                      float (&partial)[kBlockN / 2], ScaleA& scale_a) {\n"
-     "        ptx::mbarrier_wait(&ring.full[stage], phase);\n",
-     "                                      float (&partial)[kBlockN / 2], ScaleA& scale_a, u32& dg_ti, u64* dg_buf) {\n"
-     "        ptx::mbarrier_wait(&ring.full[stage], phase);\n        DG_MARK(0);\n"),
-    ("        ptx::mma_k128_block<Mma>(desc_a, desc_b, partial);\n        ptx::fence_accumulators(partial);\n    }\n",
-     "        ptx::mma_k128_block<Mma>(desc_a, desc_b, partial);\n        ptx::fence_accumulators(partial);\n"
-     "        DG_MARK(1);\n    }\n"),
     ("        Tiles tiles(problem, cta_rank);\n        GroupedTile tile;\n        u32 stage = 0;\n        u32 phase = 0;\n"
      "        while (tiles.next(tile)) {\n            const u32 col0",
      "        Tiles tiles(problem, cta_rank);\n        GroupedTile tile;\n        u32 stage = 0;\n        u32 phase = 0;\n"
-     "        u32 dg_ti = 0;\n        u64* const dg_buf = reinterpret_cast<u64*>(const_cast<i32*>(problem.grouping));\n        while (tiles.next(tile)) {\n            const u32 col0"),
-    ("issue_block(ring, stage, phase, wave_row(w, math_wg), row_in_wg, partial, scale_a);\n"
-     "                        ptx::wgmma_wait_group<0>();\n                        ptx::fence_accumulators(partial);\n",
-     "issue_block(ring, stage, phase, wave_row(w, math_wg), row_in_wg, partial, scale_a, dg_ti, dg_buf);\n"
+     "        u32 dg_ti = 0;\n        u64* const dg_buf = reinterpret_cast<u64*>(const_cast<i32*>(problem.grouping));\n"
+     "        while (tiles.next(tile)) {\n            const u32 col0"),
+    # unpipelined
+    ("                    ptx::mbarrier_wait(&ring.full[stage], phase);\n#pragma unroll\n",
+     "                    ptx::mbarrier_wait(&ring.full[stage], phase);\n                    DG_MARK(0);\n#pragma unroll\n"),
+    ("                        issue_block(ring, stage, wave_row(w, math_wg), row_in_wg, partial, scale_a);\n",
+     "                        issue_block(ring, stage, wave_row(w, math_wg), row_in_wg, partial, scale_a);\n"
+     "                        DG_MARK(1);\n"),
+    ("                        ptx::wgmma_wait_group<0>();\n                        ptx::fence_accumulators(partial);\n",
      "                        ptx::wgmma_wait_group<0>();\n                        ptx::fence_accumulators(partial);\n"
      "                        DG_MARK(2);\n"),
-    ("                        promotion.apply(results[w], partial, k_block, scale_a);\n",
-     "                        promotion.apply(results[w], partial, k_block, scale_a);\n                        DG_MARK(3);\n"),
-    ("issue_block(ring, issue_stage, issue_phase, first_row, row_in_wg, partial, scale_a);",
-     "issue_block(ring, issue_stage, issue_phase, first_row, row_in_wg, partial, scale_a, dg_ti, dg_buf);"),
+    ("                        promotion.apply(results[w], partial, scales);\n",
+     "                        promotion.apply(results[w], partial, scales);\n                        DG_MARK(3);\n"),
+    # pipelined
+    ("                    ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);\n",
+     "                    ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);\n                    DG_MARK(0);\n"),
+    ("                    issue_block(ring, issue_stage, first_row, row_in_wg, partial, scale_a);\n",
+     "                    issue_block(ring, issue_stage, first_row, row_in_wg, partial, scale_a);\n                    DG_MARK(1);\n"),
     ("                    ptx::wgmma_wait_group<0>();\n                    ptx::fence_accumulators(partial);\n"
      "                    release_stage(ring, stage, lane);\n",
      "                    ptx::wgmma_wait_group<0>();\n                    ptx::fence_accumulators(partial);\n"
      "                    DG_MARK(2);\n                    release_stage(ring, stage, lane);\n"),
-    ("                    promotion.apply(result, partial0, k_block, scale0);\n                    retire(partial1);\n"
-     "                    issue(partial0, scale0);\n                    promotion.apply(result, partial1, k_block + 1, scale1);\n",
-     "                    promotion.apply(result, partial0, k_block, scale0);\n                    DG_MARK(3);\n"
-     "                    retire(partial1);\n                    issue(partial0, scale0);\n"
-     "                    promotion.apply(result, partial1, k_block + 1, scale1);\n                    DG_MARK(3);\n"),
+    ("                    promotion.apply(result, partial0, scales0);\n                    retire(partial1);\n"
+     "                    issue(partial0, scales0);\n                    promotion.apply(result, partial1, scales1);\n",
+     "                    promotion.apply(result, partial0, scales0);\n                    DG_MARK(3);\n"
+     "                    retire(partial1);\n                    issue(partial0, scales0);\n"
+     "                    promotion.apply(result, partial1, scales1);\n                    DG_MARK(3);\n"),
 ]
 
 
