@@ -5,12 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def math_warpgroups(block_m: int) -> int:
+    """Math warpgroups of the FP8 kernel: one per 64 rows up to three; block_m 256 runs two (two waves each)."""
+    return {64: 1, 128: 2, 192: 3, 256: 2}[block_m]
+
+
 @dataclass(frozen=True)
 class GemmConfig:
     """Tile shape and pipeline of one FP8 GEMM instantiation.
 
     block_m rows x block_n columns per tile, block_k = 128 (one scale group) per pipeline stage;
-    one math warpgroup per 64 rows (two for block_m 256, each computing two 64-row waves) plus one
+    one math warpgroup per 64 rows (block_m 64/128/192; two for block_m 256, each computing two 64-row waves) plus one
     TMA producer warpgroup; a persistent grid of CTAs walking
     tiles in bands of group_m (cluster) rows. cluster_m = 2 pairs vertically adjacent tiles in a
     2-CTA cluster that multicasts the shared B tile. pipelined keeps two FP32 partial accumulators so
@@ -29,7 +34,7 @@ class GemmConfig:
 
     @property
     def num_math_warpgroups(self) -> int:
-        return 1 if self.block_m == 64 else 2
+        return math_warpgroups(self.block_m)
 
     @property
     def num_threads(self) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 
-from deepgemm.configs.config import GemmConfig
+from deepgemm.configs.config import GemmConfig, math_warpgroups
 from deepgemm.errors import UnsupportedError
 from deepgemm.utils import align_up, ceil_div
 
@@ -29,7 +29,10 @@ MMA_OVERHEAD_COLUMNS = 24  # wgmma issue overhead, in equivalent N columns
 # activity with two warpgroups at bm128 bn160; one warpgroup cannot overlap at all).
 # block_m 256 (two waves per warpgroup, unpipelined) streams 25% fewer operand bytes per FLOP than
 # 128 x 128; measured 2-9% faster than pipelined bm128 bn128 on five of six M = 4096 H200 shapes.
-UNPIPELINED_MMA_SHARE = {64: 0.4, 128: 0.8, 256: 0.95}
+# block_m 192 (three math warpgroups, 160 registers each): measured ~10% slower per row than block_m 256
+# on 4096x7168x16384 (848 us for 10 waves vs 722 us for 7), faster where its tile count fills waves better
+# (4096x2112x7168: 116.0 vs 122.9 us).
+UNPIPELINED_MMA_SHARE = {64: 0.4, 128: 0.8, 192: 0.86, 256: 0.95}
 PIPELINED_MMA_SHARE = {64: 0.7, 128: 0.9}
 # Tiles whose block_n does not divide 128 straddle two sfb blocks: per-column scale selects in the
 # promotion. Fitted on the H200 sweep (benchmarks/h200-tune-sweep.json): such tiles ran ~30% slower.
@@ -54,7 +57,7 @@ def store_block_n(block_m: int, block_n: int, out_elem_bytes: int) -> int:
 
 def fp8_gemm_smem_bytes(block_m: int, block_n: int, num_stages: int, k: int, out_elem_bytes: int) -> int:
     """Shared memory the kernel uses; mirrors the layout in sm90_fp8_gemm_1d2d.cuh."""
-    warpgroups = 1 if block_m == 64 else 2
+    warpgroups = math_warpgroups(block_m)
     stage = block_m * 128 + block_n * 128 + block_m * 4
     scale_rows = 1 if 128 % block_n == 0 else 2
     d_per_wg = output_tile_bytes(store_block_n(block_m, block_n, out_elem_bytes), out_elem_bytes)
@@ -80,13 +83,14 @@ def cluster_m_for(m: int, block_m: int, block_n: int, num_sms: int) -> int:
 
     DEEPGEMM_CLUSTER_M=2 enables it where the tile allows it (block_n % 16 == 0, two or more M-blocks).
     """
-    allowed = block_n % 16 == 0 and num_sms % 2 == 0 and ceil_div(m, block_m) >= 2
+    allowed = block_n % 16 == 0 and num_sms % 2 == 0 and ceil_div(m, block_m) >= 2 and block_m != 192
     return 2 if allowed and os.environ.get("DEEPGEMM_CLUSTER_M") == "2" else 1
 
 
 def pipelined_for(block_m: int, block_n: int) -> bool:
-    """Two partial accumulators fit for block_n <= 128; block_m 256 already holds two waves of results."""
-    return block_m != 256 and block_n <= MAX_PIPELINED_BLOCK_N
+    """Two partial accumulators fit for block_n <= 128; block_m 256 already holds two waves of results and
+    block_m 192's three math warpgroups get 160 registers each."""
+    return block_m not in (192, 256) and block_n <= MAX_PIPELINED_BLOCK_N
 
 
 def estimate_seconds(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int, out_elem_bytes: int) -> float:
@@ -140,10 +144,11 @@ def masked_allows_block_m_256(k: int) -> bool:
     return k >= MIN_K_FOR_MASKED_BLOCK_M_256
 
 
-def candidate_tiles(m: int, n: int, allow_block_m_256: bool = True) -> list[tuple[int, int]]:
+def candidate_tiles(m: int, n: int, allow_block_m_256: bool = True, allow_block_m_192: bool = True) -> list[tuple[int, int]]:
     """Feasible (block_m, block_n): block_m 256 only where allowed (dense; grouped under the rules above)
     with M >= 512, with block_n 128
-    (256 x 64 measured slower than 128 x 128 on 4096x2112x7168 although it fills whole waves)."""
+    (256 x 64 measured slower than 128 x 128 on 4096x2112x7168 although it fills whole waves); block_m 192
+    (dense only: grouped layouts align blocks to 128 rows) with M >= 512 and block_n 128."""
     block_ms = [64] if m <= 64 else [64, 128]
     widest_useful = max(align_up(n, 8), 16)
     tiles = [
@@ -154,6 +159,8 @@ def candidate_tiles(m: int, n: int, allow_block_m_256: bool = True) -> list[tupl
     ]
     if allow_block_m_256 and m >= MIN_M_FOR_BLOCK_M_256:
         tiles += [(256, 128)] if widest_useful >= 128 else []
+    if allow_block_m_192 and m >= MIN_M_FOR_BLOCK_M_256 and widest_useful >= 128:
+        tiles += [(192, 128)]
     return tiles
 
 
@@ -177,13 +184,13 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
 
 
 def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
-                      allow_block_m_256: bool = True) -> list[tuple[float, int, int]]:
+                      allow_block_m_256: bool = True, allow_block_m_192: bool = True) -> list[tuple[float, int, int]]:
     """(estimated seconds, block_m, block_n) for every feasible tile, fastest first.
 
     Ties (several tiles at the HBM floor) go to the faster tile schedule, then to fewer tiles.
     """
     ranked = []
-    for block_m, block_n in candidate_tiles(m, n, allow_block_m_256):
+    for block_m, block_n in candidate_tiles(m, n, allow_block_m_256, allow_block_m_192):
         if max_stages(block_m, block_n, k, out_elem_bytes) < 2:
             continue
         schedule = tile_schedule_seconds(m, n, k, block_m, block_n, num_sms)
@@ -195,14 +202,14 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
 
 
 def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
-                           allow_block_m_256: bool = True) -> GemmConfig:
+                           allow_block_m_256: bool = True, allow_block_m_192: bool = True) -> GemmConfig:
     """Pick block sizes and stages for D[m, n] = A[m, k] B[n, k]^T on `num_sms` SMs.
 
     Grouped GEMMs allow it only for long contiguous expert segments (contiguous_allows_block_m_256) and for
     masked groups with long K (masked_allows_block_m_256)."""
     if min(m, n, k) <= 0 or num_sms <= 0:
         raise ValueError(f"choose_fp8_gemm_config needs positive m, n, k, num_sms; got {m}, {n}, {k}, {num_sms}")
-    ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes, allow_block_m_256)
+    ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes, allow_block_m_256, allow_block_m_192)
     if not ranked:
         raise UnsupportedError(f"no FP8 GEMM tile for m={m} n={n} k={k} fits in shared memory")
     _, block_m, block_n = ranked[0]

@@ -245,14 +245,15 @@ def get_grouped_plan(device_index: int, kind: GemmKind, geometry: Geometry, n: i
         # Same tile count and weight bytes as one GEMM of N x groups columns.
         # The model sees N x groups columns; block_m 256 (block_n 128) only when one group's N fills it.
         base = choose_fp8_gemm_config(max(work_m, 1), n * geometry.groups, k, sms, 4 if out_dtype == torch.float32 else 2,
-                                      allow_block_m_256=masked_allows_block_m_256(k) and n >= 128)
+                                      allow_block_m_256=masked_allows_block_m_256(k) and n >= 128, allow_block_m_192=False)
         # block_m 256 needs block_n dividing 128: it keeps the model's 128 columns.
         block_n = base.block_n if base.block_m == 256 else max_block_n_for(n, base.block_n)
         config = make_config(max(work_m, 1), n, k, base.block_m, block_n, sms,
                              4 if out_dtype == torch.float32 else 2, cluster_m=1)
     else:
         base = choose_fp8_gemm_config(max(work_m, 1), n, k, sms, 4 if out_dtype == torch.float32 else 2,
-                                      allow_block_m_256=contiguous_allows_block_m_256(work_m, geometry.groups))
+                                      allow_block_m_256=contiguous_allows_block_m_256(work_m, geometry.groups),
+                                      allow_block_m_192=False)
         config = make_config(max(work_m, 1), n, k, base.block_m, base.block_n, sms,
                              4 if out_dtype == torch.float32 else 2, cluster_m=1)
     spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config, kind=kind)

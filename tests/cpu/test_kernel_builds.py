@@ -50,6 +50,8 @@ EXPLICIT = [
     ("bm256_bn128_fp32_k7296", 256, 128, 1, 4100, 7296, FP32),
     ("bm256_bn64_k144", 256, 64, 1, 136, 144, BF16),
     ("bm256_bn128_cm2_k7168", 256, 128, 2, 4096, 7168, BF16),
+    ("bm192_bn128_k16384", 192, 128, 1, 7168, 16384, BF16),
+    ("bm192_bn96_fp32_k7184", 192, 96, 1, 4100, 7184, FP32),
 ]
 
 QUANTIZE = [
@@ -166,7 +168,7 @@ def test_configs_covered(builds: dict[str, Build]) -> None:
     """The set of builds spans the kernel's template space the brief asks for."""
     specs = [builds[n].spec for n in GEMM_IDS]
     configs = [s.config for s in specs]
-    assert {c.block_m for c in configs} == {64, 128, 256}
+    assert {c.block_m for c in configs} == {64, 128, 192, 256}
     assert {c.pipelined for c in configs} == {True, False}
     assert {c.cluster_m for c in configs} == {1, 2}
     assert any(128 % c.block_n != 0 for c in configs), "no tile straddles scale blocks"

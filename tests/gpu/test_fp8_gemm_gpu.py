@@ -94,6 +94,37 @@ def test_block_m_256_configs(m: int, n: int, k: int, block_n: int, cluster_m: in
                               max_diff=1e-5 if out_dtype == torch.float32 else 1e-3)
 
 
+# block_m 192 (three math warpgroups): the last block with rows for one (M = 4097: 65 rows), two (M = 320:
+# 128 rows) or all three warpgroups, a single partial block, fp32 output, N tails, straddling block_n.
+BLOCK_M_192 = [
+    (4097, 7168, 7168, 128, torch.bfloat16),
+    (320, 2112, 7296, 128, torch.bfloat16),
+    (191, 136, 144, 64, torch.bfloat16),
+    (1000, 4100, 7184, 128, torch.float32),
+    (700, 2056, 2048, 96, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("m,n,k,block_n,out_dtype", BLOCK_M_192, ids=lambda v: str(v))
+def test_block_m_192_configs(m: int, n: int, k: int, block_n: int, out_dtype: torch.dtype) -> None:
+    from deepgemm.configs.heuristics import make_config
+    from deepgemm.kernels.fp8_gemm import get_plan
+
+    out_bytes = 4 if out_dtype == torch.float32 else 2
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    config = make_config(m, n, k, 192, block_n, sms, out_bytes)
+    assert not config.pipelined and config.num_threads == 512
+    plan = get_plan(0, m, n, k, out_dtype, config)
+    a, b = random_operands(m, n, k, "cuda")
+    out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
+    plan.launch(a[0], a[1], b[0], b[1], out)
+    assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b),
+                              max_diff=1e-5 if out_dtype == torch.float32 else 1e-3)
+    again = torch.full_like(out, float("nan"))
+    plan.launch(a[0], a[1], b[0], b[1], again)
+    assert torch.equal(out, again)
+
+
 def test_cluster_plan_before_any_cuda_work() -> None:
     """Planning a cluster config in a fresh process (no CUDA context yet) queries occupancy correctly."""
     import subprocess

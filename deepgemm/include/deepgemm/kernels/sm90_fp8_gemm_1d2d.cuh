@@ -92,7 +92,9 @@ struct TileSource<GemmKind::kGroupedMasked, kBlockM, kNumNBlocks, kGroupM, kClus
 template <u32 kN, u32 kK, u32 kBlockM, u32 kBlockN, u32 kNumStages, u32 kGroupM, u32 kClusterM, bool kPipelinedPromotion,
           bool kOutputFp32, GemmKind kKind = GemmKind::kDense>
 struct Sm90Fp8Gemm1D2D {
-    static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 256, "block_m must be 64, 128 or 256");
+    static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 192 || kBlockM == 256, "block_m must be 64, 128, 192 or 256");
+    static_assert(kBlockM != 192 || (!kPipelinedPromotion && kClusterM == 1),
+                  "block_m 192 (three math warpgroups, 160 registers each) is unpipelined, without clusters");
     static_assert(kBlockM != 256 || (!kPipelinedPromotion && 128 % kBlockN == 0),
                   "block_m 256 (two waves per warpgroup) is unpipelined, with block_n dividing 128");
     static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "block_n must be a multiple of 8 in [8, 256]");
@@ -105,7 +107,8 @@ struct Sm90Fp8Gemm1D2D {
 
     static constexpr u32 kBlockK = 128;
     static constexpr u32 kScaleBlock = 128;
-    static constexpr u32 kNumMathWarpgroups = kBlockM == 64 ? 1 : 2;
+    // block_m 192: three warpgroups of 64 rows, so while two promote or wait, the third keeps the tensor cores fed.
+    static constexpr u32 kNumMathWarpgroups = kBlockM == 64 ? 1 : (kBlockM == 192 ? 3 : 2);
     static constexpr u32 kNumWaves = kBlockM / (64 * kNumMathWarpgroups);  // 64-row MMA waves per warpgroup
     static constexpr u32 kNumMathThreads = 128 * kNumMathWarpgroups;
     static constexpr u32 kNumThreads = 128 + kNumMathThreads;
@@ -116,8 +119,9 @@ struct Sm90Fp8Gemm1D2D {
     static constexpr bool kMayStraddle = (kScaleBlock % kBlockN) != 0;
     static constexpr u32 kScaleRowsPerTile = kMayStraddle ? 2 : 1;
 
-    static constexpr u32 kProducerRegisters = 40;
-    static constexpr u32 kMathRegisters = kNumMathWarpgroups == 1 ? 240 : 232;
+    // 64K registers per SM: 128 x 40 + 256 x 232 for two math warpgroups, 128 x 24 + 384 x 160 for three.
+    static constexpr u32 kProducerRegisters = kNumMathWarpgroups == 3 ? 24 : 40;
+    static constexpr u32 kMathRegisters = kNumMathWarpgroups == 1 ? 240 : (kNumMathWarpgroups == 3 ? 160 : 232);
 
     // block_m 256 leaves no room for a full-width output buffer next to four stages: it stores each
     // wave in 128-byte-wide column chunks through one 8 KB buffer per warpgroup.
