@@ -31,6 +31,7 @@ class GemmConfig:
     pipelined: bool = False
     block_k: int = 128
     smem_bytes: int = 0
+    split_tail: bool = False  # dense only: split the last partial wave's tiles along K (FP32 workspace)
 
     @property
     def num_math_warpgroups(self) -> int:
@@ -41,4 +42,5 @@ class GemmConfig:
         return 128 * (1 + self.num_math_warpgroups)
 
     def label(self) -> str:
-        return f"bm{self.block_m} bn{self.block_n} st{self.num_stages} gm{self.group_m} cm{self.cluster_m} pp{int(self.pipelined)} sms{self.num_sms}"
+        label = f"bm{self.block_m} bn{self.block_n} st{self.num_stages} gm{self.group_m} cm{self.cluster_m} pp{int(self.pipelined)} sms{self.num_sms}"
+        return label + " sk1" if self.split_tail else label

@@ -165,7 +165,7 @@ def candidate_tiles(m: int, n: int, allow_block_m_256: bool = True, allow_block_
 
 
 def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int, out_elem_bytes: int = 2,
-                cluster_m: int | None = None, num_stages: int | None = None) -> GemmConfig:
+                cluster_m: int | None = None, num_stages: int | None = None, split_tail: bool = False) -> GemmConfig:
     """A complete config for a tile choice: deepest pipeline that fits (or `num_stages`), cluster and
     pipelining rules."""
     deepest = max_stages(block_m, block_n, k, out_elem_bytes)
@@ -180,6 +180,7 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
         cluster_m=cluster_m_for(m, block_m, block_n, num_sms) if cluster_m is None else cluster_m,
         pipelined=pipelined_for(block_m, block_n),
         smem_bytes=fp8_gemm_smem_bytes(block_m, block_n, stages, k, out_elem_bytes),
+        split_tail=split_tail,
     )
 
 

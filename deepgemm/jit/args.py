@@ -18,9 +18,10 @@ class PackedArgs:
     value to pass as `kernelParams`.
     """
 
-    __slots__ = ("_buffer", "_pointers", "address")
+    __slots__ = ("_buffer", "_pointers", "_values", "address")
 
     def __init__(self, values: Sequence[bytes | ctypes._SimpleCData]) -> None:
+        self._values = tuple(values)
         offsets: list[int] = []
         blobs: list[bytes] = []
         cursor = 0
@@ -38,3 +39,9 @@ class PackedArgs:
             ctypes.memmove(base + offset, blob, len(blob))
         self._pointers = (ctypes.c_void_p * len(values))(*(base + offset for offset in offsets))
         self.address = ctypes.addressof(self._pointers)
+
+    def replace(self, index: int, value: bytes | ctypes._SimpleCData) -> PackedArgs:
+        """A new packing with argument `index` replaced (this one is never mutated: launches may hold it)."""
+        values = list(self._values)
+        values[index] = value
+        return PackedArgs(values)

@@ -6,7 +6,7 @@ import enum
 import os
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -66,6 +66,8 @@ def plan_spec(m: int, n: int, k: int, out_dtype: torch.dtype, num_sms: int, gpu_
         config = tuning_db(gpu_name).lookup(m, n, k, num_sms, out_elem_bytes)
     if config is None:
         config = choose_fp8_gemm_config(m, n, k, num_sms, out_elem_bytes)
+    if os.environ.get("DEEPGEMM_SPLIT_TAIL") == "1" and config.cluster_m == 1:
+        config = replace(config, split_tail=True)  # experimental opt-in, see docs/perf-notes.md
     return Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
 
 
@@ -77,14 +79,15 @@ def render_source(spec: Fp8GemmSpec) -> KernelSource:
 
 using Kernel = deepgemm::Sm90Fp8Gemm1D2D<{spec.n}u, {spec.k}u, {c.block_m}u, {c.block_n}u, {c.num_stages}u, {c.group_m}u,
                                          {c.cluster_m}u, {"true" if c.pipelined else "false"}, {fp32},
-                                         static_cast<deepgemm::GemmKind>({int(spec.kind)})>;
+                                         static_cast<deepgemm::GemmKind>({int(spec.kind)}), {"true" if c.split_tail else "false"}>;
 static_assert(Kernel::kSmemBytes == {c.smem_bytes}u, "host and device disagree on the shared-memory size");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
 deepgemm_fp8_gemm_1d2d(const __grid_constant__ deepgemm::TmaDescriptor tma_a, const __grid_constant__ deepgemm::TmaDescriptor tma_b,
                 const __grid_constant__ deepgemm::TmaDescriptor tma_sfa, const __grid_constant__ deepgemm::OutputDescriptors tma_d,
-                const float* sfb, deepgemm::u32 m, const int* grouping, deepgemm::u32 num_groups, deepgemm::u32 max_m) {{
-    Kernel::run(&tma_a, &tma_b, &tma_sfa, &tma_d, sfb, deepgemm::GemmProblem{{m, grouping, num_groups, max_m}});
+                const float* sfb, deepgemm::u32 m, const int* grouping, deepgemm::u32 num_groups, deepgemm::u32 max_m,
+                float* workspace, deepgemm::u32* counters) {{
+    Kernel::run(&tma_a, &tma_b, &tma_sfa, &tma_d, sfb, deepgemm::GemmProblem{{m, grouping, num_groups, max_m, workspace, counters}});
 }}
 """
     return KernelSource(code=code, entry="deepgemm_fp8_gemm_1d2d", label=spec.label())
@@ -131,6 +134,10 @@ class Fp8GemmPlan:
         self.block = c.num_threads
         self._args: dict[tuple[int, ...], PackedArgs] = {}
         self._configs: dict[int, object] = {}  # launch config per stream
+        self._stream_args: dict[tuple[int, int], tuple[PackedArgs, PackedArgs]] = {}
+        self._split_workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        if c.split_tail and (spec.kind != GemmKind.DENSE or c.cluster_m != 1):
+            raise ValueError(f"split_tail needs a dense GEMM without clusters, got {spec.label()}")
 
     def _pack(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
               grouping: torch.Tensor | None) -> PackedArgs:
@@ -162,6 +169,8 @@ class Fp8GemmPlan:
                 U64(grouping.data_ptr() if grouping is not None else 0),
                 U32(g.groups),
                 U32(g.max_m),
+                U64(0),  # split-tail workspace and counters: set per stream at launch (_args_for_stream)
+                U64(0),
             ]
         )
 
@@ -183,7 +192,40 @@ class Fp8GemmPlan:
         if config is None:
             config = self._configs[stream] = self.kernel.launch_config(
                 self.device_index, stream, self.grid, self.block, self.spec.config.cluster_m)
+        if self.spec.config.split_tail:
+            args = self._args_for_stream(args, stream)
         launch_on_device(self.kernel, self.device_index, stream, config, args.address)
+
+    # Split tail: each stream gets its own FP32 partial workspace and arrival counters (two launches of
+    # this plan on two streams may run at once); the counters start at zero and every launch leaves
+    # them at zero. Arguments are re-packed once per (arguments, stream).
+    _WORKSPACE_ARG = 9
+    _COUNTERS_ARG = 10
+
+    def _args_for_stream(self, args: PackedArgs, stream: int) -> PackedArgs:
+        derived = self._stream_args.get((id(args), stream))
+        if derived is not None and derived[0] is args:
+            return derived[1]
+        workspace, counters = self._split_buffers(stream)
+        packed = args.replace(self._WORKSPACE_ARG, U64(workspace.data_ptr())).replace(
+            self._COUNTERS_ARG, U64(counters.data_ptr()))
+        if len(self._stream_args) >= self._ARGS_CAPACITY:
+            self._stream_args.clear()
+        self._stream_args[(id(args), stream)] = (args, packed)
+        return packed
+
+    def _split_buffers(self, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+        buffers = self._split_workspaces.get(stream)
+        if buffers is None:
+            c = self.spec.config
+            # At most one split unit per CTA of the grid; at most grid / 2 split tiles.
+            slot_floats = c.block_m * c.block_n
+            device = torch.device("cuda", self.device_index)
+            with torch.cuda.device(self.device_index):
+                workspace = torch.empty(self.grid * slot_floats, dtype=torch.float32, device=device)
+                counters = torch.zeros(self.grid * c.num_math_warpgroups, dtype=torch.int32, device=device)
+            buffers = self._split_workspaces[stream] = (workspace, counters)
+        return buffers
 
     def launch(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
                grouping: torch.Tensor | None = None) -> None:

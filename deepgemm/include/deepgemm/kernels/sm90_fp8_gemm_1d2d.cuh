@@ -40,6 +40,8 @@ struct GemmProblem {
     const i32* grouping;
     u32 num_groups;
     u32 max_m;
+    float* workspace;  // split tail: FP32 partials, one slot per split unit
+    u32* counters;     // split tail: arrivals per (tail tile, math warpgroup); zero between launches
 };
 
 // One tile sequence per kind, as GroupedTile records (dense: group 0, no padding).
@@ -53,7 +55,7 @@ struct TileSource<GemmKind::kDense, kBlockM, kNumNBlocks, kGroupM, kClusterM> {
 
     DG_DEVICE TileSource(const GemmProblem& p, u32 cta_rank) : scheduler(p.m, cta_rank), m(p.m) {}
 
-    DG_DEVICE bool next(GroupedTile& tile) {
+    DG_DEVICE bool next(GroupedTile& tile, SplitUnit&) {
         tile.group = 0;
         tile.row_begin = 0;
         tile.rows = m;
@@ -68,7 +70,7 @@ struct TileSource<GemmKind::kGroupedContiguous, kBlockM, kNumNBlocks, kGroupM, k
 
     DG_DEVICE TileSource(const GemmProblem& p, u32) : scheduler(p.grouping, p.m, p.num_groups) {}
 
-    DG_DEVICE bool next(GroupedTile& tile) { return scheduler.next(tile); }
+    DG_DEVICE bool next(GroupedTile& tile, SplitUnit&) { return scheduler.next(tile); }
 };
 
 template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM>
@@ -77,7 +79,7 @@ struct TileSource<GemmKind::kGroupedContiguousPsum, kBlockM, kNumNBlocks, kGroup
 
     DG_DEVICE TileSource(const GemmProblem& p, u32) : scheduler(p.grouping, p.m, p.num_groups) {}
 
-    DG_DEVICE bool next(GroupedTile& tile) { return scheduler.next(tile); }
+    DG_DEVICE bool next(GroupedTile& tile, SplitUnit&) { return scheduler.next(tile); }
 };
 
 template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM>
@@ -86,12 +88,40 @@ struct TileSource<GemmKind::kGroupedMasked, kBlockM, kNumNBlocks, kGroupM, kClus
 
     DG_DEVICE TileSource(const GemmProblem& p, u32) : scheduler(p.grouping, p.num_groups, p.max_m) {}
 
-    DG_DEVICE bool next(GroupedTile& tile) { return scheduler.next(tile); }
+    DG_DEVICE bool next(GroupedTile& tile, SplitUnit&) { return scheduler.next(tile); }
+};
+
+// Dense tiles with the last partial wave split along K (see SplitTailTileScheduler).
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kNumKBlocks>
+struct SplitTailTileSource {
+    SplitTailTileScheduler<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks> scheduler;
+    u32 m;
+
+    DG_DEVICE SplitTailTileSource(const GemmProblem& p, u32) : scheduler(p.m), m(p.m) {}
+
+    DG_DEVICE bool next(GroupedTile& tile, SplitUnit& unit) {
+        tile.group = 0;
+        tile.row_begin = 0;
+        tile.rows = m;
+        tile.padding = false;
+        return scheduler.next(tile.m_block, tile.n_block, unit);
+    }
+};
+
+template <bool kFirst, typename First, typename Second>
+struct SelectType {
+    using Type = First;
+};
+template <typename First, typename Second>
+struct SelectType<false, First, Second> {
+    using Type = Second;
 };
 
 template <u32 kN, u32 kK, u32 kBlockM, u32 kBlockN, u32 kNumStages, u32 kGroupM, u32 kClusterM, bool kPipelinedPromotion,
-          bool kOutputFp32, GemmKind kKind = GemmKind::kDense>
+          bool kOutputFp32, GemmKind kKind = GemmKind::kDense, bool kSplitTail = false>
 struct Sm90Fp8Gemm1D2D {
+    static_assert(!kSplitTail || (kKind == GemmKind::kDense && kClusterM == 1),
+                  "the split tail is for dense GEMMs without clusters");
     static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 192 || kBlockM == 256, "block_m must be 64, 128, 192 or 256");
     static_assert(kBlockM != 192 || (!kPipelinedPromotion && kClusterM == 1),
                   "block_m 192 (three math warpgroups, 160 registers each) is unpipelined, without clusters");
@@ -129,7 +159,8 @@ struct Sm90Fp8Gemm1D2D {
     static constexpr u32 kStoreChunks = kBlockN / kStoreN;
     static_assert(kBlockN % kStoreN == 0, "output chunks must tile block_n");
     using Store = WarpgroupTileStore<kStoreN, kOutputFp32>;
-    using Tiles = TileSource<kKind, kBlockM, kNumNBlocks, kGroupM, kClusterM>;
+    using Tiles = typename SelectType<kSplitTail, SplitTailTileSource<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks>,
+                                      TileSource<kKind, kBlockM, kNumNBlocks, kGroupM, kClusterM>>::Type;
     static constexpr u32 kMulticastRowsB = kBlockN / kClusterM;
     using Mma = ptx::WgmmaFp8<kBlockN>;
 
@@ -160,18 +191,21 @@ struct Sm90Fp8Gemm1D2D {
                                    const TmaDescriptor* tma_sfa, const GemmProblem& problem, u32 cta_rank) {
         Tiles tiles(problem, cta_rank);
         GroupedTile tile;
+        SplitUnit unit{0, kNumKBlocks, 1, 0, 0};
         u32 stage = 0;
         u32 phase = 0;
-        while (tiles.next(tile)) {
+        while (tiles.next(tile, unit)) {
             if (tile.padding) {
                 continue;  // a block of padding rows: nothing to load (the consumers skip it too)
             }
+            const u32 k_begin = kSplitTail ? unit.k_begin : 0u;
+            const u32 k_end = kSplitTail ? unit.k_end : kNumKBlocks;
             const i32 row_a = static_cast<i32>(tile.row_begin + tile.m_block * kBlockM);
             const i32 row_b = static_cast<i32>(tile.group * kN + tile.n_block * kBlockN);
             // sfa is M-major: its rows are K blocks (per group for the masked layout), its columns M.
             const i32 sfa_col = static_cast<i32>(tile.m_block * kBlockM + (kKind == GemmKind::kGroupedMasked ? 0 : tile.row_begin));
             const u32 sfa_row0 = kKind == GemmKind::kGroupedMasked ? tile.group * kNumKBlocks : 0;
-            for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
+            for (u32 k_block = k_begin; k_block < k_end; ++k_block) {
                 ptx::mbarrier_wait(&ring.empty[stage], phase ^ 1);
                 u64* full = &ring.full[stage];
                 const i32 k = static_cast<i32>(k_block * kBlockK);
@@ -282,6 +316,56 @@ struct Sm90Fp8Gemm1D2D {
         }
     };
 
+    // Split tail: publish this K range's FP32 results (scaled partial sums) in its workspace slot; the
+    // last of the tile's ranges to arrive sums all of them in range order (the same result whichever
+    // CTA is last), returns true and stores the tile; the others return false. Per math warpgroup,
+    // with a counter that the last arrival resets for the next launch.
+    DG_DEVICE static bool reduce_split(const GemmProblem& problem, const SplitUnit& unit, u32 math_wg, u32 thread_in_wg,
+                                       u32 barrier_id, u32* flag, float (&results)[kNumWaves][kBlockN / 2]) {
+        constexpr u32 kWarpgroupFloats = kNumWaves * (kBlockN / 2) * 128;
+        constexpr u32 kSlotFloats = kNumMathWarpgroups * kWarpgroupFloats;
+        // Element-major: register i of all 128 threads is one contiguous 512-byte row (coalesced).
+        float* mine = problem.workspace + unit.slot * kSlotFloats + math_wg * kWarpgroupFloats + thread_in_wg;
+#pragma unroll
+        for (u32 w = 0; w < kNumWaves; ++w) {
+#pragma unroll
+            for (u32 i = 0; i < kBlockN / 2; ++i) {
+                mine[(w * (kBlockN / 2) + i) * 128] = results[w][i];
+            }
+        }
+        __threadfence();
+        ptx::named_barrier_sync(barrier_id, 128);  // also: every thread is done reading sfb_tile (`flag`)
+        if (thread_in_wg == 0) {
+            u32* counter = problem.counters + unit.tail_tile * kNumMathWarpgroups + math_wg;
+            const bool last = atomicAdd(counter, 1u) + 1 == unit.splits;
+            if (last) {
+                atomicExch(counter, 0u);
+            }
+            __threadfence();
+            *flag = last ? 1u : 0u;
+        }
+        ptx::named_barrier_sync(barrier_id, 128);
+        const bool last = *flag != 0;
+        ptx::named_barrier_sync(barrier_id, 128);  // the next tile restages sfb over `flag`
+        if (!last) {
+            return false;
+        }
+        const float* first = problem.workspace + (unit.slot - unit.slot % unit.splits) * kSlotFloats +
+                             math_wg * kWarpgroupFloats + thread_in_wg;
+#pragma unroll
+        for (u32 w = 0; w < kNumWaves; ++w) {
+#pragma unroll
+            for (u32 i = 0; i < kBlockN / 2; ++i) {
+                float sum = 0.0f;
+                for (u32 r = 0; r < unit.splits; ++r) {
+                    sum += __ldcg(first + r * kSlotFloats + (w * (kBlockN / 2) + i) * 128);
+                }
+                results[w][i] = sum;
+            }
+        }
+        return true;
+    }
+
     DG_DEVICE static void consumer(const Ring& ring, const OutputDescriptors* tma_d, const float* sfb,
                                    const GemmProblem& problem, u32 cta_rank) {
         const u32 math_wg = threadIdx.x / 128 - 1;
@@ -295,9 +379,12 @@ struct Sm90Fp8Gemm1D2D {
 
         Tiles tiles(problem, cta_rank);
         GroupedTile tile;
+        SplitUnit unit{0, kNumKBlocks, 1, 0, 0};
         u32 stage = 0;
         u32 phase = 0;
-        while (tiles.next(tile)) {
+        while (tiles.next(tile, unit)) {
+            const u32 k_begin = kSplitTail ? unit.k_begin : 0u;
+            const u32 k_end = kSplitTail ? unit.k_end : kNumKBlocks;
             const u32 col0 = tile.n_block * kBlockN;
             const u32 row_in_tensor = tile.m_block * kBlockM + first_row;  // within the group's rows
             const u32 row0 = tile.row_begin + row_in_tensor;                  // in the flattened output
@@ -325,7 +412,7 @@ struct Sm90Fp8Gemm1D2D {
             }
             if (!has_rows) {
                 // All 64 rows of this warpgroup are past M: keep the ring moving, compute nothing.
-                for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
+                for (u32 k_block = k_begin; k_block < k_end; ++k_block) {
                     ptx::mbarrier_wait(&ring.full[stage], phase);
                     release_stage(ring, stage, lane);
                     advance(stage, phase);
@@ -360,7 +447,7 @@ struct Sm90Fp8Gemm1D2D {
                 // the promotion needs besides the accumulator (sfb, sfa, their products) is read before the
                 // wait, so the wait -> FFMA -> next issue chain is as short as it can be.
                 float partial[kBlockN / 2];
-                for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
+                for (u32 k_block = k_begin; k_block < k_end; ++k_block) {
                     const ScaleB scale_b = promotion.scale_b(k_block);
                     ptx::mbarrier_wait(&ring.full[stage], phase);
 #pragma unroll
@@ -393,7 +480,7 @@ struct Sm90Fp8Gemm1D2D {
                 BlockScales scales1;
                 u32 issue_stage = stage;
                 u32 issue_phase = phase;
-                u32 issue_k_block = 0;
+                u32 issue_k_block = k_begin;
                 const auto issue = [&](float (&partial)[kBlockN / 2], BlockScales& scales) {
                     const ScaleB scale_b = promotion.scale_b(issue_k_block++);
                     ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);
@@ -412,8 +499,8 @@ struct Sm90Fp8Gemm1D2D {
                 // previous wait while the other one's MMAs run: ptxas can then prove no in-flight
                 // accumulator is read and keeps the MMAs asynchronous (a wait_group<1> loop gets serialized).
                 issue(partial0, scales0);
-                u32 k_block = 0;
-                for (; k_block + 2 < kNumKBlocks; k_block += 2) {
+                u32 k_block = k_begin;
+                for (; k_block + 2 < k_end; k_block += 2) {
                     retire(partial0);
                     issue(partial1, scales1);
                     promotion.apply(result, partial0, scales0);
@@ -422,7 +509,7 @@ struct Sm90Fp8Gemm1D2D {
                     promotion.apply(result, partial1, scales1);
                 }
                 retire(partial0);
-                if constexpr (kNumKBlocks % 2 == 0) {
+                if ((k_end - k_begin) % 2 == 0) {
                     issue(partial1, scales1);
                     promotion.apply(result, partial0, scales0);
                     retire(partial1);
@@ -455,6 +542,12 @@ struct Sm90Fp8Gemm1D2D {
                             }
                         }
                     }
+                }
+            }
+            if constexpr (kSplitTail) {
+                if (unit.splits > 1 &&
+                    !reduce_split(problem, unit, math_wg, thread_in_wg, barrier_id, reinterpret_cast<u32*>(sfb_tile), results)) {
+                    continue;  // another K range of this tile arrives last and stores it
                 }
             }
 #pragma unroll

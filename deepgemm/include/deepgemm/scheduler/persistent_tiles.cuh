@@ -1,4 +1,4 @@
-// Persistent tile scheduler over an (M-blocks x N-blocks) grid of output tiles.
+// Persistent tile schedulers over an (M-blocks x N-blocks) grid of output tiles.
 // The unit of work is a cluster tile: kClusterM vertically adjacent tiles sharing one N-block (the CTAs of
 // a cluster share B through TMA multicast). Cluster c walks cluster tiles c, c + num_clusters, ...;
 // the CTA of rank r takes M-block kClusterM * row + r. Producer and consumers each own a copy and see
@@ -25,18 +25,81 @@ struct PersistentTileScheduler {
 
     // Rasterization for L2 reuse: cluster tiles come in bands of kGroupRows rows; inside a band the row
     // index moves fastest, so clusters running at the same time share both A rows and B columns.
-    DG_DEVICE bool next(u32& m_block, u32& n_block) {
-        if (next_tile >= num_tiles) {
-            return false;
-        }
+    DG_DEVICE void tile_at(u32 tile, u32& m_block, u32& n_block) const {
         const u32 band_tiles = kGroupRows * kNumNBlocks;
-        const u32 band = next_tile / band_tiles;
-        const u32 in_band = next_tile % band_tiles;
+        const u32 band = tile / band_tiles;
+        const u32 in_band = tile % band_tiles;
         const u32 band_first_row = band * kGroupRows;
         const u32 band_height = min(kGroupRows, num_rows - band_first_row);
         m_block = (band_first_row + in_band % band_height) * kClusterM + cta_rank;
         n_block = in_band / band_height;
+    }
+
+    DG_DEVICE bool next(u32& m_block, u32& n_block) {
+        if (next_tile >= num_tiles) {
+            return false;
+        }
+        tile_at(next_tile, m_block, n_block);
         next_tile += num_clusters;
+        return true;
+    }
+};
+
+// The same raster with the last, partial wave split along K ("split tail"): when the tiles left after
+// the full waves fill at most half of the grid, each of them is cut into `splits` K ranges (at most
+// kMaxSplits, at most one K block each) so every CTA gets a piece of the last wave. Units 0 ..
+// full_tiles - 1 are whole tiles; unit full_tiles + s * tail_tile + c is K range c of tail tile
+// `tail_tile`. A CTA takes units blockIdx.x, + gridDim.x, ...: at most one unit of the tail each.
+struct SplitUnit {
+    u32 k_begin;    // first K block of the range
+    u32 k_end;      // one past the last
+    u32 splits;     // 1 for a whole tile
+    u32 tail_tile;  // split units: index among the tail tiles
+    u32 slot;       // split units: tail_tile * splits + range (the partial's workspace slot)
+};
+
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupRows, u32 kNumKBlocks>
+struct SplitTailTileScheduler {
+    static constexpr u32 kMaxSplits = 8;
+    PersistentTileScheduler<kBlockM, kNumNBlocks, kGroupRows, 1> raster;
+    u32 full_tiles;
+    u32 splits;
+    u32 num_units;
+    u32 next_unit;
+
+    DG_DEVICE SplitTailTileScheduler(u32 m) : raster(m, 0), full_tiles(0), splits(1), num_units(0), next_unit(blockIdx.x) {
+        const u32 tiles = raster.num_tiles;
+        const u32 grid = gridDim.x;
+        const u32 tail = tiles % grid;
+        if (tail != 0 && tail * 2 <= grid) {
+            splits = min(min(grid / tail, kMaxSplits), kNumKBlocks);
+        }
+        full_tiles = splits > 1 ? tiles - tail : tiles;
+        num_units = full_tiles + (tiles - full_tiles) * splits;
+    }
+
+    DG_DEVICE bool next(u32& m_block, u32& n_block, SplitUnit& unit) {
+        if (next_unit >= num_units) {
+            return false;
+        }
+        u32 tile = next_unit;
+        unit.splits = 1;
+        unit.k_begin = 0;
+        unit.k_end = kNumKBlocks;
+        unit.tail_tile = 0;
+        unit.slot = 0;
+        if (next_unit >= full_tiles) {
+            const u32 in_tail = next_unit - full_tiles;
+            const u32 range = in_tail % splits;
+            unit.splits = splits;
+            unit.tail_tile = in_tail / splits;
+            unit.slot = in_tail;
+            unit.k_begin = range * kNumKBlocks / splits;
+            unit.k_end = (range + 1) * kNumKBlocks / splits;
+            tile = full_tiles + unit.tail_tile;
+        }
+        raster.tile_at(tile, m_block, n_block);
+        next_unit += gridDim.x;
         return true;
     }
 };

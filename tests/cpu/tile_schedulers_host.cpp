@@ -1,10 +1,12 @@
-// Host check of the grouped tile schedulers (deepgemm/scheduler/grouped_tiles.cuh), compiled with the
-// host C++ compiler by tests/cpu/test_grouped_schedulers.py. Every CTA of a persistent grid runs a
+// Host check of the tile schedulers (deepgemm/scheduler/grouped_tiles.cuh and persistent_tiles.cuh),
+// compiled with the host C++ compiler by tests/cpu/test_tile_schedulers.py. Every CTA of a persistent grid runs a
 // producer and a consumer copy of a scheduler; each tile is then "stored" the way the FP8 GEMM kernel
 // stores it (64-row pieces per warpgroup and wave, the same skip rules as sm90_fp8_gemm_1d2d.cuh), and
 // every output row of every N-block must be written exactly once with the right group (or as padding).
 // Random layouts over block_m 64/128/256, grid sizes below and above the tile count, both contiguous
-// forms and the masked form. Prints "failures: N" last; the exit status is 1 when N > 0.
+// forms and the masked form. The dense split-tail scheduler must cover every (tile, K block) exactly
+// once, give each CTA at most one split unit, and keep workspace slots and counters in range.
+// Prints "failures: N" last; the exit status is 1 when N > 0.
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -34,6 +36,7 @@ using std::min;
 
 #include <deepgemm/ptx/types.cuh>
 #include <deepgemm/scheduler/grouped_tiles.cuh>
+#include <deepgemm/scheduler/persistent_tiles.cuh>
 
 using namespace deepgemm;
 
@@ -231,6 +234,67 @@ void random_cases(std::mt19937& rng, int trials) {
     }
 }
 
+template <u32 kBlockM, u32 kNumNBlocks, u32 kNumKBlocks>
+void check_split_tail(u32 m, u32 grid) {
+    using S = SplitTailTileScheduler<kBlockM, kNumNBlocks, 8, kNumKBlocks>;
+    const u32 m_blocks = (m + kBlockM - 1) / kBlockM;
+    std::vector<int> covered(m_blocks * kNumNBlocks * kNumKBlocks, 0);
+    std::vector<int> slot_used(grid, 0);
+    bool ok = true;
+    for (u32 cta = 0; cta < grid; ++cta) {
+        blockIdx.x = cta;
+        gridDim.x = grid;
+        S producer(m);
+        S consumer(m);
+        u32 split_units = 0;
+        for (;;) {
+            u32 mb = 0, nb = 0, mb2 = 0, nb2 = 0;
+            SplitUnit unit{};
+            SplitUnit unit2{};
+            const bool more = producer.next(mb, nb, unit);
+            const bool more2 = consumer.next(mb2, nb2, unit2);
+            if (more != more2 || (more && (mb != mb2 || nb != nb2 || unit.k_begin != unit2.k_begin || unit.k_end != unit2.k_end))) {
+                ok = false;
+                break;
+            }
+            if (!more) {
+                break;
+            }
+            if (mb >= m_blocks || nb >= kNumNBlocks || unit.k_begin >= unit.k_end || unit.k_end > kNumKBlocks) {
+                ok = false;
+                break;
+            }
+            if (unit.splits > 1) {
+                ++split_units;
+                const bool slot_ok = unit.slot < grid && unit.slot / unit.splits == unit.tail_tile && 2 * unit.tail_tile < grid;
+                if (!slot_ok || slot_used[unit.slot]++) {
+                    ok = false;
+                }
+            }
+            for (u32 kb = unit.k_begin; kb < unit.k_end; ++kb) {
+                ++covered[(mb * kNumNBlocks + nb) * kNumKBlocks + kb];
+            }
+        }
+        if (split_units > 1) {
+            ok = false;
+        }
+    }
+    for (int c : covered) {
+        ok = ok && c == 1;
+    }
+    if (!ok && ++g_failures <= 10) {
+        std::printf("FAIL split tail block_m=%u n_blocks=%u k_blocks=%u m=%u grid=%u\n", kBlockM, kNumNBlocks, kNumKBlocks, m, grid);
+    }
+}
+
+template <u32 kBlockM, u32 kNumNBlocks, u32 kNumKBlocks>
+void random_split_tail(std::mt19937& rng, int trials) {
+    for (int trial = 0; trial < trials; ++trial) {
+        check_split_tail<kBlockM, kNumNBlocks, kNumKBlocks>(std::uniform_int_distribution<u32>(1, 5000)(rng),
+                                                            std::uniform_int_distribution<u32>(1, 140)(rng));
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -244,6 +308,12 @@ int main() {
     random_cases<256, 1>(rng, 200);
     random_cases<128, 3>(rng, 300);
     random_cases<64, 2>(rng, 200);
+    check_split_tail<128, 17, 56>(4096, 132);  // 4096 x 2112 x 7168: 16 tail tiles x 8 ranges
+    check_split_tail<256, 17, 56>(4096, 132);
+    random_split_tail<128, 17, 56>(rng, 300);
+    random_split_tail<256, 3, 2>(rng, 300);
+    random_split_tail<64, 64, 16>(rng, 300);
+    random_split_tail<128, 1, 1>(rng, 200);
     std::printf("failures: %ld\n", g_failures);
     return g_failures ? 1 : 0;
 }
