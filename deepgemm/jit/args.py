@@ -40,8 +40,10 @@ class PackedArgs:
         self._pointers = (ctypes.c_void_p * len(values))(*(base + offset for offset in offsets))
         self.address = ctypes.addressof(self._pointers)
 
-    def replace(self, index: int, value: bytes | ctypes._SimpleCData) -> PackedArgs:
-        """A new packing with argument `index` replaced (this one is never mutated: launches may hold it)."""
+    def replace(self, changes: dict[int, bytes | ctypes._SimpleCData]) -> PackedArgs:
+        """A new packing with the arguments at the given positions replaced (this one is never mutated:
+        launches may hold it)."""
         values = list(self._values)
-        values[index] = value
+        for index, value in changes.items():
+            values[index] = value
         return PackedArgs(values)

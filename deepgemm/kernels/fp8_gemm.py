@@ -134,8 +134,6 @@ class Fp8GemmPlan:
         self.block = c.num_threads
         self._args: dict[tuple[int, ...], PackedArgs] = {}
         self._configs: dict[int, object] = {}  # launch config per stream
-        self._stream_args: dict[tuple[int, int], tuple[PackedArgs, PackedArgs]] = {}
-        self._split_workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if c.split_tail and (spec.kind != GemmKind.DENSE or c.cluster_m != 1):
             raise ValueError(f"split_tail needs a dense GEMM without clusters, got {spec.label()}")
 
@@ -169,7 +167,7 @@ class Fp8GemmPlan:
                 U64(grouping.data_ptr() if grouping is not None else 0),
                 U32(g.groups),
                 U32(g.max_m),
-                U64(0),  # split-tail workspace and counters: set per stream at launch (_args_for_stream)
+                U64(0),  # split-tail workspace and counters: set per launch (launch_packed)
                 U64(0),
             ]
         )
@@ -192,40 +190,36 @@ class Fp8GemmPlan:
         if config is None:
             config = self._configs[stream] = self.kernel.launch_config(
                 self.device_index, stream, self.grid, self.block, self.spec.config.cluster_m)
-        if self.spec.config.split_tail:
-            args = self._args_for_stream(args, stream)
+        if self.spec.config.split_tail and self.split_count() > 1:
+            # Split tail: FP32 partials and arrival counters for this launch, from torch's stream-ordered
+            # caching allocator, so concurrent launches on other streams, CUDA-graph capture (the graph's
+            # pool keeps them) and freed plans never share or lose them. The kernel leaves the counters
+            # at zero; they start at zero here.
+            workspace, counters = self.split_buffers()
+            args = args.replace({self._WORKSPACE_ARG: U64(workspace.data_ptr()), self._COUNTERS_ARG: U64(counters.data_ptr())})
+            launch_on_device(self.kernel, self.device_index, stream, config, args.address)
+            return
         launch_on_device(self.kernel, self.device_index, stream, config, args.address)
 
-    # Split tail: each stream gets its own FP32 partial workspace and arrival counters (two launches of
-    # this plan on two streams may run at once); the counters start at zero and every launch leaves
-    # them at zero. Arguments are re-packed once per (arguments, stream).
-    _WORKSPACE_ARG = 9
+    _WORKSPACE_ARG = 9  # positions of the split-tail pointers in _pack's argument list
     _COUNTERS_ARG = 10
 
-    def _args_for_stream(self, args: PackedArgs, stream: int) -> PackedArgs:
-        derived = self._stream_args.get((id(args), stream))
-        if derived is not None and derived[0] is args:
-            return derived[1]
-        workspace, counters = self._split_buffers(stream)
-        packed = args.replace(self._WORKSPACE_ARG, U64(workspace.data_ptr())).replace(
-            self._COUNTERS_ARG, U64(counters.data_ptr()))
-        if len(self._stream_args) >= self._ARGS_CAPACITY:
-            self._stream_args.clear()
-        self._stream_args[(id(args), stream)] = (args, packed)
-        return packed
+    def split_count(self) -> int:
+        """K ranges per tail tile for this plan's M (1: no split); mirrors SplitTailTileScheduler."""
+        c = self.spec.config
+        tiles = ceil_div(self.geometry.rows, c.block_m) * ceil_div(self.spec.n, c.block_n)
+        tail = tiles % self.grid
+        if tail == 0 or 2 * tail > self.grid:
+            return 1
+        return min(self.grid // tail, 8, ceil_div(self.spec.k, 128))
 
-    def _split_buffers(self, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
-        buffers = self._split_workspaces.get(stream)
-        if buffers is None:
-            c = self.spec.config
-            # At most one split unit per CTA of the grid; at most grid / 2 split tiles.
-            slot_floats = c.block_m * c.block_n
-            device = torch.device("cuda", self.device_index)
-            with torch.cuda.device(self.device_index):
-                workspace = torch.empty(self.grid * slot_floats, dtype=torch.float32, device=device)
-                counters = torch.zeros(self.grid * c.num_math_warpgroups, dtype=torch.int32, device=device)
-            buffers = self._split_workspaces[stream] = (workspace, counters)
-        return buffers
+    def split_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One launch's workspace (a block_m x block_n FP32 slot per split unit) and zeroed counters."""
+        c = self.spec.config
+        device = torch.device("cuda", self.device_index)
+        workspace = torch.empty(self.grid * c.block_m * c.block_n, dtype=torch.float32, device=device)
+        counters = torch.zeros(self.grid * c.num_math_warpgroups, dtype=torch.int32, device=device)
+        return workspace, counters
 
     def launch(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
                grouping: torch.Tensor | None = None) -> None:

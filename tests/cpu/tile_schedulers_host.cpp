@@ -119,6 +119,7 @@ bool run_grid(u32 grid, u32 m_rows, bool psum, const std::vector<int>& m_indices
 }
 
 long g_failures = 0;
+long g_split_units_seen = 0;
 
 void fail(const char* what, u32 block_m, u32 grid, u32 n_block, u32 row, const Written& got, int expected) {
     if (++g_failures <= 10) {
@@ -235,7 +236,7 @@ void random_cases(std::mt19937& rng, int trials) {
 }
 
 template <u32 kBlockM, u32 kNumNBlocks, u32 kNumKBlocks>
-void check_split_tail(u32 m, u32 grid) {
+void check_split_tail(u32 m, u32 grid, u32 expected_splits = 0) {
     using S = SplitTailTileScheduler<kBlockM, kNumNBlocks, 8, kNumKBlocks>;
     const u32 m_blocks = (m + kBlockM - 1) / kBlockM;
     std::vector<int> covered(m_blocks * kNumNBlocks * kNumKBlocks, 0);
@@ -264,8 +265,12 @@ void check_split_tail(u32 m, u32 grid) {
                 ok = false;
                 break;
             }
+            if (expected_splits != 0 && unit.splits != 1 && unit.splits != expected_splits) {
+                ok = false;
+            }
             if (unit.splits > 1) {
                 ++split_units;
+                ++g_split_units_seen;
                 const bool slot_ok = unit.slot < grid && unit.slot / unit.splits == unit.tail_tile && 2 * unit.tail_tile < grid;
                 if (!slot_ok || slot_used[unit.slot]++) {
                     ok = false;
@@ -282,6 +287,10 @@ void check_split_tail(u32 m, u32 grid) {
     for (int c : covered) {
         ok = ok && c == 1;
     }
+    if (expected_splits > 1 && g_split_units_seen == 0) {
+        ok = false;  // this case must split
+    }
+    g_split_units_seen = 0;
     if (!ok && ++g_failures <= 10) {
         std::printf("FAIL split tail block_m=%u n_blocks=%u k_blocks=%u m=%u grid=%u\n", kBlockM, kNumNBlocks, kNumKBlocks, m, grid);
     }
@@ -308,8 +317,10 @@ int main() {
     random_cases<256, 1>(rng, 200);
     random_cases<128, 3>(rng, 300);
     random_cases<64, 2>(rng, 200);
-    check_split_tail<128, 17, 56>(4096, 132);  // 4096 x 2112 x 7168: 16 tail tiles x 8 ranges
-    check_split_tail<256, 17, 56>(4096, 132);
+    check_split_tail<128, 17, 56>(4096, 132, 8);  // 4096 x 2112 x 7168: 16 tail tiles x 8 ranges
+    check_split_tail<256, 17, 56>(4096, 132, 8);  // 272 tiles: 8 x 8
+    check_split_tail<128, 17, 56>(4096, 136, 1);  // 544 = 4 x 136: no tail, no split
+    check_split_tail<64, 64, 16>(129, 60, 5);     // 192 tiles: 12 x 5
     random_split_tail<128, 17, 56>(rng, 300);
     random_split_tail<256, 3, 2>(rng, 300);
     random_split_tail<64, 64, 16>(rng, 300);

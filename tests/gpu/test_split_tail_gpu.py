@@ -20,12 +20,6 @@ CASES = [
 ]
 
 
-def expected_splits(tiles: int, grid: int, k_blocks: int) -> int:
-    """The device scheduler's rule (SplitTailTileScheduler), to keep these cases meaningful."""
-    tail = tiles % grid
-    return min(grid // tail, 8, k_blocks) if tail and 2 * tail <= grid else 1
-
-
 def split_plan(m: int, n: int, k: int, block_m: int, block_n: int, sms: int, out_dtype: torch.dtype):  # noqa: ANN201
     from deepgemm.configs.heuristics import make_config
     from deepgemm.kernels.fp8_gemm import get_plan
@@ -35,56 +29,87 @@ def split_plan(m: int, n: int, k: int, block_m: int, block_n: int, sms: int, out
     return get_plan(0, m, n, k, out_dtype, config)
 
 
+def run(plan, a, b, out_dtype: torch.dtype) -> torch.Tensor:  # noqa: ANN001
+    m, n = a[0].shape[0], b[0].shape[0]
+    out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
+    plan.launch(a[0], a[1], b[0], b[1], out)
+    return out
+
+
 @pytest.mark.parametrize("m,n,k,block_m,block_n,sms,out_dtype", CASES, ids=lambda v: str(v))
 def test_split_tail_matches_float64_and_repeats_bitwise(m: int, n: int, k: int, block_m: int, block_n: int, sms: int,
-                                                        out_dtype: torch.dtype) -> None:
+                                                        out_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = split_plan(m, n, k, block_m, block_n, sms, out_dtype)
+    splits = plan.split_count()
+    assert splits > 1
     tiles = -(-m // block_m) * -(-n // block_n)
-    assert plan.grid == min(sms, tiles) and expected_splits(tiles, plan.grid, -(-k // 128)) > 1
-    a, b = random_operands(m, n, k, "cuda")
-    first = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
-    plan.launch(a[0], a[1], b[0], b[1], first)
-    assert_close_to_reference(first, reference_fp64(a, b), reference_abs_fp64(a, b),
-                              max_diff=1e-5 if out_dtype == torch.float32 else 1e-3)
-    for _ in range(3):  # the arrival counters must be back at zero after every launch
-        again = torch.full_like(first, float("nan"))
-        plan.launch(a[0], a[1], b[0], b[1], again)
-        assert torch.equal(again, first), "the split tail must sum its K ranges in a fixed order"
+    tail = tiles % plan.grid
+
+    # The device really splits: every K range of the tail writes its slot (the workspace starts as NaN),
+    # and the arrival counters are back at zero afterwards.
+    buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+    make_buffers = plan.split_buffers
+
+    def poisoned_buffers() -> tuple[torch.Tensor, torch.Tensor]:
+        workspace, counters = make_buffers()
+        workspace.fill_(float("nan"))
+        buffers.append((workspace, counters))
+        return workspace, counters
+
+    monkeypatch.setattr(plan, "split_buffers", poisoned_buffers)
+    inputs = [random_operands(m, n, k, "cuda"), random_operands(m, n, k, "cuda")]
+    firsts = []
+    for a, b in inputs:
+        out = run(plan, a, b, out_dtype)
+        assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b),
+                                  max_diff=1e-5 if out_dtype == torch.float32 else 1e-3)
+        firsts.append(out)
+    workspace, counters = buffers[0]
+    torch.cuda.synchronize()
+    warpgroups = 1 if block_m == 64 else 2
+    slots = workspace[: tail * splits * block_m * block_n].view(tail * splits, warpgroups, -1)
+    assert slots[:, 0].isfinite().all()  # the first math warpgroup always has rows (the second may not)
+    assert (counters == 0).all()
+    # Alternating inputs: a K range that read another launch's partials would show up here.
+    for _ in range(2):
+        for (a, b), first in zip(inputs, firsts):
+            assert torch.equal(run(plan, a, b, out_dtype), first), "the split tail must sum its K ranges in a fixed order"
 
 
 def test_split_tail_graph_replay_and_two_streams() -> None:
     m, n, k = 4096, 2112, 7168
     plan = split_plan(m, n, k, 128, 128, 132, torch.bfloat16)
-    a, b = random_operands(m, n, k, "cuda")
-    expected = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
-    plan.launch(a[0], a[1], b[0], b[1], expected)
+    inputs = [random_operands(m, n, k, "cuda") for _ in range(2)]
+    expected = [run(plan, a, b, torch.bfloat16) for a, b in inputs]
     torch.cuda.synchronize()
 
-    out = torch.full_like(expected, float("nan"))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        plan.launch(a[0], a[1], b[0], b[1], out)  # warm this stream's workspace before capture
-    torch.cuda.current_stream().wait_stream(side)
+    # Captured on torch.cuda.graph's own stream (its first use), replayed with new input contents.
+    a_live = (inputs[0][0][0].clone(), inputs[0][0][1].clone())
+    b_live = (inputs[0][1][0].clone(), inputs[0][1][1].clone())
+    out = torch.full_like(expected[0], float("nan"))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        plan.launch(a[0], a[1], b[0], b[1], out)
-    for _ in range(3):
+        plan.launch(a_live[0], a_live[1], b_live[0], b_live[1], out)
+    for round_ in range(4):
+        (a, b), want = inputs[round_ % 2], expected[round_ % 2]
+        for live, new in zip(a_live + b_live, a + b):
+            live.copy_(new)
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, expected)
+        assert torch.equal(out, want)
 
-    # The same plan on two streams at once: each stream has its own partials and counters.
-    outs = [torch.full_like(expected, float("nan")) for _ in range(2)]
+    # The same plan on two streams at once, with different inputs: each launch has its own partials.
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     for _ in range(5):
-        for stream, target in zip(streams, outs):
+        outs = [torch.full_like(expected[0], float("nan")) for _ in streams]
+        for stream, (a, b), target in zip(streams, inputs, outs):
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 plan.launch(a[0], a[1], b[0], b[1], target)
+                target.record_stream(stream)
         for stream in streams:
             torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        for target in outs:
-            assert torch.equal(target, expected)
+        for target, want in zip(outs, expected):
+            assert torch.equal(target, want)

@@ -47,7 +47,7 @@ struct PersistentTileScheduler {
 
 // The same raster with the last, partial wave split along K ("split tail"): when the tiles left after
 // the full waves fill at most half of the grid, each of them is cut into `splits` K ranges (at most
-// kMaxSplits, at most one K block each) so every CTA gets a piece of the last wave. Units 0 ..
+// kMaxSplits, at least one K block each) so every CTA gets a piece of the last wave. Units 0 ..
 // full_tiles - 1 are whole tiles; unit full_tiles + s * tail_tile + c is K range c of tail tile
 // `tail_tile`. A CTA takes units blockIdx.x, + gridDim.x, ...: at most one unit of the tail each.
 struct SplitUnit {
