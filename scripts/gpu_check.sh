@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: scripts/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench grouped kgrouped ablate clusters ncu power overlap (default:
+# Steps: install smoke tests sanitize host sass bench grouped kgrouped ablate clusters ncu power overlap split (default:
 # the first seven). ablate times the FP8 GEMM with one part removed at a time (scripts/ablate.py); power compares
 # steady-state clock and TFLOPS/GHz with cuBLAS (scripts/power_probe.py); overlap asks whether FFMAs overlap wgmma
-# (scripts/overlap_probe.py).
+# (scripts/overlap_probe.py); split tests and times the split tail / split-K (scripts/bench_split.py).
 set -uo pipefail
 OUT=${OUT:-/tmp/deepgemm-out}
 mkdir -p "$OUT"
@@ -66,6 +66,10 @@ if has power; then
 fi
 if has overlap; then
   timeout 120 python3 scripts/overlap_probe.py 2>&1 | tee "$OUT/overlap.md"
+fi
+if has split; then
+  timeout 300 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider tests/gpu/test_split_tail_gpu.py 2>&1 | tee "$OUT/pytest_split.log" | grep -E "passed|failed|Error|error" | tail -8
+  timeout 300 python3 scripts/bench_split.py 2>&1 | tee "$OUT/bench_split.md"
 fi
 if has clusters; then
   python3 - <<'PY'

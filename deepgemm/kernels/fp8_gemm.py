@@ -127,7 +127,8 @@ class Fp8GemmPlan:
         if c.cluster_m > 1:
             # A persistent grid must be fully resident: some SMs may have no cluster partner.
             resident = min(resident, kernel.max_active_clusters(device_index, c.num_threads, c.cluster_m))
-        if geometry.tiles_known:
+        if geometry.tiles_known and not c.split_tail:
+            # (A split-tail grid keeps every SM: fewer tiles than SMs are then split along K.)
             cluster_tiles = ceil_div(ceil_div(geometry.rows, c.block_m), c.cluster_m) * ceil_div(spec.n, c.block_n)
             resident = min(resident, cluster_tiles)
         self.grid = max(resident, 1) * c.cluster_m

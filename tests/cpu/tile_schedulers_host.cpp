@@ -321,6 +321,7 @@ int main() {
     check_split_tail<256, 17, 56>(4096, 132, 8);  // 272 tiles: 8 x 8
     check_split_tail<128, 17, 56>(4096, 136, 1);  // 544 = 4 x 136: no tail, no split
     check_split_tail<64, 64, 16>(129, 60, 5);     // 192 tiles: 12 x 5
+    check_split_tail<64, 17, 56>(64, 132, 7);     // decode 64 x 2112 x 7168: 17 tiles, all split 7 ways
     random_split_tail<128, 17, 56>(rng, 300);
     random_split_tail<256, 3, 2>(rng, 300);
     random_split_tail<64, 64, 16>(rng, 300);

@@ -17,6 +17,8 @@ CASES = [
     (1000, 2056, 7296, 128, 104, 50, torch.bfloat16),  # 160 tiles: 10 x 5; straddling scale blocks, N tail
     (129, 7168, 2048, 64, 112, 60, torch.bfloat16),  # 192 tiles: 12 x 5; one math warpgroup
     (4097, 136, 256, 128, 64, 40, torch.float32),  # 99 tiles: 19 x 2 ranges of one K block
+    (64, 2112, 7168, 64, 128, 132, torch.bfloat16),  # decode: 17 tiles on 132 CTAs, split-K into 7
+    (1, 4096, 7168, 64, 128, 132, torch.bfloat16),  # 32 tiles x 4; one row
 ]
 
 
@@ -41,7 +43,7 @@ def test_split_tail_matches_float64_and_repeats_bitwise(m: int, n: int, k: int, 
                                                         out_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = split_plan(m, n, k, block_m, block_n, sms, out_dtype)
     splits = plan.split_count()
-    assert splits > 1
+    assert splits > 1 and plan.grid == sms
     tiles = -(-m // block_m) * -(-n // block_n)
     tail = tiles % plan.grid
 

@@ -50,6 +50,8 @@ struct PersistentTileScheduler {
 // kMaxSplits, at least one K block each) so every CTA gets a piece of the last wave. Units 0 ..
 // full_tiles - 1 are whole tiles; unit full_tiles + s * tail_tile + c is K range c of tail tile
 // `tail_tile`. A CTA takes units blockIdx.x, + gridDim.x, ...: at most one unit of the tail each.
+// With fewer tiles than CTAs (decode-sized M) every tile is a tail tile: plain split-K, which cuts the
+// activation rows each SM reads by the number of ranges.
 struct SplitUnit {
     u32 k_begin;    // first K block of the range
     u32 k_end;      // one past the last
