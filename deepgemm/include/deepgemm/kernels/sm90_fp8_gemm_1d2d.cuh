@@ -352,15 +352,23 @@ struct Sm90Fp8Gemm1D2D {
         }
         const float* first = problem.workspace + (unit.slot - unit.slot % unit.splits) * kSlotFloats +
                              math_wg * kWarpgroupFloats + thread_in_wg;
+        // K ranges in order (a fixed summation order: the result does not depend on arrival order); within a
+        // range every load is independent, so all of a slot's loads are in flight at once.
 #pragma unroll
         for (u32 w = 0; w < kNumWaves; ++w) {
 #pragma unroll
             for (u32 i = 0; i < kBlockN / 2; ++i) {
-                float sum = 0.0f;
-                for (u32 r = 0; r < unit.splits; ++r) {
-                    sum += __ldcg(first + r * kSlotFloats + (w * (kBlockN / 2) + i) * 128);
+                results[w][i] = 0.0f;
+            }
+        }
+        for (u32 r = 0; r < unit.splits; ++r) {
+            const float* slot = first + r * kSlotFloats;
+#pragma unroll
+            for (u32 w = 0; w < kNumWaves; ++w) {
+#pragma unroll
+                for (u32 i = 0; i < kBlockN / 2; ++i) {
+                    results[w][i] += __ldcg(slot + (w * (kBlockN / 2) + i) * 128);
                 }
-                results[w][i] = sum;
             }
         }
         return true;
