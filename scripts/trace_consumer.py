@@ -42,7 +42,7 @@ MARK = f"""
 #define DG_MARK(tag)                                                                                     \\
     do {{                                                                                                \\
         if ((({MARK_MASK}u >> (tag)) & 1u) != 0 && blockIdx.x < {CTAS} && threadIdx.x % 128 == 0 && dg_ti < {EVENTS}) {{                        \\
-            dg_buf[(blockIdx.x * 2 + threadIdx.x / 128 - 1) * {EVENTS} + dg_ti] = (clock64() & ((1ull << 60) - 1)) | (u64(tag) << 60); \\
+            dg_buf[(blockIdx.x * 4 + threadIdx.x / 128 - 1) * {EVENTS} + dg_ti] = (clock64() & ((1ull << 60) - 1)) | (u64(tag) << 60); \\
         }}                                                                                              \\
         if ((({MARK_MASK}u >> (tag)) & 1u) != 0) ++dg_ti;                                                                                        \\
     }} while (0)
@@ -50,11 +50,10 @@ MARK = f"""
 
 PATCHES: list[tuple[str, str]] = [
     ("namespace deepgemm {\n\n// Which rows", "namespace deepgemm {\n" + MARK + "\n// Which rows"),
-    ("        Tiles tiles(problem, cta_rank);\n        GroupedTile tile;\n        u32 stage = 0;\n        u32 phase = 0;\n"
-     "        while (tiles.next(tile)) {\n            const u32 col0",
-     "        Tiles tiles(problem, cta_rank);\n        GroupedTile tile;\n        u32 stage = 0;\n        u32 phase = 0;\n"
-     "        u32 dg_ti = 0;\n        u64* const dg_buf = reinterpret_cast<u64*>(const_cast<i32*>(problem.grouping));\n"
-     "        while (tiles.next(tile)) {\n            const u32 col0"),
+    ("        u32 phase = 0;\n        while (tiles.next(tile, unit)) {\n            const u32 k_begin",
+     "        u32 phase = 0;\n        u32 dg_ti = 0;\n"
+     "        u64* const dg_buf = reinterpret_cast<u64*>(const_cast<i32*>(problem.grouping));\n"
+     "        while (tiles.next(tile, unit)) {\n            const u32 k_begin"),
     # unpipelined
     ("                    ptx::mbarrier_wait(&ring.full[stage], phase);\n#pragma unroll\n",
      "                    ptx::mbarrier_wait(&ring.full[stage], phase);\n                    DG_MARK(0);\n#pragma unroll\n"),
@@ -136,28 +135,28 @@ def main() -> None:
         else:
             config = choose_fp8_gemm_config(m, n, k, sms)
         plan = get_plan(0, m, n, k, torch.bfloat16, config)
-        buffer = torch.zeros(CTAS * 2 * EVENTS, dtype=torch.int64, device="cuda")
+        buffer = torch.zeros(CTAS * 4 * EVENTS, dtype=torch.int64, device="cuda")
         # Dense GEMMs ignore the grouping pointer: the patched kernel writes its stamps there.
         grouping = buffer.view(torch.int32)
         t = bench_gpu(lambda: plan.launch(a[0], a[1], b[0], b[1], out, grouping), iters=10, warmup=2)
         torch.cuda.synchronize()
         host = buffer.cpu()
-        trace = host.view(CTAS, 2, EVENTS).tolist()
+        trace = host.view(CTAS, 4, EVENTS).tolist()
         print(f"### {shape} {config.label()} marks={os.environ.get('TRACE_MARKS', 'all')!r}: {t.median_us:.1f} µs "
               f"({2 * m * n * k / t.median_us / 1e6:.0f} TFLOPS)")
         if not MARK_MASK:
             continue
         for cta in range(CTAS):
-            for wg in range(2):
+            for wg in range(4):
                 raw = [v for v in trace[cta][wg] if v]
-                events = [(v >> 60, v & ((1 << 60) - 1)) for v in raw]
-                summarize(events, f"cta {cta} wg {wg}")
-        first = [(v >> 60, v & ((1 << 60) - 1)) for v in trace[0][0][:48] if v]
-        second = [(v >> 60, v & ((1 << 60) - 1)) for v in trace[0][1][:48] if v]
-        base = min(t for _, t in first + second) if first and second else 0
+                if raw:
+                    summarize([(v >> 60, v & ((1 << 60) - 1)) for v in raw], f"cta {cta} wg {wg}")
+        timelines = [[(v >> 60, v & ((1 << 60) - 1)) for v in trace[0][wg][:48] if v] for wg in range(4)]
+        timelines = [t for t in timelines if t]
+        base = min(t for line in timelines for _, t in line) if timelines else 0
         print("cta 0 timeline (first 48 events per warpgroup, cycles from the first):")
-        print("  wg0: " + " ".join(f"{TAGS[tag][0]}{t - base}" for tag, t in first))
-        print("  wg1: " + " ".join(f"{TAGS[tag][0]}{t - base}" for tag, t in second))
+        for wg, line in enumerate(timelines):
+            print(f"  wg{wg}: " + " ".join(f"{TAGS[tag][0]}{t - base}" for tag, t in line))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
+#!/usr/bin/env bash
+# One device call: the consumer trace (scripts/trace_consumer.py) of the M = 4096 tiles, untraced and fully
+# stamped. TRACE_SHAPE and TRACE_CONFIG override the defaults.
 scripts/gpu_check.sh install >/dev/null
-for marks in "" full,retired,promoted full,issued,retired,promoted; do
-  TRACE_MARKS=$marks TRACE_CONFIG="128,128,1;256,128,1" timeout 120 python3 scripts/trace_consumer.py 4096x7168x16384 2>&1 | tee -a $OUT/trace.txt
+for marks in "" full,issued,retired,promoted; do
+  TRACE_MARKS=$marks TRACE_CONFIG="${TRACE_CONFIG:-256,128,1;192,128,1}" timeout 120 \
+    python3 scripts/trace_consumer.py "${TRACE_SHAPE:-4096x7168x16384}" 2>&1 | tee -a "${OUT:-/tmp}/trace.txt"
 done

@@ -25,9 +25,11 @@ def test_split_tail_kernels_build_without_spills(m: int, n: int, k: int, block_m
     assert (compiled.resources.spill_stores, compiled.resources.stack_frame) == (0, 0)
 
 
-def test_split_tail_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_split_tail_is_opt_in_except_for_block_m_192(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DEEPGEMM_SPLIT_TAIL", raising=False)
     monkeypatch.delenv("DEEPGEMM_CLUSTER_M", raising=False)
-    assert not plan_spec(4096, 2112, 7168, torch.bfloat16, 132).config.split_tail
+    plain = plan_spec(4096, 7168, 16384, torch.bfloat16, 132).config
+    assert plain.block_m == 256 and not plain.split_tail
+    assert plan_spec(4096, 2112, 7168, torch.bfloat16, 132).config.split_tail  # block_m 192: the model's choice
     monkeypatch.setenv("DEEPGEMM_SPLIT_TAIL", "1")
-    assert plan_spec(4096, 2112, 7168, torch.bfloat16, 132).config.split_tail
+    assert plan_spec(4096, 7168, 16384, torch.bfloat16, 132).config.split_tail

@@ -19,6 +19,8 @@ CASES = [
     (4097, 136, 256, 128, 64, 40, torch.float32),  # 99 tiles: 19 x 2 ranges of one K block
     (64, 2112, 7168, 64, 128, 132, torch.bfloat16),  # decode: 17 tiles on 132 CTAs, split-K into 7
     (1, 4096, 7168, 64, 128, 132, torch.bfloat16),  # 32 tiles x 4; one row
+    (4096, 1024, 7168, 192, 128, 132, torch.bfloat16),  # 176 tiles: 44 x 3; three math warpgroups
+    (4097, 1000, 7296, 192, 128, 132, torch.float32),  # 176 tiles: 44 x 3; 65-row last block, N tail
 ]
 
 
