@@ -214,7 +214,29 @@ def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes:
     if not ranked:
         raise UnsupportedError(f"no FP8 GEMM tile for m={m} n={n} k={k} fits in shared memory")
     _, block_m, block_n = ranked[0]
-    # block_m 192 runs as the split-tail kernel: besides splitting a small last wave, that build measured 6%
-    # faster than the plain one on 4096x2112x7168 even where nothing splits (106.5-109.2 vs 113.7-116.5 us,
-    # same harness; the main loops' SASS is the same, cause not found yet: docs/perf-notes.md).
-    return make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes, split_tail=block_m == 192)
+    # block_m 192 runs as the split-tail kernel: that build measured 6% faster than the plain one on
+    # 4096x2112x7168 where nothing splits (106.5-109.2 vs 113.7-116.5 us, same harness; the main loops' SASS
+    # is the same, cause not found yet: docs/perf-notes.md). Real splits paid only with long K ranges
+    # (K = 7168 in 8 ranges: +6%; K = 1536 in 3 and K = 512 in 4: -3% and -6%), so not where a split would
+    # leave fewer than MIN_K_BLOCKS_PER_SPLIT K blocks per range.
+    split_tail = split_tail_for(block_m, ceil_div(m, block_m) * ceil_div(n, block_n), num_sms, ceil_div(k, 128))
+    return make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes, split_tail=split_tail)
+
+
+def split_tail_for(block_m: int, tiles: int, num_sms: int, k_blocks: int) -> bool:
+    """Whether the cost model builds a tile choice as the split-tail kernel (see choose_fp8_gemm_config)."""
+    ranges = split_tail_ranges(tiles, num_sms, k_blocks)
+    return block_m == 192 and (ranges == 1 or k_blocks >= MIN_K_BLOCKS_PER_SPLIT * ranges)
+
+
+MAX_SPLITS = 8  # mirrors SplitTailTileScheduler::kMaxSplits
+MIN_K_BLOCKS_PER_SPLIT = 7
+
+
+def split_tail_ranges(tiles: int, grid: int, k_blocks: int) -> int:
+    """K ranges per tail tile of a split-tail launch (1: nothing splits); mirrors SplitTailTileScheduler:
+    the tiles of a last wave that fills at most half of the grid are cut into min(grid / tail, 8, K blocks)."""
+    tail = tiles % grid
+    if tail == 0 or 2 * tail > grid:
+        return 1
+    return min(grid // tail, MAX_SPLITS, k_blocks)

@@ -13,7 +13,7 @@ import torch
 from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
 from deepgemm.configs.heuristics import (contiguous_allows_block_m_256, make_config, masked_allows_block_m_256,
-                                        spans_at_most_two_scale_blocks)
+                                        spans_at_most_two_scale_blocks, split_tail_ranges)
 from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
@@ -209,10 +209,7 @@ class Fp8GemmPlan:
         """K ranges per tail tile for this plan's M (1: no split); mirrors SplitTailTileScheduler."""
         c = self.spec.config
         tiles = ceil_div(self.geometry.rows, c.block_m) * ceil_div(self.spec.n, c.block_n)
-        tail = tiles % self.grid
-        if tail == 0 or 2 * tail > self.grid:
-            return 1
-        return min(self.grid // tail, 8, ceil_div(self.spec.k, 128))
+        return split_tail_ranges(tiles, self.grid, ceil_div(self.spec.k, 128))
 
     def split_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One launch's workspace (a block_m x block_n FP32 slot per split unit) and zeroed counters."""

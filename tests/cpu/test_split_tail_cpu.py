@@ -33,3 +33,16 @@ def test_split_tail_is_opt_in_except_for_block_m_192(monkeypatch: pytest.MonkeyP
     assert plan_spec(4096, 2112, 7168, torch.bfloat16, 132).config.split_tail  # block_m 192: the model's choice
     monkeypatch.setenv("DEEPGEMM_SPLIT_TAIL", "1")
     assert plan_spec(4096, 7168, 16384, torch.bfloat16, 132).config.split_tail
+
+
+def test_block_m_192_split_tail_only_with_long_ranges() -> None:
+    from deepgemm.configs.heuristics import choose_fp8_gemm_config, split_tail_for, split_tail_ranges
+
+    assert split_tail_ranges(544, 132, 56) == 8 and split_tail_ranges(374, 132, 56) == 1
+    assert split_tail_ranges(176, 132, 12) == 3 and split_tail_ranges(132, 132, 56) == 1
+    assert split_tail_ranges(133, 132, 2) == 2  # at most one range per K block
+    assert split_tail_for(192, 374, 132, 56)  # nothing splits: the split-tail build only
+    assert split_tail_for(192, 176, 132, 56)  # 3 ranges of >= 18 K blocks
+    assert not split_tail_for(192, 176, 132, 12)  # 3 ranges of 4 K blocks: short ranges measured slower
+    assert not split_tail_for(256, 374, 132, 56) and not split_tail_for(128, 544, 132, 56)
+    assert choose_fp8_gemm_config(4096, 2112, 7168, 132).split_tail
