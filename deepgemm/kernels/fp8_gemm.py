@@ -137,6 +137,8 @@ class Fp8GemmPlan:
         self._configs: dict[int, object] = {}  # launch config per stream
         if c.split_tail and (spec.kind != GemmKind.DENSE or c.cluster_m != 1):
             raise ValueError(f"split_tail needs a dense GEMM without clusters, got {spec.label()}")
+        # K ranges per tail tile, fixed per plan (dense plans have a fixed M): launches only test it.
+        self._split_ranges = self.split_count() if c.split_tail else 1
 
     def _pack(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
               grouping: torch.Tensor | None) -> PackedArgs:
@@ -191,7 +193,7 @@ class Fp8GemmPlan:
         if config is None:
             config = self._configs[stream] = self.kernel.launch_config(
                 self.device_index, stream, self.grid, self.block, self.spec.config.cluster_m)
-        if self.spec.config.split_tail and self.split_count() > 1:
+        if self._split_ranges > 1:
             # Split tail: FP32 partials and arrival counters for this launch, from torch's stream-ordered
             # caching allocator, so concurrent launches on other streams, CUDA-graph capture (the graph's
             # pool keeps them) and freed plans never share or lose them. The kernel leaves the counters

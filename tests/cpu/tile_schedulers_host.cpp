@@ -322,10 +322,13 @@ int main() {
     check_split_tail<128, 17, 56>(4096, 136, 1);  // 544 = 4 x 136: no tail, no split
     check_split_tail<64, 64, 16>(129, 60, 5);     // 192 tiles: 12 x 5
     check_split_tail<64, 17, 56>(64, 132, 7);     // decode 64 x 2112 x 7168: 17 tiles, all split 7 ways
+    check_split_tail<192, 8, 56>(4096, 132, 3);   // 4096 x 1024 x 7168 with block_m 192: 176 tiles, 44 x 3
+    check_split_tail<192, 17, 56>(4096, 132, 1);  // 4096 x 2112 x 7168: 374 tiles, tail 110: no split
     random_split_tail<128, 17, 56>(rng, 300);
     random_split_tail<256, 3, 2>(rng, 300);
     random_split_tail<64, 64, 16>(rng, 300);
     random_split_tail<128, 1, 1>(rng, 200);
+    random_split_tail<192, 17, 56>(rng, 200);
     std::printf("failures: %ld\n", g_failures);
     return g_failures ? 1 : 0;
 }
