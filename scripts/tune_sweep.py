@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from deepgemm.bench.timing import bench_gpu
-from deepgemm.configs.heuristics import candidate_tiles, choose_fp8_gemm_config, make_config, max_stages, ranked_candidates
+from deepgemm.configs.heuristics import (candidate_tiles, choose_fp8_gemm_config, clusters_allowed, make_config, max_stages,
+                                        ranked_candidates)
 from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec, get_plan
 from deepgemm.kernels.device import sm_count
 from tests.helpers import random_operands
@@ -33,7 +34,7 @@ def candidates(m: int, n: int, k: int, sms: int) -> list:
     configs = set()
     for bm, bn in picks:
         for cm in (1, 2):
-            if cm == 2 and (bn % 16 or -(-m // bm) < 2):
+            if cm == 2 and not clusters_allowed(m, bm, bn, sms):
                 continue
             configs.add(make_config(m, n, k, bm, bn, sms, 2, cluster_m=cm))
     return sorted(configs, key=lambda c: (c.block_m, c.block_n, c.cluster_m))

@@ -83,8 +83,13 @@ def cluster_m_for(m: int, block_m: int, block_n: int, num_sms: int) -> int:
 
     DEEPGEMM_CLUSTER_M=2 enables it where the tile allows it (block_n % 16 == 0, two or more M-blocks).
     """
-    allowed = block_n % 16 == 0 and num_sms % 2 == 0 and ceil_div(m, block_m) >= 2 and block_m != 192
-    return 2 if allowed and os.environ.get("DEEPGEMM_CLUSTER_M") == "2" else 1
+    return 2 if clusters_allowed(m, block_m, block_n, num_sms) and os.environ.get("DEEPGEMM_CLUSTER_M") == "2" else 1
+
+
+def clusters_allowed(m: int, block_m: int, block_n: int, num_sms: int) -> bool:
+    """Whether a tile may run as 2-CTA clusters: halves of B for multicast (block_n % 16 == 0), pairs of SMs,
+    two or more M-blocks, and not block_m 192 (its three math warpgroups leave no registers for it)."""
+    return block_n % 16 == 0 and num_sms % 2 == 0 and ceil_div(m, block_m) >= 2 and block_m != 192
 
 
 def pipelined_for(block_m: int, block_n: int) -> bool:
@@ -219,8 +224,13 @@ def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes:
     # is the same, cause not found yet: docs/perf-notes.md). Real splits paid only with long K ranges
     # (K = 7168 in 8 ranges: +6%; K = 1536 in 3 and K = 512 in 4: -3% and -6%), so not where a split would
     # leave fewer than MIN_K_BLOCKS_PER_SPLIT K blocks per range.
-    split_tail = split_tail_for(block_m, ceil_div(m, block_m) * ceil_div(n, block_n), num_sms, ceil_div(k, 128))
-    return make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes, split_tail=split_tail)
+    return make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes,
+                       split_tail=model_split_tail(m, n, k, block_m, block_n, num_sms))
+
+
+def model_split_tail(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> bool:
+    """The split-tail choice for a tile without clusters (the cost model, the tuner and tuned entries agree)."""
+    return split_tail_for(block_m, ceil_div(m, block_m) * ceil_div(n, block_n), num_sms, ceil_div(k, 128))
 
 
 def split_tail_for(block_m: int, tiles: int, num_sms: int, k_blocks: int) -> bool:

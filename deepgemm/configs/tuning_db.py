@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepgemm.configs.config import GemmConfig
-from deepgemm.configs.heuristics import candidate_tiles, make_config, max_stages
+from deepgemm.configs.heuristics import candidate_tiles, clusters_allowed, make_config, max_stages, model_split_tail
 
 FORMAT = "deepgemm-tuning"
 VERSION = 1
@@ -92,9 +92,11 @@ class TuningDB:
             return None
         if choice.cluster_m not in (1, 2) or max_stages(choice.block_m, choice.block_n, k, out_elem_bytes) < 2:
             return None
-        if choice.cluster_m == 2 and (choice.block_n % 16 or num_sms % 2 or -(-m // choice.block_m) < 2):
+        if choice.cluster_m == 2 and not clusters_allowed(m, choice.block_m, choice.block_n, num_sms):
             return None
-        return make_config(m, n, k, choice.block_m, choice.block_n, num_sms, out_elem_bytes, cluster_m=choice.cluster_m)
+        split_tail = choice.cluster_m == 1 and model_split_tail(m, n, k, choice.block_m, choice.block_n, num_sms)
+        return make_config(m, n, k, choice.block_m, choice.block_n, num_sms, out_elem_bytes, cluster_m=choice.cluster_m,
+                           split_tail=split_tail)
 
     def record(self, m: int, n: int, k: int, num_sms: int, config: GemmConfig, median_us: float,
                out_elem_bytes: int = 2) -> None:

@@ -44,6 +44,7 @@ def test_round_trip_rebuilds_a_consistent_config(tmp_path: Path) -> None:
     {"block_m": 96, "block_n": 128, "cluster_m": 1},   # not a kernel tile
     {"block_m": 128, "block_n": 136, "cluster_m": 2},  # multicast needs block_n % 16 == 0
     {"block_m": 128, "block_n": 128, "cluster_m": 3},
+    {"block_m": 192, "block_n": 128, "cluster_m": 2},  # three math warpgroups never run as clusters
     {"block_m": "x", "block_n": 128, "cluster_m": 1},
 ])
 def test_invalid_entries_are_ignored(tmp_path: Path, entry: dict) -> None:
@@ -52,6 +53,20 @@ def test_invalid_entries_are_ignored(tmp_path: Path, entry: dict) -> None:
                "entries": {entry_key(4096, 7168, 2, 132, 4096): {**entry, "median_us": 1.0, "measured_m": 4096}}}
     path.write_text(json.dumps(payload))
     assert TuningDB(path).lookup(4096, 4096, 7168, 132) is None
+
+
+def test_block_m_192_entries_and_tuner_candidates_follow_the_model(tmp_path: Path) -> None:
+    from deepgemm.configs.tuner import candidate_configs
+
+    path = tmp_path / "t.json"
+    TuningDB(path).record(4096, 2112, 7168, 132, make_config(4096, 2112, 7168, 192, 128, 132, 2), 110.0)
+    config = TuningDB(path).lookup(4096, 2112, 7168, 132)
+    assert config is not None and config.block_m == 192 and config.cluster_m == 1
+    assert config.split_tail == choose_fp8_gemm_config(4096, 2112, 7168, 132).split_tail  # the split-tail build
+    candidates = candidate_configs(4096, 2112, 7168, 132, 2, top=6)
+    assert any(c.block_m == 192 for c in candidates)
+    assert all(c.cluster_m == 1 and c.split_tail for c in candidates if c.block_m == 192)
+    assert not any(c.split_tail for c in candidates if c.block_m != 192)
 
 
 def test_corrupt_file_is_ignored_and_rewritten(tmp_path: Path) -> None:

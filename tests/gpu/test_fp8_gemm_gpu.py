@@ -94,8 +94,9 @@ def test_block_m_256_configs(m: int, n: int, k: int, block_n: int, cluster_m: in
                               max_diff=1e-5 if out_dtype == torch.float32 else 1e-3)
 
 
-# block_m 192 (three math warpgroups): the last block with rows for one (M = 4097: 65 rows), two (M = 320:
-# 128 rows) or all three warpgroups, a single partial block, fp32 output, N tails, straddling block_n.
+# block_m 192 (three math warpgroups; full blocks use all three): a last block with rows for one warpgroup
+# (M = 1000: 40 rows) or two (M = 4097: 65 rows, the second warpgroup with one; M = 320: 128; M = 700: 124),
+# a single partial block with rows for all three (M = 191), fp32 output, N tails, straddling block_n.
 BLOCK_M_192 = [
     (4097, 7168, 7168, 128, torch.bfloat16),
     (320, 2112, 7296, 128, torch.bfloat16),

@@ -123,8 +123,8 @@ struct Sm90Fp8Gemm1D2D {
     static_assert(!kSplitTail || (kKind == GemmKind::kDense && kClusterM == 1),
                   "the split tail is for dense GEMMs without clusters");
     static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 192 || kBlockM == 256, "block_m must be 64, 128, 192 or 256");
-    static_assert(kBlockM != 192 || (!kPipelinedPromotion && kClusterM == 1),
-                  "block_m 192 (three math warpgroups, 160 registers each) is unpipelined, without clusters");
+    static_assert(kBlockM != 192 || (!kPipelinedPromotion && kClusterM == 1 && kKind == GemmKind::kDense),
+                  "block_m 192 (three math warpgroups, 160 registers each) is dense only, unpipelined, without clusters");
     static_assert(kBlockM != 256 || (!kPipelinedPromotion && 128 % kBlockN == 0),
                   "block_m 256 (two waves per warpgroup) is unpipelined, with block_n dividing 128");
     static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "block_n must be a multiple of 8 in [8, 256]");
