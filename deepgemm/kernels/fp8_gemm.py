@@ -200,8 +200,6 @@ class Fp8GemmPlan:
             # at zero; they start at zero here.
             workspace, counters = self.split_buffers()
             args = args.replace({self._WORKSPACE_ARG: U64(workspace.data_ptr()), self._COUNTERS_ARG: U64(counters.data_ptr())})
-            launch_on_device(self.kernel, self.device_index, stream, config, args.address)
-            return
         launch_on_device(self.kernel, self.device_index, stream, config, args.address)
 
     _WORKSPACE_ARG = 9  # positions of the split-tail pointers in _pack's argument list

@@ -66,6 +66,16 @@ def test_cluster_multicast_configs(m: int, n: int, k: int, block_m: int, block_n
     assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b))
 
 
+def _run_checked(plan, operands, out_dtype: torch.dtype) -> torch.Tensor:  # noqa: ANN001
+    """Launch a forced plan into a NaN-poisoned output and check it against the float64 reference."""
+    a, b = operands
+    out = torch.full((a[0].shape[0], b[0].shape[0]), float("nan"), dtype=out_dtype, device="cuda")
+    plan.launch(a[0], a[1], b[0], b[1], out)
+    assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b),
+                              max_diff=1e-5 if out_dtype == torch.float32 else 1e-3)
+    return out
+
+
 # block_m 256 (two 64-row waves per math warpgroup, chunked epilogue): tails where one or both waves
 # of a warpgroup have no rows (M = 300: the second block has 44 rows), fp32 chunks, narrow N, clusters.
 BLOCK_M_256 = [
@@ -86,12 +96,7 @@ def test_block_m_256_configs(m: int, n: int, k: int, block_n: int, cluster_m: in
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     config = make_config(m, n, k, 256, block_n, sms, out_bytes, cluster_m=cluster_m)
     assert not config.pipelined and config.num_stages >= 2
-    plan = get_plan(0, m, n, k, out_dtype, config)
-    a, b = random_operands(m, n, k, "cuda")
-    out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
-    plan.launch(a[0], a[1], b[0], b[1], out)
-    assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b),
-                              max_diff=1e-5 if out_dtype == torch.float32 else 1e-3)
+    _run_checked(get_plan(0, m, n, k, out_dtype, config), random_operands(m, n, k, "cuda"), out_dtype)
 
 
 # block_m 192 (three math warpgroups; full blocks use all three): a last block with rows for one warpgroup
@@ -116,14 +121,9 @@ def test_block_m_192_configs(m: int, n: int, k: int, block_n: int, out_dtype: to
     config = make_config(m, n, k, 192, block_n, sms, out_bytes)
     assert not config.pipelined and config.num_threads == 512
     plan = get_plan(0, m, n, k, out_dtype, config)
-    a, b = random_operands(m, n, k, "cuda")
-    out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
-    plan.launch(a[0], a[1], b[0], b[1], out)
-    assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b),
-                              max_diff=1e-5 if out_dtype == torch.float32 else 1e-3)
-    again = torch.full_like(out, float("nan"))
-    plan.launch(a[0], a[1], b[0], b[1], again)
-    assert torch.equal(out, again)
+    operands = random_operands(m, n, k, "cuda")
+    out = _run_checked(plan, operands, out_dtype)
+    assert torch.equal(out, _run_checked(plan, operands, out_dtype))
 
 
 def test_cluster_plan_before_any_cuda_work() -> None:
