@@ -10,7 +10,9 @@ Variants:
   no_store    epilogue store skipped (results are still reduced, so promotion stays)
   mma_only    no_promote and no_loads together
 Usage: ablate.py [MxNxK ...]   (default: three M = 4096 shapes). Prints a table of median µs.
-ABLATE_CONFIG=bm,bn,cluster_m[,stages][;...] times those tiles (deepest pipeline unless stages is given)
+ABLATE_CONFIG=bm,bn,cluster_m[,stages[,chunked_store]][;...] times those tiles (deepest pipeline unless
+stages > 0 is given; chunked_store 1: block_m 256 stores through one chunk buffer per warpgroup; an empty
+entry: the cost model's pick)
 instead of the cost model's pick
 (one row per shape and tile); ABLATE_VARIANTS=base,no_mma,... limits the variants. ABLATE_POWER=1 also runs
 each variant back to back for 1.5 s and reports its SM clock, power and TFLOPS per GHz (scripts/power_probe.py):
@@ -33,19 +35,19 @@ KERNEL = "deepgemm/kernels/sm90_fp8_gemm_1d2d.cuh"
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "base": [],
     "no_promote": [(
-        "            const float scale_b0 = sfb_tile[k_block];\n",
-        "            if (scale_a.lo != 12345.0f) return;\n            const float scale_b0 = sfb_tile[k_block];\n",
+        "const BlockScales& s) const {\n",
+        "const BlockScales& s) const {\n            if (s.lo0 != 12345.0f) return;\n",
     )],
     "no_mma": [("        ptx::mma_k128_block<Mma>(desc_a, desc_b, partial);\n", "")],
     "no_loads": [
-        ("                ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes, tma_a, full, k, row_a);\n", ""),
+        ("                    ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes, tma_a, full, k, row_a);\n", ""),
         ("                    ptx::tma_load_2d(ring.smem + kOffsetB + stage * kStageBBytes, tma_b, full, k, row_b);\n", ""),
         ("ptx::mbarrier_arrive_expect_tx(full, kStageTxBytes);", "ptx::mbarrier_arrive_expect_tx(full, kStageSfaBytes);"),
     ],
     "no_store": [(
-        "                    Store::store(chunk, d_tile, tma_d, col0 + c * kStoreN, row0 + wave_offset, thread_in_wg, barrier_id);\n",
+        "                    store.store(chunk, tma_d, col0 + c * kStoreN, row0 + wave_offset, thread_in_wg, barrier_id);\n",
         "                    float sink = 0.0f;\n#pragma unroll\n                    for (u32 i = 0; i < kStoreN / 2; ++i) sink += chunk[i];\n"
-        "                    if (sink == 12345.0f) Store::store(chunk, d_tile, tma_d, col0 + c * kStoreN, row0 + wave_offset,"
+        "                    if (sink == 12345.0f) store.store(chunk, tma_d, col0 + c * kStoreN, row0 + wave_offset,"
         " thread_in_wg, barrier_id);\n",
     )],
 }
@@ -76,8 +78,10 @@ def chosen_config(m: int, n: int, k: int):  # noqa: ANN201 - GemmConfig, importe
     override = os.environ.get("ABLATE_CONFIG")
     if not override:
         return choose_fp8_gemm_config(m, n, k, sm_count(0))
-    bm, bn, cm, *stages = (int(v) for v in override.split(","))
-    return make_config(m, n, k, bm, bn, sm_count(0), 2, cluster_m=cm, num_stages=stages[0] if stages else None)
+    bm, bn, cm, *rest = (int(v) for v in override.split(","))
+    stages = rest[0] if rest and rest[0] > 0 else None
+    chunked_store = bool(rest[1]) if len(rest) > 1 else None
+    return make_config(m, n, k, bm, bn, sm_count(0), 2, cluster_m=cm, num_stages=stages, chunked_store=chunked_store)
 
 
 def compile_one(shape: str) -> None:
@@ -115,7 +119,7 @@ def main() -> None:
         (time_one if sys.argv[1] == "--time" else compile_one)(sys.argv[2])
         return
     shapes = sys.argv[1:] or SHAPES
-    tiles = [t for t in os.environ.get("ABLATE_CONFIG", "").split(";") if t] or [""]
+    tiles = os.environ.get("ABLATE_CONFIG", "").split(";")  # an empty entry is the cost model's pick
     names = [v for v in os.environ.get("ABLATE_VARIANTS", ",".join(VARIANTS)).split(",") if v]
     root = Path(tempfile.mkdtemp(prefix="deepgemm-ablate-"))
     includes = {name: make_include(root, name) for name in names}

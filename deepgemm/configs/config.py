@@ -32,6 +32,10 @@ class GemmConfig:
     block_k: int = 128
     smem_bytes: int = 0
     split_tail: bool = False  # dense only: split the last partial wave's tiles along K (FP32 workspace)
+    # block_m 256 only: store each wave in 128-byte-wide chunks through one small buffer per warpgroup
+    # (each chunk waits for the one before) instead of one full-width buffer per wave; for when those
+    # buffers would leave fewer than three stages (FP32 output).
+    chunked_store: bool = False
 
     @property
     def num_math_warpgroups(self) -> int:
@@ -43,4 +47,6 @@ class GemmConfig:
 
     def label(self) -> str:
         label = f"bm{self.block_m} bn{self.block_n} st{self.num_stages} gm{self.group_m} cm{self.cluster_m} pp{int(self.pipelined)} sms{self.num_sms}"
+        if self.chunked_store:
+            label += " cs1"
         return label + " sk1" if self.split_tail else label

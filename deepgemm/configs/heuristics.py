@@ -50,24 +50,36 @@ def output_tile_bytes(block_n: int, out_elem_bytes: int) -> int:
     return align_up(offset_16 + (64 * 16 if tail & 16 else 0), 1024)
 
 
-def store_block_n(block_m: int, block_n: int, out_elem_bytes: int) -> int:
-    """Columns per epilogue store chunk; mirrors kStoreN: block_m 256 stores 128-byte-wide chunks."""
-    return min(block_n, 128 // out_elem_bytes) if block_m == 256 else block_n
+def store_block_n(block_n: int, out_elem_bytes: int, chunked_store: bool) -> int:
+    """Columns per epilogue store; mirrors kStoreN: chunked stores are 128 bytes wide."""
+    return min(block_n, 128 // out_elem_bytes) if chunked_store else block_n
 
 
-def fp8_gemm_smem_bytes(block_m: int, block_n: int, num_stages: int, k: int, out_elem_bytes: int) -> int:
-    """Shared memory the kernel uses; mirrors the layout in sm90_fp8_gemm_1d2d.cuh."""
+def chunked_store_for(block_m: int, block_n: int, k: int, out_elem_bytes: int) -> bool:
+    """block_m 256 stores each wave from its own full-width buffer (a tile's stores never wait for each
+    other) unless those buffers leave fewer than three stages (FP32 output): then in 128-byte chunks."""
+    return block_m == 256 and max_stages(block_m, block_n, k, out_elem_bytes, chunked_store=False) < 3
+
+
+def fp8_gemm_smem_bytes(block_m: int, block_n: int, num_stages: int, k: int, out_elem_bytes: int,
+                        chunked_store: bool | None = None) -> int:
+    """Shared memory the kernel uses; mirrors the layout in sm90_fp8_gemm_1d2d.cuh (chunked_store None:
+    the layout make_config picks)."""
+    if chunked_store is None:
+        chunked_store = chunked_store_for(block_m, block_n, k, out_elem_bytes)
     warpgroups = math_warpgroups(block_m)
     stage = block_m * 128 + block_n * 128 + block_m * 4
     scale_rows = 1 if 128 % block_n == 0 else 2
-    d_per_wg = output_tile_bytes(store_block_n(block_m, block_n, out_elem_bytes), out_elem_bytes)
+    store_buffers = 1 if chunked_store else block_m // (64 * warpgroups)  # one per wave
+    d_per_wg = store_buffers * output_tile_bytes(store_block_n(block_n, out_elem_bytes, chunked_store), out_elem_bytes)
     sfb_per_wg = align_up(scale_rows * ceil_div(k, 128) * 4, 128)
     return num_stages * stage + warpgroups * (d_per_wg + sfb_per_wg) + 2 * num_stages * 8
 
 
-def max_stages(block_m: int, block_n: int, k: int, out_elem_bytes: int) -> int:
+def max_stages(block_m: int, block_n: int, k: int, out_elem_bytes: int, chunked_store: bool | None = None) -> int:
     stages = 0
-    while stages < MAX_STAGES and fp8_gemm_smem_bytes(block_m, block_n, stages + 1, k, out_elem_bytes) <= SMEM_CAPACITY:
+    while (stages < MAX_STAGES and
+           fp8_gemm_smem_bytes(block_m, block_n, stages + 1, k, out_elem_bytes, chunked_store) <= SMEM_CAPACITY):
         stages += 1
     return stages
 
@@ -170,10 +182,15 @@ def candidate_tiles(m: int, n: int, allow_block_m_256: bool = True, allow_block_
 
 
 def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int, out_elem_bytes: int = 2,
-                cluster_m: int | None = None, num_stages: int | None = None, split_tail: bool = False) -> GemmConfig:
+                cluster_m: int | None = None, num_stages: int | None = None, split_tail: bool = False,
+                chunked_store: bool | None = None) -> GemmConfig:
     """A complete config for a tile choice: deepest pipeline that fits (or `num_stages`), cluster and
     pipelining rules."""
-    deepest = max_stages(block_m, block_n, k, out_elem_bytes)
+    if chunked_store is None:
+        chunked_store = chunked_store_for(block_m, block_n, k, out_elem_bytes)
+    elif chunked_store and block_m != 256:
+        raise ValueError(f"chunked_store is a block_m 256 layout, got block_m {block_m}")
+    deepest = max_stages(block_m, block_n, k, out_elem_bytes, chunked_store)
     if num_stages is not None and not 2 <= num_stages <= deepest:
         raise ValueError(f"num_stages must be in [2, {deepest}] for block {block_m}x{block_n}, k={k}; got {num_stages}")
     stages = deepest if num_stages is None else num_stages
@@ -184,7 +201,8 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
         num_sms=num_sms,
         cluster_m=cluster_m_for(m, block_m, block_n, num_sms) if cluster_m is None else cluster_m,
         pipelined=pipelined_for(block_m, block_n),
-        smem_bytes=fp8_gemm_smem_bytes(block_m, block_n, stages, k, out_elem_bytes),
+        smem_bytes=fp8_gemm_smem_bytes(block_m, block_n, stages, k, out_elem_bytes, chunked_store),
+        chunked_store=chunked_store,
         split_tail=split_tail,
     )
 

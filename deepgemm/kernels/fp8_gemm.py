@@ -79,7 +79,8 @@ def render_source(spec: Fp8GemmSpec) -> KernelSource:
 
 using Kernel = deepgemm::Sm90Fp8Gemm1D2D<{spec.n}u, {spec.k}u, {c.block_m}u, {c.block_n}u, {c.num_stages}u, {c.group_m}u,
                                          {c.cluster_m}u, {"true" if c.pipelined else "false"}, {fp32},
-                                         static_cast<deepgemm::GemmKind>({int(spec.kind)}), {"true" if c.split_tail else "false"}>;
+                                         static_cast<deepgemm::GemmKind>({int(spec.kind)}), {"true" if c.split_tail else "false"},
+                                         {"true" if c.chunked_store else "false"}>;
 static_assert(Kernel::kSmemBytes == {c.smem_bytes}u, "host and device disagree on the shared-memory size");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)

@@ -14,7 +14,7 @@ import torch
 
 import deepgemm
 from deepgemm.configs import GemmConfig
-from deepgemm.configs.heuristics import SMEM_CAPACITY, fp8_gemm_smem_bytes, max_stages, pipelined_for
+from deepgemm.configs.heuristics import SMEM_CAPACITY, fp8_gemm_smem_bytes, make_config, max_stages, pipelined_for
 from deepgemm.errors import CompileError
 from deepgemm.jit import compile_kernel
 from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec, render_source
@@ -50,6 +50,10 @@ EXPLICIT = [
     ("bm256_bn128_fp32_k7296", 256, 128, 1, 4100, 7296, FP32),
     ("bm256_bn64_k144", 256, 64, 1, 136, 144, BF16),
     ("bm256_bn128_cm2_k7168", 256, 128, 2, 4096, 7168, BF16),
+    ("bm256_bn128_chunked_k7168", 256, 128, 1, 4096, 7168, BF16, {"chunked_store": True}),
+    ("bm128_bn192_k1536", 128, 192, 1, 24576, 1536, BF16),
+    ("bm64_bn96_k144", 64, 96, 1, 4032, 144, BF16),
+    ("bm64_bn160_k7168", 64, 160, 1, 4096, 7168, BF16),
     ("bm192_bn128_k16384", 192, 128, 1, 7168, 16384, BF16),
     ("bm192_bn96_fp32_k7184", 192, 96, 1, 4100, 7184, FP32),
 ]
@@ -74,12 +78,12 @@ class Build:
     extra: dict
 
 
-def explicit_spec(block_m: int, block_n: int, cluster_m: int, n: int, k: int, out_dtype: torch.dtype) -> Fp8GemmSpec:
+def explicit_spec(block_m: int, block_n: int, cluster_m: int, n: int, k: int, out_dtype: torch.dtype,
+                  **overrides: Any) -> Fp8GemmSpec:
     out_bytes = 4 if out_dtype == FP32 else 2
-    stages = max_stages(block_m, block_n, k, out_bytes)
-    config = GemmConfig(block_m=block_m, block_n=block_n, num_stages=stages, num_sms=132, cluster_m=cluster_m,
-                        pipelined=pipelined_for(block_m, block_n),
-                        smem_bytes=fp8_gemm_smem_bytes(block_m, block_n, stages, k, out_bytes))
+    config = make_config(4096, n, k, block_m, block_n, 132, out_bytes, cluster_m=cluster_m, **overrides)
+    assert config.num_stages == max_stages(block_m, block_n, k, out_bytes, config.chunked_store)
+    assert config.pipelined == pipelined_for(block_m, block_n)
     return Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
 
 
@@ -93,8 +97,8 @@ def _precompile(request) -> Build:
 
 
 def _explicit(request) -> Build:
-    name, bm, bn, cm, n, k, out_dtype = request
-    spec = explicit_spec(bm, bn, cm, n, k, out_dtype)
+    name, bm, bn, cm, n, k, out_dtype, *overrides = request
+    spec = explicit_spec(bm, bn, cm, n, k, out_dtype, **(overrides[0] if overrides else {}))
     compiled = compile_spec(spec)
     return Build(name, spec, compiled.resources, compiled.log, {"label": spec.label()})
 

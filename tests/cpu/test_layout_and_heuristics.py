@@ -287,8 +287,26 @@ def test_smem_grows_with_stages_and_k() -> None:
     assert fp8_gemm_smem_bytes(128, 128, 5, 7168, 2) - base == 128 * 128 + 128 * 128 + 128 * 4 + 16
     assert fp8_gemm_smem_bytes(128, 128, 4, 7168 * 4, 2) > base
     assert fp8_gemm_smem_bytes(128, 128, 4, 7168, 4) > base
-    # block_m 256 stores 64-column chunks: one 8 KB buffer per math warpgroup (plus its sfb rows).
-    assert fp8_gemm_smem_bytes(256, 128, 4, 7168, 2) == 4 * (256 * 128 + 128 * 128 + 256 * 4) + 2 * (64 * 128 + 256) + 64
+    # block_m 256, chunked stores: one 8 KB buffer of 64 columns per math warpgroup (plus its sfb rows).
+    stage_256 = 256 * 128 + 128 * 128 + 256 * 4
+    assert fp8_gemm_smem_bytes(256, 128, 4, 7168, 2, chunked_store=True) == 4 * stage_256 + 2 * (64 * 128 + 256) + 64
+    # By default one full-width 16 KB buffer per wave (two per warpgroup): three stages fit, not four.
+    assert fp8_gemm_smem_bytes(256, 128, 3, 7168, 2) == 3 * stage_256 + 2 * (2 * 64 * 256 + 256) + 48
+    assert fp8_gemm_smem_bytes(256, 128, 4, 7168, 2) > SMEM_CAPACITY
+
+
+def test_block_m_256_store_layout() -> None:
+    from deepgemm.configs.heuristics import make_config
+
+    wide = make_config(4096, 7168, 16384, 256, 128, 132)
+    assert not wide.chunked_store and wide.num_stages == 3
+    # FP32 output: per-wave buffers would leave two stages, so chunks (and four stages) instead.
+    fp32 = make_config(4096, 7168, 16384, 256, 128, 132, 4)
+    assert fp32.chunked_store and fp32.num_stages == 4
+    forced = make_config(4096, 7168, 16384, 256, 128, 132, chunked_store=True)
+    assert forced.chunked_store and forced.num_stages == 4 and "cs1" in forced.label()
+    with pytest.raises(ValueError, match="chunked_store"):
+        make_config(4096, 7168, 16384, 128, 128, 132, chunked_store=True)
 
 
 def test_make_config_takes_a_pipeline_depth_within_what_fits() -> None:

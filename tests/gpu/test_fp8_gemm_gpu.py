@@ -78,24 +78,58 @@ def _run_checked(plan, operands, out_dtype: torch.dtype) -> torch.Tensor:  # noq
 
 # block_m 256 (two 64-row waves per math warpgroup, chunked epilogue): tails where one or both waves
 # of a warpgroup have no rows (M = 300: the second block has 44 rows), fp32 chunks, narrow N, clusters.
+# Stores: one buffer per wave used in turn (bf16 default; a tile whose second wave has no rows shifts the
+# turn), or 128-byte chunks through one buffer (fp32 default, or forced), also on a 16-SM grid where each
+# CTA stores many tiles.
 BLOCK_M_256 = [
-    (4097, 7168, 7168, 128, 1, torch.bfloat16),
-    (300, 2112, 7296, 128, 1, torch.bfloat16),
-    (129, 136, 144, 64, 1, torch.bfloat16),
-    (1000, 4100, 7184, 128, 1, torch.float32),
-    (700, 2056, 2048, 128, 2, torch.bfloat16),
+    (4097, 7168, 7168, 128, 1, torch.bfloat16, None, None),
+    (300, 2112, 7296, 128, 1, torch.bfloat16, None, None),
+    (129, 136, 144, 64, 1, torch.bfloat16, None, None),
+    (1000, 4100, 7184, 128, 1, torch.float32, None, None),
+    (700, 2056, 2048, 128, 2, torch.bfloat16, None, None),
+    (1300, 2048, 2048, 128, 1, torch.bfloat16, None, 16),
+    (1300, 2048, 2048, 128, 1, torch.bfloat16, True, 16),
+    (4097, 7168, 2048, 128, 1, torch.bfloat16, True, None),
 ]
 
 
-@pytest.mark.parametrize("m,n,k,block_n,cluster_m,out_dtype", BLOCK_M_256, ids=lambda v: str(v))
-def test_block_m_256_configs(m: int, n: int, k: int, block_n: int, cluster_m: int, out_dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("m,n,k,block_n,cluster_m,out_dtype,chunked,sms", BLOCK_M_256, ids=lambda v: str(v))
+def test_block_m_256_configs(m: int, n: int, k: int, block_n: int, cluster_m: int, out_dtype: torch.dtype,
+                             chunked: bool | None, sms: int | None) -> None:
     from deepgemm.configs.heuristics import make_config
     from deepgemm.kernels.fp8_gemm import get_plan
 
     out_bytes = 4 if out_dtype == torch.float32 else 2
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    config = make_config(m, n, k, 256, block_n, sms, out_bytes, cluster_m=cluster_m)
+    sms = sms or torch.cuda.get_device_properties(0).multi_processor_count
+    config = make_config(m, n, k, 256, block_n, sms, out_bytes, cluster_m=cluster_m, chunked_store=chunked)
     assert not config.pipelined and config.num_stages >= 2
+    assert config.chunked_store == (chunked or out_dtype == torch.float32)
+    plan = get_plan(0, m, n, k, out_dtype, config)
+    operands = random_operands(m, n, k, "cuda")
+    out = _run_checked(plan, operands, out_dtype)
+    assert torch.equal(out, _run_checked(plan, operands, out_dtype))
+
+
+# Tiles whose block_n does not divide 128 switch to the next sfb block at a column fixed per tile; with at most
+# four possible columns the K loop is compiled once per column (block_n 192: 2, 96 and 160: 4), with more a
+# run-time select (block_n 112, 144). N spans enough tiles to visit every column; M tails and fp32 output.
+STRADDLING = [
+    (129, 2112, 7168, 128, 192, torch.bfloat16),
+    (4097, 1536, 2048, 128, 192, torch.float32),
+    (65, 4032, 1536, 64, 96, torch.bfloat16),
+    (300, 2720, 7296, 64, 160, torch.bfloat16),
+    (1000, 1904, 2048, 128, 112, torch.bfloat16),
+    (63, 2304, 144, 64, 144, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("m,n,k,block_m,block_n,out_dtype", STRADDLING, ids=lambda v: str(v))
+def test_straddling_block_n(m: int, n: int, k: int, block_m: int, block_n: int, out_dtype: torch.dtype) -> None:
+    from deepgemm.configs.heuristics import make_config
+    from deepgemm.kernels.fp8_gemm import get_plan
+
+    out_bytes = 4 if out_dtype == torch.float32 else 2
+    config = make_config(m, n, k, block_m, block_n, torch.cuda.get_device_properties(0).multi_processor_count, out_bytes)
     _run_checked(get_plan(0, m, n, k, out_dtype, config), random_operands(m, n, k, "cuda"), out_dtype)
 
 

@@ -20,7 +20,9 @@ struct OutputDescriptors {
     TmaDescriptor width16;   // CU_TENSOR_MAP_SWIZZLE_NONE
 };
 
-template <u32 kBlockN, bool kOutputFp32>
+// kBuffers staging buffers of kBytes each, used in turn: a store waits only until the store that last used
+// its buffer (kBuffers stores earlier) has been read, so with two buffers consecutive stores overlap.
+template <u32 kBlockN, bool kOutputFp32, u32 kBuffers = 1>
 struct WarpgroupTileStore {
     static constexpr u32 kElemBytes = kOutputFp32 ? 4 : 2;
     static constexpr u32 kRowBytes = kBlockN * kElemBytes;
@@ -33,6 +35,9 @@ struct WarpgroupTileStore {
     static constexpr u32 kTail32Offset = kTail64Offset + ((kTail & 64) ? 64 * 64 : 0);
     static constexpr u32 kTail16Offset = align_up(kTail32Offset + ((kTail & 32) ? 64 * 32 : 0), kPieceAlign);
     static constexpr u32 kBytes = align_up(kTail16Offset + ((kTail & 16) ? 64 * 16 : 0), kPieceAlign);
+
+    u8* buffers;  // kBuffers x kBytes of shared memory, 1024-byte aligned
+    u32 count;    // stores issued so far: the next one uses buffer count % kBuffers
 
     // Shared-memory offset of byte `byte_in_row` of tile row `row`, swizzled within its piece.
     DG_DEVICE static u32 smem_offset(u32 row, u32 byte_in_row) {
@@ -63,13 +68,16 @@ struct WarpgroupTileStore {
 
     // `values` is the wgmma m64nN accumulator layout: register 4j+r of lane l in warp w holds
     // row 16w + l/4 + 8(r/2), column 8j + 2(l%4) + r%2.
-    DG_DEVICE static void store(const float (&values)[kBlockN / 2], u8* smem_tile, const OutputDescriptors* out,
-                                u32 col, u32 row, u32 thread_in_wg, u32 barrier_id) {
+    // Every thread of the warpgroup calls it with the same arguments; one TMA bulk group per call.
+    DG_DEVICE void store(const float (&values)[kBlockN / 2], const OutputDescriptors* out, u32 col, u32 row,
+                         u32 thread_in_wg, u32 barrier_id) {
         const u32 warp = thread_in_wg / 32;
         const u32 lane = thread_in_wg % 32;
-        // The previous tile's stores must have finished reading this buffer.
+        u8* smem_tile = buffers + (kBuffers == 1 ? 0u : count % kBuffers) * kBytes;
+        ++count;
+        // The store that last used this buffer (kBuffers bulk groups ago) must have finished reading it.
         if (thread_in_wg == 0) {
-            ptx::tma_store_wait_read<0>();
+            ptx::tma_store_wait_read<kBuffers - 1>();
         }
         ptx::named_barrier_sync(barrier_id, 128);
 #pragma unroll

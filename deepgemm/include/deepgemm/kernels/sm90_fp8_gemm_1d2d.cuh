@@ -118,7 +118,7 @@ struct SelectType<false, First, Second> {
 };
 
 template <u32 kN, u32 kK, u32 kBlockM, u32 kBlockN, u32 kNumStages, u32 kGroupM, u32 kClusterM, bool kPipelinedPromotion,
-          bool kOutputFp32, GemmKind kKind = GemmKind::kDense, bool kSplitTail = false>
+          bool kOutputFp32, GemmKind kKind = GemmKind::kDense, bool kSplitTail = false, bool kChunkedStore = false>
 struct Sm90Fp8Gemm1D2D {
     static_assert(!kSplitTail || (kKind == GemmKind::kDense && kClusterM == 1),
                   "the split tail is for dense GEMMs without clusters");
@@ -148,17 +148,28 @@ struct Sm90Fp8Gemm1D2D {
     // A tile straddles two 128-column scale blocks unless block_n divides 128.
     static constexpr bool kMayStraddle = (kScaleBlock % kBlockN) != 0;
     static constexpr u32 kScaleRowsPerTile = kMayStraddle ? 2 : 1;
+    // Tiles start at multiples of block_n, so the column where a tile switches to the next scale block
+    // (128 - col0 % 128) is a multiple of gcd(block_n, 128) in [gcd, 128]. With at most four such values the
+    // K loop is compiled once per value and the promotion picks each column's scale at compile time;
+    // otherwise it selects per 8 columns at run time (only for the columns whose choice varies).
+    static constexpr u32 kStraddleStep = gcd(kBlockN, kScaleBlock);
+    static constexpr u32 kNumStraddleCols = kMayStraddle ? kScaleBlock / kStraddleStep : 1;
+    static constexpr bool kStaticStraddle = kNumStraddleCols <= 4;
 
     // 64K registers per SM: 128 x 40 + 256 x 232 for two math warpgroups, 128 x 24 + 384 x 160 for three.
     static constexpr u32 kProducerRegisters = kNumMathWarpgroups == 3 ? 24 : 40;
     static constexpr u32 kMathRegisters = kNumMathWarpgroups == 1 ? 240 : (kNumMathWarpgroups == 3 ? 160 : 232);
 
-    // block_m 256 leaves no room for a full-width output buffer next to four stages: it stores each
-    // wave in 128-byte-wide column chunks through one 8 KB buffer per warpgroup.
-    static constexpr u32 kStoreN = kBlockM == 256 ? (kBlockN < (kOutputFp32 ? 32u : 64u) ? kBlockN : (kOutputFp32 ? 32u : 64u)) : kBlockN;
+    // Output staging. block_m 256 gives each warpgroup one full-width buffer per wave, used in turn, so a
+    // tile's stores never wait for each other (only a buffer's previous store, a tile earlier); where that
+    // leaves fewer than three stages (FP32 output) kChunkedStore stores each wave in 128-byte-wide column
+    // chunks through one 8 KB buffer per warpgroup instead, each chunk waiting for the one before.
+    static_assert(!kChunkedStore || kBlockM == 256, "chunked stores are a block_m 256 layout");
+    static constexpr u32 kStoreN = kChunkedStore ? (kBlockN < (kOutputFp32 ? 32u : 64u) ? kBlockN : (kOutputFp32 ? 32u : 64u)) : kBlockN;
     static constexpr u32 kStoreChunks = kBlockN / kStoreN;
+    static constexpr u32 kStoreBuffers = kChunkedStore ? 1 : kNumWaves;
     static_assert(kBlockN % kStoreN == 0, "output chunks must tile block_n");
-    using Store = WarpgroupTileStore<kStoreN, kOutputFp32>;
+    using Store = WarpgroupTileStore<kStoreN, kOutputFp32, kStoreBuffers>;
     using Tiles = typename SelectType<kSplitTail, SplitTailTileSource<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks>,
                                       TileSource<kKind, kBlockM, kNumNBlocks, kGroupM, kClusterM>>::Type;
     static constexpr u32 kMulticastRowsB = kBlockN / kClusterM;
@@ -170,7 +181,7 @@ struct Sm90Fp8Gemm1D2D {
     static constexpr u32 kStageBBytes = kBlockN * kBlockK;
     static constexpr u32 kStageSfaBytes = kBlockM * 4;
     static constexpr u32 kStageTxBytes = kStageABytes + kStageBBytes + kStageSfaBytes;
-    static constexpr u32 kDBytesPerWarpgroup = Store::kBytes;
+    static constexpr u32 kDBytesPerWarpgroup = kStoreBuffers * Store::kBytes;
     static constexpr u32 kSfbBytesPerWarpgroup = align_up(kScaleRowsPerTile * kNumKBlocks * 4, 128u);
     static constexpr u32 kOffsetA = 0;
     static constexpr u32 kOffsetB = kOffsetA + kNumStages * kStageABytes;
@@ -302,10 +313,18 @@ struct Sm90Fp8Gemm1D2D {
             return BlockScales{a.lo * b.first, a.hi * b.first, a.lo * b.second, a.hi * b.second};
         }
 
+        // kStraddleCol: the switch column when known at compile time, 0 when only `straddle_col` knows it.
+        template <u32 kStraddleCol>
         DG_DEVICE void apply(float (&result)[kBlockN / 2], const float (&partial)[kBlockN / 2], const BlockScales& s) const {
 #pragma unroll
             for (u32 j = 0; j < kBlockN / 8; ++j) {
-                const bool second = kMayStraddle && j * 8 >= straddle_col;
+                const u32 col = j * 8;
+                bool second = false;
+                if constexpr (kMayStraddle && kStraddleCol != 0) {
+                    second = col >= kStraddleCol;
+                } else if constexpr (kMayStraddle) {
+                    second = col >= kScaleBlock || (col >= kStraddleStep && col >= straddle_col);
+                }
                 const float lo = second ? s.lo1 : s.lo0;
                 const float hi = second ? s.hi1 : s.hi0;
                 result[j * 4 + 0] += lo * partial[j * 4 + 0];
@@ -315,6 +334,123 @@ struct Sm90Fp8Gemm1D2D {
             }
         }
     };
+
+    // What one tile's K loop needs besides the ring position, the scales and the results.
+    struct TileLoop {
+        u32 k_begin;
+        u32 k_end;
+        u32 rows;           // the tile's rows within its group (waves at or past them issue nothing)
+        u32 row_in_tensor;  // this warpgroup's first row within the group's rows
+        u32 first_row;      // this warpgroup's first row within the tile
+        u32 math_wg;
+        u32 row_in_wg;
+        u32 lane;
+    };
+
+    // One tile's K loop: MMAs into FP32 partials, promoted into `results` with their scales every K block.
+    // kStraddleCol: the tile's scale-block switch column when known at compile time, 0 for a run-time select.
+    template <u32 kStraddleCol>
+    DG_DEVICE static void k_loop(const Ring& ring, u32& stage, u32& phase, const TileLoop& t, const Promotion& promotion,
+                                 float (&results)[kNumWaves][kBlockN / 2]) {
+        float (&result)[kBlockN / 2] = results[0];
+        if constexpr (!kPipelinedPromotion) {
+            // One accumulator: per wave issue, wait, promote; the stage is released after the last
+            // wave's MMAs. Two math warpgroups overlap each other's promotion with their MMAs. Everything
+            // the promotion needs besides the accumulator (sfb, sfa, their products) is read before the
+            // wait, so the wait -> FFMA -> next issue chain is as short as it can be.
+            float partial[kBlockN / 2];
+            for (u32 k_block = t.k_begin; k_block < t.k_end; ++k_block) {
+                const ScaleB scale_b = promotion.scale_b(k_block);
+                ptx::mbarrier_wait(&ring.full[stage], phase);
+#pragma unroll
+                for (u32 w = 0; w < kNumWaves; ++w) {
+                    // Waves past the tile's rows (block_m 256 tail tiles, and contiguous half tiles)
+                    // issue nothing; TMA zero-filled any rows past M.
+                    if (w > 0 && t.row_in_tensor + (wave_row(w, t.math_wg) - t.first_row) >= t.rows) {
+                        break;
+                    }
+                    ScaleA scale_a;
+                    issue_block(ring, stage, wave_row(w, t.math_wg), t.row_in_wg, partial, scale_a);
+                    const BlockScales scales = Promotion::combine(scale_a, scale_b);
+                    ptx::wgmma_wait_group<0>();
+                    ptx::fence_accumulators(partial);
+                    const bool last_wave =
+                        w + 1 == kNumWaves || t.row_in_tensor + (wave_row(w + 1, t.math_wg) - t.first_row) >= t.rows;
+                    if (last_wave) {
+                        release_stage(ring, stage, t.lane);  // every MMA reading the stage is done
+                    }
+                    promotion.template apply<kStraddleCol>(results[w], partial, scales);
+                }
+                advance(stage, phase);
+            }
+        } else {
+            // Two accumulators: block k+1's MMAs run while block k is promoted, so the tensor cores
+            // stay busy even when every warpgroup promotes at the same time.
+            float partial0[kBlockN / 2];
+            float partial1[kBlockN / 2];
+            BlockScales scales0;
+            BlockScales scales1;
+            u32 issue_stage = stage;
+            u32 issue_phase = phase;
+            u32 issue_k_block = t.k_begin;
+            const auto issue = [&](float (&partial)[kBlockN / 2], BlockScales& scales) {
+                const ScaleB scale_b = promotion.scale_b(issue_k_block++);
+                ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);
+                ScaleA scale_a;
+                issue_block(ring, issue_stage, t.first_row, t.row_in_wg, partial, scale_a);
+                scales = Promotion::combine(scale_a, scale_b);
+                advance(issue_stage, issue_phase);
+            };
+            const auto retire = [&](float (&partial)[kBlockN / 2]) {
+                ptx::wgmma_wait_group<0>();
+                ptx::fence_accumulators(partial);
+                release_stage(ring, stage, t.lane);
+                advance(stage, phase);
+            };
+            // Only wait_group<0> is used, and each promotion reads the accumulator retired by the
+            // previous wait while the other one's MMAs run: ptxas can then prove no in-flight
+            // accumulator is read and keeps the MMAs asynchronous (a wait_group<1> loop gets serialized).
+            issue(partial0, scales0);
+            u32 k_block = t.k_begin;
+            for (; k_block + 2 < t.k_end; k_block += 2) {
+                retire(partial0);
+                issue(partial1, scales1);
+                promotion.template apply<kStraddleCol>(result, partial0, scales0);
+                retire(partial1);
+                issue(partial0, scales0);
+                promotion.template apply<kStraddleCol>(result, partial1, scales1);
+            }
+            retire(partial0);
+            if ((t.k_end - t.k_begin) % 2 == 0) {
+                issue(partial1, scales1);
+                promotion.template apply<kStraddleCol>(result, partial0, scales0);
+                retire(partial1);
+                promotion.template apply<kStraddleCol>(result, partial1, scales1);
+            } else {
+                promotion.template apply<kStraddleCol>(result, partial0, scales0);
+            }
+        }
+    }
+
+    // k_loop compiled once per possible switch column of straddling tiles when there are at most four
+    // (kStaticStraddle), so each column's scale is chosen at compile time; otherwise with a run-time select.
+    template <u32 kCol = kStraddleStep>
+    DG_DEVICE static void k_loop_for(u32 straddle_col, const Ring& ring, u32& stage, u32& phase, const TileLoop& t,
+                                     const Promotion& promotion, float (&results)[kNumWaves][kBlockN / 2]) {
+        if constexpr (!kMayStraddle) {
+            k_loop<kScaleBlock>(ring, stage, phase, t, promotion, results);
+        } else if constexpr (!kStaticStraddle) {
+            k_loop<0>(ring, stage, phase, t, promotion, results);
+        } else if constexpr (kCol < kScaleBlock) {
+            if (straddle_col == kCol) {
+                k_loop<kCol>(ring, stage, phase, t, promotion, results);
+            } else {
+                k_loop_for<kCol + kStraddleStep>(straddle_col, ring, stage, phase, t, promotion, results);
+            }
+        } else {
+            k_loop<kScaleBlock>(ring, stage, phase, t, promotion, results);
+        }
+    }
 
     // Split tail: publish this K range's FP32 results (scaled partial sums) in its workspace slot; the
     // last of the tile's ranges to arrive sums all of them in range order (the same result whichever
@@ -383,7 +519,7 @@ struct Sm90Fp8Gemm1D2D {
         const u32 barrier_id = 1 + math_wg;
         const u32 first_row = wave_row(0, math_wg);
         float* sfb_tile = reinterpret_cast<float*>(ring.smem + kOffsetSfb + math_wg * kSfbBytesPerWarpgroup);
-        u8* d_tile = ring.smem + kOffsetD + math_wg * kDBytesPerWarpgroup;
+        Store store{ring.smem + kOffsetD + math_wg * kDBytesPerWarpgroup, 0};
 
         Tiles tiles(problem, cta_rank);
         GroupedTile tile;
@@ -413,7 +549,7 @@ struct Sm90Fp8Gemm1D2D {
                     }
 #pragma unroll
                     for (u32 c = 0; c < kStoreChunks; ++c) {
-                        Store::store(zeros, d_tile, tma_d, col0 + c * kStoreN, row0 + wave_offset, thread_in_wg, barrier_id);
+                        store.store(zeros, tma_d, col0 + c * kStoreN, row0 + wave_offset, thread_in_wg, barrier_id);
                     }
                 }
                 continue;
@@ -446,86 +582,10 @@ struct Sm90Fp8Gemm1D2D {
                     results[w][i] = 0.0f;
                 }
             }
-            float (&result)[kBlockN / 2] = results[0];
             const Promotion promotion{sfb_tile, straddle_col};
 
-            if constexpr (!kPipelinedPromotion) {
-                // One accumulator: per wave issue, wait, promote; the stage is released after the last
-                // wave's MMAs. Two math warpgroups overlap each other's promotion with their MMAs. Everything
-                // the promotion needs besides the accumulator (sfb, sfa, their products) is read before the
-                // wait, so the wait -> FFMA -> next issue chain is as short as it can be.
-                float partial[kBlockN / 2];
-                for (u32 k_block = k_begin; k_block < k_end; ++k_block) {
-                    const ScaleB scale_b = promotion.scale_b(k_block);
-                    ptx::mbarrier_wait(&ring.full[stage], phase);
-#pragma unroll
-                    for (u32 w = 0; w < kNumWaves; ++w) {
-                        // Waves past the tile's rows (block_m 256 tail tiles, and contiguous half tiles)
-                        // issue nothing; TMA zero-filled any rows past M.
-                        if (w > 0 && row_in_tensor + (wave_row(w, math_wg) - first_row) >= tile.rows) {
-                            break;
-                        }
-                        ScaleA scale_a;
-                        issue_block(ring, stage, wave_row(w, math_wg), row_in_wg, partial, scale_a);
-                        const BlockScales scales = Promotion::combine(scale_a, scale_b);
-                        ptx::wgmma_wait_group<0>();
-                        ptx::fence_accumulators(partial);
-                        const bool last_wave =
-                            w + 1 == kNumWaves || row_in_tensor + (wave_row(w + 1, math_wg) - first_row) >= tile.rows;
-                        if (last_wave) {
-                            release_stage(ring, stage, lane);  // every MMA reading the stage is done
-                        }
-                        promotion.apply(results[w], partial, scales);
-                    }
-                    advance(stage, phase);
-                }
-            } else {
-                // Two accumulators: block k+1's MMAs run while block k is promoted, so the tensor cores
-                // stay busy even when every warpgroup promotes at the same time.
-                float partial0[kBlockN / 2];
-                float partial1[kBlockN / 2];
-                BlockScales scales0;
-                BlockScales scales1;
-                u32 issue_stage = stage;
-                u32 issue_phase = phase;
-                u32 issue_k_block = k_begin;
-                const auto issue = [&](float (&partial)[kBlockN / 2], BlockScales& scales) {
-                    const ScaleB scale_b = promotion.scale_b(issue_k_block++);
-                    ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);
-                    ScaleA scale_a;
-                    issue_block(ring, issue_stage, first_row, row_in_wg, partial, scale_a);
-                    scales = Promotion::combine(scale_a, scale_b);
-                    advance(issue_stage, issue_phase);
-                };
-                const auto retire = [&](float (&partial)[kBlockN / 2]) {
-                    ptx::wgmma_wait_group<0>();
-                    ptx::fence_accumulators(partial);
-                    release_stage(ring, stage, lane);
-                    advance(stage, phase);
-                };
-                // Only wait_group<0> is used, and each promotion reads the accumulator retired by the
-                // previous wait while the other one's MMAs run: ptxas can then prove no in-flight
-                // accumulator is read and keeps the MMAs asynchronous (a wait_group<1> loop gets serialized).
-                issue(partial0, scales0);
-                u32 k_block = k_begin;
-                for (; k_block + 2 < k_end; k_block += 2) {
-                    retire(partial0);
-                    issue(partial1, scales1);
-                    promotion.apply(result, partial0, scales0);
-                    retire(partial1);
-                    issue(partial0, scales0);
-                    promotion.apply(result, partial1, scales1);
-                }
-                retire(partial0);
-                if ((k_end - k_begin) % 2 == 0) {
-                    issue(partial1, scales1);
-                    promotion.apply(result, partial0, scales0);
-                    retire(partial1);
-                    promotion.apply(result, partial1, scales1);
-                } else {
-                    promotion.apply(result, partial0, scales0);
-                }
-            }
+            const TileLoop loop{k_begin, k_end, tile.rows, row_in_tensor, first_row, math_wg, row_in_wg, lane};
+            k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results);
 
             if constexpr (kKind == GemmKind::kGroupedContiguous || kKind == GemmKind::kGroupedContiguousPsum) {
                 // Padding rows inside a computed block (m_indices == -1, or any index outside [0, G);
@@ -567,7 +627,7 @@ struct Sm90Fp8Gemm1D2D {
 #pragma unroll
                 for (u32 c = 0; c < kStoreChunks; ++c) {
                     const auto& chunk = *reinterpret_cast<const float(*)[kStoreN / 2]>(&results[w][c * kStoreN / 2]);
-                    Store::store(chunk, d_tile, tma_d, col0 + c * kStoreN, row0 + wave_offset, thread_in_wg, barrier_id);
+                    store.store(chunk, tma_d, col0 + c * kStoreN, row0 + wave_offset, thread_in_wg, barrier_id);
                 }
             }
         }
