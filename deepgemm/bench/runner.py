@@ -10,10 +10,10 @@ from typing import Any, Literal
 from deepgemm.analysis.gpus import Precision
 from deepgemm.analysis.roofline import Ceilings
 from deepgemm.bench.inputs import Problem, make_problem
-from deepgemm.bench.peers import IMPLEMENTATIONS, Implementation, Unavailable
+from deepgemm.bench.peers import IMPLEMENTATIONS, Implementation, Prepared, Unavailable
 from deepgemm.bench.results import BenchResults, Measurement
 from deepgemm.bench.suites import Shape, format_shape
-from deepgemm.bench.timing import FLUSH_BYTES, bench_gpu
+from deepgemm.bench.timing import FLUSH_BYTES, Timing, bench_gpu_interleaved
 
 Progress = Callable[[Sequence[Shape], str, Callable[[Shape], str]], Iterator[Shape]]
 
@@ -65,7 +65,7 @@ def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilin
     measurements: list[Measurement] = []
     for shape in progress(list(shapes), "benchmarking", format_shape):
         problem = make_problem(shape, settings.precision, device="cuda", seed=settings.seed)
-        measurements.extend(measure(impl, problem, settings) for impl in implementations)
+        measurements.extend(measure_all(implementations, problem, settings))
         del problem
         torch.cuda.empty_cache()
     return BenchResults(
@@ -74,8 +74,9 @@ def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilin
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
-def measure(impl: Implementation, problem: Problem, settings: BenchSettings) -> Measurement:
-    """One implementation on one problem: a checked eager call, then the timed graph replays.
+def measure_all(implementations: Sequence[Implementation], problem: Problem, settings: BenchSettings) -> list[Measurement]:
+    """Every implementation on one problem: a checked eager call each, then their timed graph replays
+    interleaved round by round (``bench_gpu_interleaved``), so all of them run under the same clock.
 
     A peer that refuses the shape (or raises) is "n/a"; deepgemm raising anything but
     UnsupportedError is an "error". Neither stops the run.
@@ -85,24 +86,59 @@ def measure(impl: Implementation, problem: Problem, settings: BenchSettings) -> 
     from deepgemm.errors import UnsupportedError
     from deepgemm.utils import calc_diff
 
-    base: dict[str, Any] = {"m": problem.m, "n": problem.n, "k": problem.k, "impl": impl.name, "precision": impl.precision}
+    results: list[Measurement | None] = []
+    ready: list[tuple[int, Prepared, float]] = []  # (index in results, prepared, calc_diff)
+    for impl in implementations:
+        base: dict[str, Any] = {"m": problem.m, "n": problem.n, "k": problem.k, "impl": impl.name, "precision": impl.precision}
+        try:
+            prepared = impl.prepare(problem)
+        except (Unavailable, UnsupportedError) as exc:
+            results.append(Measurement(**base, status="n/a", reason=str(exc)))
+            continue
+        try:
+            out = prepared.fn()
+            torch.cuda.synchronize()
+            diff = calc_diff(out, prepared.reference())
+        except Exception as exc:  # noqa: BLE001 - reported per shape, the run goes on
+            results.append(_failed(impl, base, problem, prepared, exc))
+            continue
+        ready.append((len(results), prepared, diff))
+        results.append(None)
+
+    def time_interleaved(fns: list[Callable[[], Any]]) -> list[Timing]:
+        return bench_gpu_interleaved(fns, iters=settings.iters, warmup=settings.warmup, flush_l2=settings.flush_l2,
+                                     use_graph=settings.use_graph)
+
     try:
-        prepared = impl.prepare(problem)
-    except (Unavailable, UnsupportedError) as exc:
-        return Measurement(**base, status="n/a", reason=str(exc))
-    try:
-        out = prepared.fn()
-        torch.cuda.synchronize()
-        diff = calc_diff(out, prepared.reference())
-        timing = bench_gpu(prepared.fn, iters=settings.iters, warmup=settings.warmup, flush_l2=settings.flush_l2,
-                           use_graph=settings.use_graph)
-    except Exception as exc:  # noqa: BLE001 - reported per shape, the run goes on
-        status: Literal["n/a", "error"] = "n/a" if isinstance(exc, UnsupportedError) or not impl.is_deepgemm else "error"
-        reason = f"{type(exc).__name__}: {_first_line(exc)} ({format_shape(problem.shape)})"
-        return Measurement(**base, status=status, reason=reason, bytes=prepared.bytes, note=prepared.note)
-    return Measurement(**base, status="ok", median_us=timing.median_us, min_us=timing.min_us, p10_us=timing.p10_us,
-                       p90_us=timing.p90_us, samples=len(timing.samples_us), cuda_graph=timing.graph,
-                       calc_diff=diff, bytes=prepared.bytes, note=prepared.note)
+        timings: list[Timing | BaseException] = list(time_interleaved([prepared.fn for _, prepared, _ in ready])) if ready else []
+    except Exception:  # noqa: BLE001 - time them one by one to tell which one fails
+        timings = []
+        for _, prepared, _ in ready:
+            try:
+                timings.append(time_interleaved([prepared.fn])[0])
+            except Exception as exc:  # noqa: BLE001
+                timings.append(exc)
+    for (index, prepared, diff), timing in zip(ready, timings):
+        impl = implementations[index]
+        if isinstance(timing, BaseException):
+            base = {"m": problem.m, "n": problem.n, "k": problem.k, "impl": impl.name, "precision": impl.precision}
+            results[index] = _failed(impl, base, problem, prepared, timing)
+        else:
+            results[index] = Measurement(
+                m=problem.m, n=problem.n, k=problem.k, impl=impl.name, precision=impl.precision, status="ok",
+                median_us=timing.median_us, min_us=timing.min_us, p10_us=timing.p10_us, p90_us=timing.p90_us,
+                samples=len(timing.samples_us), cuda_graph=timing.graph, calc_diff=diff, bytes=prepared.bytes,
+                note=prepared.note)
+    return [result for result in results if result is not None]
+
+
+def _failed(impl: Implementation, base: dict[str, Any], problem: Problem, prepared: Prepared,
+            exc: BaseException) -> Measurement:
+    from deepgemm.errors import UnsupportedError
+
+    status: Literal["n/a", "error"] = "n/a" if isinstance(exc, UnsupportedError) or not impl.is_deepgemm else "error"
+    reason = f"{type(exc).__name__}: {_first_line(exc)} ({format_shape(problem.shape)})"
+    return Measurement(**base, status=status, reason=reason, bytes=prepared.bytes, note=prepared.note)
 
 
 def _first_line(exc: BaseException, limit: int = 200) -> str:

@@ -46,30 +46,47 @@ def bench_gpu(fn: Callable[[], Any], *, iters: int = 30, warmup: int = 5, flush_
     ``Timing.graph`` is False). Each of the ``iters`` samples zeroes a 256 MiB buffer to evict L2,
     then records a start event, replays, and records an end event.
     """
+    return bench_gpu_interleaved([fn], iters=iters, warmup=warmup, flush_l2=flush_l2, use_graph=use_graph)[0]
+
+
+def bench_gpu_interleaved(fns: Sequence[Callable[[], Any]], *, iters: int = 30, warmup: int = 5, flush_l2: bool = True,
+                          use_graph: bool = True) -> list[Timing]:
+    """Time several functions in rounds: each round takes one sample of every function (L2 flushed before
+    each, as in ``bench_gpu``), starting with a different one each round.
+
+    Under a power cap the SM clock depends on what ran just before, so timing implementations one after
+    another favours whichever follows the lighter one; interleaved, they share the same conditions.
+    """
     import torch
 
     if iters < 1:
         raise ValueError(f"iters must be >= 1, got {iters}")
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    launch: Callable[[], Any] = fn
-    graph = _capture(fn) if use_graph else None
-    if graph is not None:
-        launch = graph.replay
-        launch()
+    launches: list[Callable[[], Any]] = []
+    graphs = []
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        graph = _capture(fn) if use_graph else None
+        graphs.append(graph)
+        launches.append(graph.replay if graph is not None else fn)
+        launches[-1]()
     flush = _flush_buffer(torch.cuda.current_device()) if flush_l2 else None
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for start, end in zip(starts, ends):
-        if flush is not None:
-            flush.zero_()
-        start.record()
-        launch()
-        end.record()
+    count = len(launches)
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+              for _ in range(count)]
+    for sample in range(iters):
+        for offset in range(count):
+            which = (sample + offset) % count
+            start, end = events[which][sample]
+            if flush is not None:
+                flush.zero_()
+            start.record()
+            launches[which]()
+            end.record()
     torch.cuda.synchronize()
-    samples = [start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)]
-    return Timing.from_samples(samples, graph=graph is not None)
+    return [Timing.from_samples([start.elapsed_time(end) * 1e3 for start, end in events[i]], graph=graphs[i] is not None)
+            for i in range(count)]
 
 
 def _capture(fn: Callable[[], Any]) -> Any | None:

@@ -62,6 +62,32 @@ def test_bench_gpu_samples_and_spread() -> None:
     assert 0 < timing.min_us <= timing.p10_us <= timing.median_us <= timing.p90_us
 
 
+def test_interleaved_timing_keeps_each_function_apart() -> None:
+    """Rounds of one sample per function: a 4x larger copy measures ~4x slower, each with its own samples."""
+    import torch
+
+    from deepgemm.bench.timing import bench_gpu_interleaved
+
+    small = torch.randn(8 << 20, device="cuda")
+    large = torch.randn(32 << 20, device="cuda")
+    small_out, large_out = torch.empty_like(small), torch.empty_like(large)
+    calls = [0, 0]
+
+    def copy_small() -> None:
+        calls[0] += 1
+        small_out.copy_(small)
+
+    def copy_large() -> None:
+        calls[1] += 1
+        large_out.copy_(large)
+
+    fast, slow = bench_gpu_interleaved([copy_small, copy_large], iters=20, warmup=2)
+    assert len(fast.samples_us) == 20 and len(slow.samples_us) == 20 and fast.graph and slow.graph
+    assert calls == [4, 4]  # warmups, the capture stream's call and the capture itself; replays add none
+    assert 2.5 < slow.median_us / fast.median_us < 6
+    assert torch.equal(small_out, small) and torch.equal(large_out, large)
+
+
 def test_measured_ceilings_are_plausible() -> None:
     import torch
 
