@@ -8,9 +8,19 @@ import deepgemm
 from tests.helpers import random_operands, reference_fp64
 
 SHAPES = [(1, 8, 128), (7, 136, 144), (65, 2056, 7296), (129, 7168, 128), (300, 24, 7168)]
-# Forced tiles the shapes above do not reach: (m, n, k, block_m, block_n, sms, split_tail); the split cases
-# have a small last wave on `sms` CTAs, so their tails go through the FP32 workspace.
-TILES = [(700, 1000, 2048, 192, 128, 30, True), (300, 2112, 7296, 256, 128, 30, True), (4097, 136, 256, 192, 64, 132, False)]
+# Forced tiles the shapes above do not reach: (m, n, k, block_m, block_n, sms, split_tail, chunked_store); the
+# split cases have a small last wave on `sms` CTAs, so their tails go through the FP32 workspace; block_m 256
+# stores from per-wave buffers (M = 300: a tile whose second wave has no rows) or in chunks; straddling tiles
+# with compile-time switch columns (block_n 192, 96).
+TILES = [
+    (700, 1000, 2048, 192, 128, 30, True, None),
+    (300, 2112, 7296, 256, 128, 30, True, None),
+    (4097, 136, 256, 192, 64, 132, False, None),
+    (300, 2112, 2048, 256, 128, 16, False, None),
+    (1300, 2048, 2048, 256, 128, 16, False, True),
+    (129, 2112, 7168, 128, 192, 132, False, None),
+    (65, 4032, 1536, 64, 96, 132, False, None),
+]
 
 
 def main() -> None:
@@ -25,15 +35,40 @@ def main() -> None:
     from deepgemm.configs.heuristics import make_config
     from deepgemm.kernels.fp8_gemm import get_plan
 
-    for m, n, k, block_m, block_n, sms, split in TILES:
+    for m, n, k, block_m, block_n, sms, split, chunked in TILES:
         a, b = random_operands(m, n, k, "cuda", seed=m + n + k)
-        plan = get_plan(0, m, n, k, torch.bfloat16, make_config(m, n, k, block_m, block_n, sms, split_tail=split))
+        config = make_config(m, n, k, block_m, block_n, sms, split_tail=split, chunked_store=chunked)
+        plan = get_plan(0, m, n, k, torch.bfloat16, config)
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         plan.launch(a[0], a[1], b[0], b[1], out)
         torch.cuda.synchronize()
         diff = deepgemm.calc_diff(out.double(), reference_fp64(a, b))
-        print(f"sanitize m={m} n={n} k={k} {plan.spec.label()} splits={plan.split_count()}: calc_diff={diff:.2e}")
-        assert diff < 1e-3 and (plan.split_count() > 1) == split
+        splits = plan.split_count() if split else 1
+        print(f"sanitize m={m} n={n} k={k} {plan.spec.label()} splits={splits}: calc_diff={diff:.2e}")
+        assert diff < 1e-3 and plan.spec.config.split_tail == bool(split) and (not split or plan.split_count() > 1)
+    contiguous()
+
+
+def contiguous() -> None:
+    """Grouped contiguous with block_m 256 (experts of 0 to 2300 rows): whole, half and padding blocks."""
+    from deepgemm.reference import m_grouped_contiguous_reference
+
+    align = deepgemm.get_m_alignment_for_contiguous_layout()
+    rows = [1100, 2300, 0, 1400]
+    segments = [-(-r // align) * align for r in rows]
+    m_indices = torch.cat([torch.cat([torch.full((r,), g, dtype=torch.int32), torch.full((s - r,), -1, dtype=torch.int32)])
+                           for g, (r, s) in enumerate(zip(rows, segments))]).cuda()
+    total, n, k = sum(segments), 4096, 2048
+    a, _ = random_operands(total, 8, k, "cuda", seed=5)
+    bs = [random_operands(8, n, k, "cuda", seed=6 + g)[1] for g in range(len(rows))]
+    b = (torch.stack([x[0] for x in bs]), torch.stack([x[1] for x in bs]))
+    out = torch.full((total, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices)
+    torch.cuda.synchronize()
+    ref = m_grouped_contiguous_reference(a[0], a[1], b[0], b[1], m_indices, compute_dtype=torch.float64)
+    diff = deepgemm.calc_diff(out.double(), ref)
+    print(f"sanitize contiguous rows={rows} n={n} k={k}: calc_diff={diff:.2e}")
+    assert diff < 1e-3 and not out.isnan().any()
 
 
 if __name__ == "__main__":
