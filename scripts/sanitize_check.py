@@ -47,6 +47,29 @@ def main() -> None:
         print(f"sanitize m={m} n={n} k={k} {plan.spec.label()} splits={splits}: calc_diff={diff:.2e}")
         assert diff < 1e-3 and plan.spec.config.split_tail == bool(split) and (not split or plan.split_count() > 1)
     contiguous()
+    masked()
+
+
+def masked() -> None:
+    """Masked decode groups: A loaded in 16-row (block_m 64) or 64-row (block_m 128) boxes, only as many
+    as each group's rows need; an empty group and a full one."""
+    from deepgemm.reference import m_grouped_masked_reference
+
+    for expected, counts, n in ((16, [0, 5, 16, 21, 128, 1], 1024), (64, [45, 64, 65, 83, 0, 128, 30, 100], 4096)):
+        groups, max_m, k = len(counts), 128, 2048
+        a2d, _ = random_operands(groups * max_m, 8, k, "cuda", seed=expected)
+        a = (a2d[0].view(groups, max_m, k), a2d[1].reshape(groups, max_m, -1))
+        bs = [random_operands(8, n, k, "cuda", seed=100 + g)[1] for g in range(groups)]
+        b = (torch.stack([x[0] for x in bs]), torch.stack([x[1] for x in bs]))
+        masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        out = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected)
+        torch.cuda.synchronize()
+        ref = m_grouped_masked_reference(a[0], a[1], b[0], b[1], masked_m, compute_dtype=torch.float64)
+        for g, count in enumerate(counts):
+            diff = deepgemm.calc_diff(out[g, :count].double(), ref[g, :count]) if count else 0.0
+            assert diff < 1e-3 and out[g, -(-count // 64) * 64:].isnan().all(), (g, count, diff)
+        print(f"sanitize masked expected={expected} counts={counts}: ok")
 
 
 def contiguous() -> None:

@@ -16,6 +16,7 @@ from deepgemm.api.validation import (
     require_tensor,
     require_tma_rows,
 )
+from deepgemm.configs.heuristics import masked_config_m
 from deepgemm.reference import m_grouped_contiguous_reference, m_grouped_masked_reference, m_indices_from_psum
 from deepgemm.utils import align_up, ceil_div
 
@@ -230,6 +231,7 @@ def m_grouped_fp8_gemm_nt_masked(
     from deepgemm.kernels.fp8_gemm import Geometry, GemmKind, get_grouped_plan
 
     geometry = Geometry(rows=groups * max_m, groups=groups, max_m=max_m, tiles_known=False)
-    plan = get_grouped_plan(a_q.device.index, GemmKind.GROUPED_MASKED, geometry, n, k, out.dtype, min(expected_m, max_m))
+    plan = get_grouped_plan(a_q.device.index, GemmKind.GROUPED_MASKED, geometry, n, k, out.dtype,
+                            masked_config_m(expected_m, max_m))
     plan.launch(a_q, _masked_sfa_layout(sfa), b_q, sfb.contiguous(), out, masked_m)
     return out

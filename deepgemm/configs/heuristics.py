@@ -151,6 +151,19 @@ MIN_ROWS_PER_GROUP_FOR_BLOCK_M_256 = 1024
 MIN_K_FOR_MASKED_BLOCK_M_256 = 4096
 
 
+# Masked decode-sized groups (expected_m <= 128) are weight-bound, and a group whose rows spill past one
+# M-block streams its weights again for the spill. Rows per group vary around expected_m (MoE routing),
+# so those tiles are sized for expected_m plus a quarter: 8 x ~64 tokens (45-83 rows) then use 128-row
+# tiles, each group's weights read once.
+MASKED_DECODE_MAX_EXPECTED_M = 128
+
+
+def masked_config_m(expected_m: int, max_m: int) -> int:
+    """The M the masked kernel's tile is chosen for (see MASKED_DECODE_MAX_EXPECTED_M)."""
+    m = max(min(expected_m, max_m), 1)
+    return min(m + m // 4, max_m) if m <= MASKED_DECODE_MAX_EXPECTED_M else m
+
+
 def contiguous_allows_block_m_256(m_total: int, groups: int) -> bool:
     """block_m 256 for the contiguous MoE layout only when the average expert segment is long."""
     return m_total >= MIN_M_FOR_BLOCK_M_256 and m_total >= MIN_ROWS_PER_GROUP_FOR_BLOCK_M_256 * max(groups, 1)

@@ -99,6 +99,13 @@ def compile_spec(spec: Fp8GemmSpec) -> CompiledKernel:
     return compile_kernel(render_source(spec))
 
 
+def a_box_rows(kind: GemmKind, block_m: int) -> int:
+    """Rows per TMA box of A; mirrors kLoadRowsA: masked tiles load only the boxes their valid rows need."""
+    if kind == GemmKind.GROUPED_MASKED:
+        return 16 if block_m == 64 else 64
+    return block_m
+
+
 @dataclass(frozen=True)
 class Geometry:
     """Run-time extent of a launch: the rows of the flattened A/D views and the group layout.
@@ -162,7 +169,7 @@ class Fp8GemmPlan:
             sfa_desc = encode_2d(sfa.data_ptr(), torch.float32, k_blocks, rows, mn_major_row_stride(sfa), 1, c.block_m, 0)
         return PackedArgs(
             [
-                encode_2d(a.data_ptr(), fp8, rows, k, a_stride, c.block_m, c.block_k, 128),
+                encode_2d(a.data_ptr(), fp8, rows, k, a_stride, a_box_rows(self.spec.kind, c.block_m), c.block_k, 128),
                 encode_2d(b.data_ptr(), fp8, g.groups * n, k, b_stride, c.block_n // c.cluster_m, c.block_k, 128),
                 sfa_desc,
                 output_descriptors,

@@ -178,3 +178,16 @@ def test_masked_block_m_256_only_with_long_k() -> None:
     from deepgemm.configs.heuristics import masked_allows_block_m_256
 
     assert masked_allows_block_m_256(7168) and not masked_allows_block_m_256(2048)
+
+
+def test_masked_decode_tiles_leave_headroom_for_row_spread() -> None:
+    """Decode-sized masked groups size their tile for expected_m plus a quarter (capped at max_m), so a
+    group a little above expected_m still fits one M-block; larger groups use expected_m as given."""
+    from deepgemm.configs.heuristics import choose_fp8_gemm_config, masked_config_m
+
+    assert [masked_config_m(e, 128) for e in (1, 8, 16, 32, 64, 100, 128, 500)] == [1, 10, 20, 40, 80, 125, 128, 128]
+    assert masked_config_m(1024, 4096) == 1024 and masked_config_m(0, 128) == 1
+    # 8 experts x ~64 tokens (45-83 rows each): 128-row tiles, so no group reads its weights twice.
+    assert choose_fp8_gemm_config(masked_config_m(64, 128), 8 * 4096, 7168, 132, allow_block_m_192=False).block_m == 128
+    # ~16 tokens per expert still fit 64-row tiles.
+    assert choose_fp8_gemm_config(masked_config_m(16, 128), 32 * 4096, 7168, 132, allow_block_m_192=False).block_m == 64

@@ -173,6 +173,12 @@ struct Sm90Fp8Gemm1D2D {
     using Tiles = typename SelectType<kSplitTail, SplitTailTileSource<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks>,
                                       TileSource<kKind, kBlockM, kNumNBlocks, kGroupM, kClusterM>>::Type;
     static constexpr u32 kMulticastRowsB = kBlockN / kClusterM;
+    // Masked groups hold few valid rows at decode sizes: their A tiles are loaded in boxes of kLoadRowsA rows,
+    // only as many as the tile's valid rows need (a 64-row wave reads stale shared memory in the rows past
+    // them; those output rows lie past masked_m, where the result is unspecified). Other kinds load whole
+    // tiles in one box (TMA zero-fills rows past the tensor).
+    static constexpr u32 kLoadRowsA = kKind == GemmKind::kGroupedMasked ? (kBlockM == 64 ? 16u : 64u) : kBlockM;
+    static_assert(kBlockM % kLoadRowsA == 0, "A boxes must tile block_m");
     using Mma = ptx::WgmmaFp8<kBlockN>;
 
     // Shared memory map. A/B stages first: each is a multiple of 1024 bytes, so every stage stays
@@ -216,12 +222,24 @@ struct Sm90Fp8Gemm1D2D {
             // sfa is M-major: its rows are K blocks (per group for the masked layout), its columns M.
             const i32 sfa_col = static_cast<i32>(tile.m_block * kBlockM + (kKind == GemmKind::kGroupedMasked ? 0 : tile.row_begin));
             const u32 sfa_row0 = kKind == GemmKind::kGroupedMasked ? tile.group * kNumKBlocks : 0;
+            u32 a_boxes = 1;
+            if constexpr (kLoadRowsA != kBlockM) {
+                a_boxes = ceil_div(min(tile.rows - tile.m_block * kBlockM, kBlockM), kLoadRowsA);
+            }
+            const u32 tx_bytes = kStageTxBytes - kStageABytes + a_boxes * kLoadRowsA * kBlockK;
             for (u32 k_block = k_begin; k_block < k_end; ++k_block) {
                 ptx::mbarrier_wait(&ring.empty[stage], phase ^ 1);
                 u64* full = &ring.full[stage];
                 const i32 k = static_cast<i32>(k_block * kBlockK);
-                ptx::mbarrier_arrive_expect_tx(full, kStageTxBytes);
-                ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes, tma_a, full, k, row_a);
+                ptx::mbarrier_arrive_expect_tx(full, tx_bytes);
+                if constexpr (kLoadRowsA == kBlockM) {
+                    ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes, tma_a, full, k, row_a);
+                } else {
+                    for (u32 box = 0; box < a_boxes; ++box) {
+                        ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes + box * kLoadRowsA * kBlockK, tma_a, full,
+                                         k, row_a + static_cast<i32>(box * kLoadRowsA));
+                    }
+                }
                 if constexpr (kClusterM == 1) {
                     ptx::tma_load_2d(ring.smem + kOffsetB + stage * kStageBBytes, tma_b, full, k, row_b);
                 } else {
