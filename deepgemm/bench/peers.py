@@ -35,6 +35,8 @@ class Implementation:
     description: str
     precision: Precision
     prepare: Callable[[Problem], Prepared]
+    # What it computes; implementations of the same operation are timed interleaved (bench_gpu_interleaved).
+    operation: str = ""
 
     @property
     def is_deepgemm(self) -> bool:
@@ -133,13 +135,13 @@ def _prepare_cublas_bf16(problem: Problem) -> Prepared:
 
 
 DEEPGEMM_FP8 = Implementation("deepgemm", "deepgemm.fp8_gemm_nt (1x128 / 128x128 scales)", "fp8",
-                              _prepare_deepgemm_fp8)
-DEEPGEMM_BF16 = Implementation("deepgemm-bf16", "deepgemm.bf16_gemm_nt", "bf16", _prepare_deepgemm_bf16)
+                              _prepare_deepgemm_fp8, "fp8-blockwise")
+DEEPGEMM_BF16 = Implementation("deepgemm-bf16", "deepgemm.bf16_gemm_nt", "bf16", _prepare_deepgemm_bf16, "bf16")
 CUBLAS_BLOCKWISE = Implementation("cublas-blockwise", "cuBLAS FP8, 1x128 / 128x128 block scales", "fp8",
-                                  _prepare_cublas_blockwise)
+                                  _prepare_cublas_blockwise, "fp8-blockwise")
 CUBLAS_TENSORWISE = Implementation("cublas-fp8-tensor", "cuBLAS FP8, per-tensor scales (upper reference)", "fp8",
-                                   _prepare_cublas_tensorwise)
-CUBLAS_BF16 = Implementation("cublas-bf16", "cuBLAS BF16 (torch.matmul)", "bf16", _prepare_cublas_bf16)
+                                   _prepare_cublas_tensorwise, "fp8-tensorwise")
+CUBLAS_BF16 = Implementation("cublas-bf16", "cuBLAS BF16 (torch.matmul)", "bf16", _prepare_cublas_bf16, "bf16")
 
 IMPLEMENTATIONS: dict[Precision, tuple[Implementation, ...]] = {
     "fp8": (DEEPGEMM_FP8, CUBLAS_BLOCKWISE, CUBLAS_TENSORWISE, CUBLAS_BF16),

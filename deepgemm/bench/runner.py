@@ -75,8 +75,10 @@ def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilin
 
 
 def measure_all(implementations: Sequence[Implementation], problem: Problem, settings: BenchSettings) -> list[Measurement]:
-    """Every implementation on one problem: a checked eager call each, then their timed graph replays
-    interleaved round by round (``bench_gpu_interleaved``), so all of them run under the same clock.
+    """Every implementation on one problem: a checked eager call each, then their timed graph replays.
+    Implementations of the same operation (deepgemm and cuBLAS block-wise) are timed interleaved, round by
+    round (``bench_gpu_interleaved``), so they run under the same clock; the others (per-tensor FP8 and BF16,
+    which draw different power) are timed on their own.
 
     A peer that refuses the shape (or raises) is "n/a"; deepgemm raising anything but
     UnsupportedError is an "error". Neither stops the run.
@@ -109,16 +111,19 @@ def measure_all(implementations: Sequence[Implementation], problem: Problem, set
         return bench_gpu_interleaved(fns, iters=settings.iters, warmup=settings.warmup, flush_l2=settings.flush_l2,
                                      use_graph=settings.use_graph)
 
-    try:
-        timings: list[Timing | BaseException] = list(time_interleaved([prepared.fn for _, prepared, _ in ready])) if ready else []
-    except Exception:  # noqa: BLE001 - time them one by one to tell which one fails
-        timings = []
-        for _, prepared, _ in ready:
-            try:
-                timings.append(time_interleaved([prepared.fn])[0])
-            except Exception as exc:  # noqa: BLE001
-                timings.append(exc)
-    for (index, prepared, diff), timing in zip(ready, timings):
+    timings: dict[int, Timing | BaseException] = {}
+    for operation in dict.fromkeys(implementations[index].operation for index, _, _ in ready):
+        group = [(index, prepared) for index, prepared, _ in ready if implementations[index].operation == operation]
+        try:
+            timings.update(zip((index for index, _ in group), time_interleaved([prepared.fn for _, prepared in group])))
+        except Exception:  # noqa: BLE001 - time them one by one to tell which one fails
+            for index, prepared in group:
+                try:
+                    timings[index] = time_interleaved([prepared.fn])[0]
+                except Exception as exc:  # noqa: BLE001
+                    timings[index] = exc
+    for index, prepared, diff in ready:
+        timing = timings[index]
         impl = implementations[index]
         if isinstance(timing, BaseException):
             base = {"m": problem.m, "n": problem.n, "k": problem.k, "impl": impl.name, "precision": impl.precision}
