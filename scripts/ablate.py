@@ -42,7 +42,7 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "no_loads": [
         ("                    ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes, tma_a, full, k, row_a);\n", ""),
         ("                    ptx::tma_load_2d(ring.smem + kOffsetB + stage * kStageBBytes, tma_b, full, k, row_b);\n", ""),
-        ("ptx::mbarrier_arrive_expect_tx(full, kStageTxBytes);", "ptx::mbarrier_arrive_expect_tx(full, kStageSfaBytes);"),
+        ("ptx::mbarrier_arrive_expect_tx(full, tx_bytes);", "ptx::mbarrier_arrive_expect_tx(full, kStageSfaBytes);"),
     ],
     "no_store": [(
         "                    store.store(chunk, tma_d, col0 + c * kStoreN, row0 + wave_offset, thread_in_wg, barrier_id);\n",

@@ -71,6 +71,13 @@ def plan_spec(m: int, n: int, k: int, out_dtype: torch.dtype, num_sms: int, gpu_
     return Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
 
 
+def a_box_rows(kind: GemmKind, block_m: int) -> int:
+    """Rows per TMA box of A; mirrors kLoadRowsA: masked tiles load only the boxes their valid rows need."""
+    if kind == GemmKind.GROUPED_MASKED:
+        return 16 if block_m == 64 else 64
+    return block_m
+
+
 def render_source(spec: Fp8GemmSpec) -> KernelSource:
     c = spec.config
     fp32 = "true" if spec.out_dtype == torch.float32 else "false"
@@ -82,6 +89,7 @@ using Kernel = deepgemm::Sm90Fp8Gemm1D2D<{spec.n}u, {spec.k}u, {c.block_m}u, {c.
                                          static_cast<deepgemm::GemmKind>({int(spec.kind)}), {"true" if c.split_tail else "false"},
                                          {"true" if c.chunked_store else "false"}>;
 static_assert(Kernel::kSmemBytes == {c.smem_bytes}u, "host and device disagree on the shared-memory size");
+static_assert(Kernel::kLoadRowsA == {a_box_rows(spec.kind, c.block_m)}u, "host and device disagree on A's TMA box rows");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
 deepgemm_fp8_gemm_1d2d(const __grid_constant__ deepgemm::TmaDescriptor tma_a, const __grid_constant__ deepgemm::TmaDescriptor tma_b,
@@ -97,13 +105,6 @@ deepgemm_fp8_gemm_1d2d(const __grid_constant__ deepgemm::TmaDescriptor tma_a, co
 def compile_spec(spec: Fp8GemmSpec) -> CompiledKernel:
     """Compile (or fetch from the cache) without loading: works on machines without a GPU."""
     return compile_kernel(render_source(spec))
-
-
-def a_box_rows(kind: GemmKind, block_m: int) -> int:
-    """Rows per TMA box of A; mirrors kLoadRowsA: masked tiles load only the boxes their valid rows need."""
-    if kind == GemmKind.GROUPED_MASKED:
-        return 16 if block_m == 64 else 64
-    return block_m
 
 
 @dataclass(frozen=True)

@@ -191,3 +191,17 @@ def test_masked_decode_tiles_leave_headroom_for_row_spread() -> None:
     assert choose_fp8_gemm_config(masked_config_m(64, 128), 8 * 4096, 7168, 132, allow_block_m_192=False).block_m == 128
     # ~16 tokens per expert still fit 64-row tiles.
     assert choose_fp8_gemm_config(masked_config_m(16, 128), 32 * 4096, 7168, 132, allow_block_m_192=False).block_m == 64
+
+
+@pytest.mark.parametrize("block_m", [64, 128])
+def test_masked_partial_a_loads_compile_without_spills(block_m: int) -> None:
+    """Masked tiles of 64 and 128 rows load A in 16- and 64-row boxes (the host's box matches: static_assert)."""
+    from deepgemm.configs.heuristics import make_config
+    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, a_box_rows, compile_spec
+
+    assert a_box_rows(GemmKind.GROUPED_MASKED, block_m) == (16 if block_m == 64 else 64)
+    assert a_box_rows(GemmKind.DENSE, block_m) == block_m
+    config = make_config(block_m, 4096, 7168, block_m, 128, 132, 2, cluster_m=1)
+    compiled = compile_spec(Fp8GemmSpec(4096, 7168, torch.bfloat16, config, GemmKind.GROUPED_MASKED))
+    assert compiled.resources is not None
+    assert (compiled.resources.spill_stores, compiled.resources.stack_frame) == (0, 0)

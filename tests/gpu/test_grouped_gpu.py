@@ -271,3 +271,26 @@ def test_masked_block_m_256_tails() -> None:
         out = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=512)
         check_masked(out, a, b, masked_m.cpu())
+
+
+@pytest.mark.parametrize("block_m,expected_m,counts", [
+    (64, 16, [16, 32, 48, 15, 17, 33, 49, 63]),
+    (128, 64, [64, 65, 127, 1, 128, 0, 80, 45]),
+    (256, 512, [64, 1000, 257, 1]),
+], ids=lambda v: str(v))
+def test_masked_loads_only_the_a_rows_a_tile_needs(block_m: int, expected_m: int, counts: list[int]) -> None:
+    """Masked tiles load A in 16-row (block_m 64) or 64-row boxes, as many as their valid rows need: counts
+    on and around the box edges, including FP32 output (block_m 256 then stores in chunks)."""
+    from deepgemm.configs.heuristics import masked_config_m
+    from deepgemm.kernels.fp8_gemm import Geometry, GemmKind, get_grouped_plan
+
+    groups, n = len(counts), 4096
+    max_m, k, out_dtype = (1024, 7168, torch.float32) if block_m == 256 else (128, 7168, torch.bfloat16)
+    geometry = Geometry(rows=groups * max_m, groups=groups, max_m=max_m, tiles_known=False)
+    plan = get_grouped_plan(0, GemmKind.GROUPED_MASKED, geometry, n, k, out_dtype, masked_config_m(expected_m, max_m))
+    assert plan.spec.config.block_m == block_m
+    a, b = masked_inputs(groups, max_m, n, k, seed=block_m)
+    masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    out = torch.full((groups, max_m, n), float("nan"), dtype=out_dtype, device="cuda")
+    deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=expected_m)
+    check_masked(out, a, b, masked_m.cpu())
