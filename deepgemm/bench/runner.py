@@ -112,6 +112,7 @@ def measure_all(implementations: Sequence[Implementation], problem: Problem, set
                                      use_graph=settings.use_graph)
 
     timings: dict[int, Timing | BaseException] = {}
+    alone: set[int] = set()  # same-operation implementations timed one by one after the interleaved timing failed
     for operation in dict.fromkeys(implementations[index].operation for index, _, _ in ready):
         group = [(index, prepared) for index, prepared, _ in ready if implementations[index].operation == operation]
         try:
@@ -120,6 +121,8 @@ def measure_all(implementations: Sequence[Implementation], problem: Problem, set
             for index, prepared in group:
                 try:
                     timings[index] = time_interleaved([prepared.fn])[0]
+                    if len(group) > 1:
+                        alone.add(index)
                 except Exception as exc:  # noqa: BLE001
                     timings[index] = exc
     for index, prepared, diff in ready:
@@ -133,7 +136,7 @@ def measure_all(implementations: Sequence[Implementation], problem: Problem, set
                 m=problem.m, n=problem.n, k=problem.k, impl=impl.name, precision=impl.precision, status="ok",
                 median_us=timing.median_us, min_us=timing.min_us, p10_us=timing.p10_us, p90_us=timing.p90_us,
                 samples=len(timing.samples_us), cuda_graph=timing.graph, calc_diff=diff, bytes=prepared.bytes,
-                note=prepared.note)
+                note="; ".join(filter(None, (prepared.note, "timed alone" if index in alone else ""))))
     return [result for result in results if result is not None]
 
 

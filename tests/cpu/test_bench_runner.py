@@ -1,0 +1,85 @@
+"""measure_all on CPU with fake implementations: grouping by operation, interleaving, and failures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from deepgemm.bench import runner
+from deepgemm.bench.peers import Implementation, Prepared, Unavailable
+from deepgemm.bench.timing import Timing
+
+
+class FakeProblem:
+    m, n, k = 4, 8, 16
+    shape = (4, 8, 16)
+
+
+def _impl(name: str, operation: str, *, fails_eager: bool = False, fails_timing: bool = False,
+          unavailable: bool = False) -> Implementation:
+    expected = torch.arange(32, dtype=torch.float64).reshape(4, 8) + 1
+
+    def prepare(_: Any) -> Prepared:
+        if unavailable:
+            raise Unavailable(f"{name} refuses")
+
+        def fn() -> torch.Tensor:
+            if fails_eager:
+                raise RuntimeError(f"{name} broke")
+            return expected.clone()
+
+        fn.fails_timing = fails_timing  # type: ignore[attr-defined]
+        return Prepared(fn, lambda: expected, bytes=100, note=f"{name} note" if name.startswith("peer") else "")
+
+    return Implementation(name, name, "fp8", prepare, operation)
+
+
+@pytest.fixture()
+def timed(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    calls: list[list[str]] = []
+
+    def fake_interleaved(fns: list, **_: Any) -> list[Timing]:
+        calls.append([getattr(fn, "__qualname__", "?") for fn in fns])
+        if len(fns) > 1 and any(getattr(fn, "fails_timing", False) for fn in fns):
+            raise RuntimeError("capture failed")
+        if any(getattr(fn, "fails_timing", False) for fn in fns):
+            raise RuntimeError("replay failed")
+        return [Timing.from_samples([10.0 + i, 11.0 + i, 12.0 + i]) for i in range(len(fns))]
+
+    monkeypatch.setattr(runner, "bench_gpu_interleaved", fake_interleaved)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    return calls
+
+
+def test_same_operation_is_interleaved_others_alone(timed: list[list[str]]) -> None:
+    impls = [_impl("deepgemm", "fp8-blockwise"), _impl("peer-blockwise", "fp8-blockwise"), _impl("peer-bf16", "bf16")]
+    results = runner.measure_all(impls, FakeProblem(), runner.BenchSettings(iters=3, warmup=0))  # type: ignore[arg-type]
+    assert [len(call) for call in timed] == [2, 1]
+    assert [r.impl for r in results] == ["deepgemm", "peer-blockwise", "peer-bf16"]
+    assert all(r.status == "ok" and r.calc_diff == pytest.approx(0.0, abs=1e-12) for r in results)
+    assert results[0].median_us == 11.0 and results[1].median_us == 12.0 and results[2].median_us == 11.0
+    assert results[1].note == "peer-blockwise note"
+
+
+def test_failures_are_reported_per_implementation(timed: list[list[str]]) -> None:
+    impls = [_impl("deepgemm", "fp8-blockwise"), _impl("peer-blockwise", "fp8-blockwise", fails_timing=True),
+             _impl("peer-tensor", "fp8-tensorwise", unavailable=True), _impl("peer-bf16", "bf16", fails_eager=True)]
+    results = runner.measure_all(impls, FakeProblem(), runner.BenchSettings(iters=3, warmup=0))  # type: ignore[arg-type]
+    by_name = {r.impl: r for r in results}
+    assert list(by_name) == ["deepgemm", "peer-blockwise", "peer-tensor", "peer-bf16"]
+    # The pair's interleaved timing failed: each was retried alone; the failing peer is n/a, deepgemm is
+    # timed and says it was timed alone.
+    assert by_name["deepgemm"].status == "ok" and by_name["deepgemm"].note == "timed alone"
+    assert by_name["peer-blockwise"].status == "n/a" and "replay failed" in (by_name["peer-blockwise"].reason or "")
+    assert by_name["peer-tensor"].status == "n/a" and by_name["peer-tensor"].reason == "peer-tensor refuses"
+    assert by_name["peer-bf16"].status == "n/a" and "peer-bf16 broke" in (by_name["peer-bf16"].reason or "")
+    assert [len(call) for call in timed] == [2, 1, 1]
+
+
+def test_deepgemm_failing_is_an_error(timed: list[list[str]]) -> None:
+    results = runner.measure_all([_impl("deepgemm", "fp8-blockwise", fails_eager=True)], FakeProblem(),  # type: ignore[arg-type]
+                                 runner.BenchSettings(iters=3, warmup=0))
+    assert results[0].status == "error" and "deepgemm broke" in (results[0].reason or "")
+    assert timed == []
