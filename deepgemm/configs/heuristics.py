@@ -77,6 +77,8 @@ def fp8_gemm_smem_bytes(block_m: int, block_n: int, num_stages: int, k: int, out
 
 
 def max_stages(block_m: int, block_n: int, k: int, out_elem_bytes: int, chunked_store: bool | None = None) -> int:
+    if chunked_store is None:
+        chunked_store = chunked_store_for(block_m, block_n, k, out_elem_bytes)
     stages = 0
     while (stages < MAX_STAGES and
            fp8_gemm_smem_bytes(block_m, block_n, stages + 1, k, out_elem_bytes, chunked_store) <= SMEM_CAPACITY):

@@ -19,6 +19,7 @@
 #pragma once
 #include <deepgemm/epilogue/store_fragment.cuh>
 #include <deepgemm/ptx/cluster.cuh>
+#include <deepgemm/pipeline/stage_ring.cuh>
 #include <deepgemm/ptx/mbarrier.cuh>
 #include <deepgemm/ptx/sync.cuh>
 #include <deepgemm/ptx/tma.cuh>
@@ -198,11 +199,7 @@ struct Sm90Fp8Gemm1D2D {
     static constexpr u32 kSmemBytes = kOffsetBarriers + 2 * kNumStages * 8;
     static_assert(kSmemBytes <= 232448, "shared memory budget (227 KB) exceeded: use fewer stages");
 
-    struct Ring {
-        u8* smem;
-        u64* full;
-        u64* empty;
-    };
+    using Ring = StageRing<kNumStages>;
 
     DG_DEVICE static void producer(const Ring& ring, const TmaDescriptor* tma_a, const TmaDescriptor* tma_b,
                                    const TmaDescriptor* tma_sfa, const GemmProblem& problem, u32 cta_rank) {
@@ -250,7 +247,7 @@ struct Sm90Fp8Gemm1D2D {
                 }
                 ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, tma_sfa, full, sfa_col,
                                  static_cast<i32>(sfa_row0 + k_block));
-                advance(stage, phase);
+                Ring::advance(stage, phase);
             }
         }
     }
@@ -267,13 +264,6 @@ struct Sm90Fp8Gemm1D2D {
                     ptx::mbarrier_arrive_cluster(&ring.empty[stage], rank);
                 }
             }
-        }
-    }
-
-    DG_DEVICE static void advance(u32& stage, u32& phase) {
-        if (++stage == kNumStages) {
-            stage = 0;
-            phase ^= 1;
         }
     }
 
@@ -399,7 +389,7 @@ struct Sm90Fp8Gemm1D2D {
                     }
                     promotion.template apply<kStraddleCol>(results[w], partial, scales);
                 }
-                advance(stage, phase);
+                Ring::advance(stage, phase);
             }
         } else {
             // Two accumulators: block k+1's MMAs run while block k is promoted, so the tensor cores
@@ -417,13 +407,13 @@ struct Sm90Fp8Gemm1D2D {
                 ScaleA scale_a;
                 issue_block(ring, issue_stage, t.first_row, t.row_in_wg, partial, scale_a);
                 scales = Promotion::combine(scale_a, scale_b);
-                advance(issue_stage, issue_phase);
+                Ring::advance(issue_stage, issue_phase);
             };
             const auto retire = [&](float (&partial)[kBlockN / 2]) {
                 ptx::wgmma_wait_group<0>();
                 ptx::fence_accumulators(partial);
                 release_stage(ring, stage, t.lane);
-                advance(stage, phase);
+                Ring::advance(stage, phase);
             };
             // Only wait_group<0> is used, and each promotion reads the accumulator retired by the
             // previous wait while the other one's MMAs run: ptxas can then prove no in-flight
@@ -577,7 +567,7 @@ struct Sm90Fp8Gemm1D2D {
                 for (u32 k_block = k_begin; k_block < k_end; ++k_block) {
                     ptx::mbarrier_wait(&ring.full[stage], phase);
                     release_stage(ring, stage, lane);
-                    advance(stage, phase);
+                    Ring::advance(stage, phase);
                 }
                 continue;
             }
@@ -655,20 +645,14 @@ struct Sm90Fp8Gemm1D2D {
     DG_DEVICE static void run(const TmaDescriptor* tma_a, const TmaDescriptor* tma_b, const TmaDescriptor* tma_sfa,
                               const OutputDescriptors* tma_d, const float* sfb, const GemmProblem& problem) {
         extern __shared__ __align__(1024) u8 smem[];
-        Ring ring{smem, reinterpret_cast<u64*>(smem + kOffsetBarriers),
-                  reinterpret_cast<u64*>(smem + kOffsetBarriers) + kNumStages};
+        const Ring ring = Ring::at(smem, kOffsetBarriers);
 
         if (threadIdx.x == 0) {
             ptx::tma_prefetch_descriptor(tma_a);
             ptx::tma_prefetch_descriptor(tma_b);
             ptx::tma_prefetch_descriptor(tma_sfa);
             ptx::tma_prefetch_descriptor(&tma_d->width128);
-#pragma unroll
-            for (u32 s = 0; s < kNumStages; ++s) {
-                ptx::mbarrier_init(&ring.full[s], 1);
-                ptx::mbarrier_init(&ring.empty[s], kClusterM * kNumMathThreads / 32);
-            }
-            ptx::mbarrier_init_fence();
+            ring.init(kClusterM * kNumMathThreads / 32);
         }
         const u32 cta_rank = kClusterM == 1 ? 0 : ptx::cluster_cta_rank();
         if constexpr (kClusterM == 1) {

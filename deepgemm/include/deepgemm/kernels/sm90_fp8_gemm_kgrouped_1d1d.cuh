@@ -11,6 +11,7 @@
 // every 128 K. The epilogue reads C and writes D straight from registers with per-element bounds
 // (rows of D[g] end at M, so a tile never spills into the next group's rows).
 #pragma once
+#include <deepgemm/pipeline/stage_ring.cuh>
 #include <deepgemm/ptx/mbarrier.cuh>
 #include <deepgemm/ptx/sync.cuh>
 #include <deepgemm/ptx/tma.cuh>
@@ -90,18 +91,7 @@ struct Sm90Fp8GemmKGrouped1D1D {
         }
     };
 
-    struct Ring {
-        u8* smem;
-        u64* full;
-        u64* empty;
-    };
-
-    DG_DEVICE static void advance(u32& stage, u32& phase) {
-        if (++stage == kNumStages) {
-            stage = 0;
-            phase ^= 1;
-        }
-    }
+    using Ring = StageRing<kNumStages>;
 
     DG_DEVICE static void producer(const Ring& ring, const TmaDescriptor* tma_a, const TmaDescriptor* tma_b,
                                    const TmaDescriptor* tma_sfa, const TmaDescriptor* tma_sfb,
@@ -123,7 +113,7 @@ struct Sm90Fp8GemmKGrouped1D1D {
                 ptx::tma_load_2d(ring.smem + kOffsetB + stage * kStageBBytes, tma_b, full, k, row_b);
                 ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, tma_sfa, full, row_a, scale_row);
                 ptx::tma_load_2d(ring.smem + kOffsetSfb + stage * kStageSfbBytes, tma_sfb, full, row_b, scale_row);
-                advance(stage, phase);
+                Ring::advance(stage, phase);
             }
         }
     }
@@ -199,7 +189,7 @@ struct Sm90Fp8GemmKGrouped1D1D {
                 if (lane == 0) {
                     ptx::mbarrier_arrive(&ring.empty[stage]);
                 }
-                advance(stage, phase);
+                Ring::advance(stage, phase);
 #pragma unroll
                 for (u32 i = 0; i < kBlockN / 2; ++i) {
                     result[i] += scale[i] * partial[i];
@@ -233,19 +223,13 @@ struct Sm90Fp8GemmKGrouped1D1D {
     DG_DEVICE static void run(const TmaDescriptor* tma_a, const TmaDescriptor* tma_b, const TmaDescriptor* tma_sfa,
                               const TmaDescriptor* tma_sfb, const KGroupedProblem& problem) {
         extern __shared__ __align__(1024) u8 smem[];
-        Ring ring{smem, reinterpret_cast<u64*>(smem + kOffsetBarriers),
-                  reinterpret_cast<u64*>(smem + kOffsetBarriers) + kNumStages};
+        const Ring ring = Ring::at(smem, kOffsetBarriers);
         if (threadIdx.x == 0) {
             ptx::tma_prefetch_descriptor(tma_a);
             ptx::tma_prefetch_descriptor(tma_b);
             ptx::tma_prefetch_descriptor(tma_sfa);
             ptx::tma_prefetch_descriptor(tma_sfb);
-#pragma unroll
-            for (u32 s = 0; s < kNumStages; ++s) {
-                ptx::mbarrier_init(&ring.full[s], 1);
-                ptx::mbarrier_init(&ring.empty[s], kNumMathThreads / 32);
-            }
-            ptx::mbarrier_init_fence();
+            ring.init(kNumMathThreads / 32);
         }
         __syncthreads();
         if (threadIdx.x < 128) {
