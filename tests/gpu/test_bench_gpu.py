@@ -62,30 +62,28 @@ def test_bench_gpu_samples_and_spread() -> None:
     assert 0 < timing.min_us <= timing.p10_us <= timing.median_us <= timing.p90_us
 
 
-def test_interleaved_timing_keeps_each_function_apart() -> None:
-    """Rounds of one sample per function: a 4x larger copy measures ~4x slower, each with its own samples."""
+def test_interleaved_timing_takes_one_sample_of_each_per_round() -> None:
+    """Rounds of one sample per function, each round starting with the next function; every function keeps
+    its own samples. Eager launches (no graph) so the Python calls show the order."""
     import torch
 
     from deepgemm.bench.timing import bench_gpu_interleaved
 
-    small = torch.randn(8 << 20, device="cuda")
-    large = torch.randn(32 << 20, device="cuda")
-    small_out, large_out = torch.empty_like(small), torch.empty_like(large)
-    calls = [0, 0]
+    sources = [torch.randn(1 << 20, device="cuda") for _ in range(3)]
+    outs = [torch.empty_like(x) for x in sources]
+    order: list[int] = []
 
-    def copy_small() -> None:
-        calls[0] += 1
-        small_out.copy_(small)
+    def copier(i: int):  # noqa: ANN202
+        def copy() -> None:
+            order.append(i)
+            outs[i].copy_(sources[i])
+        return copy
 
-    def copy_large() -> None:
-        calls[1] += 1
-        large_out.copy_(large)
-
-    fast, slow = bench_gpu_interleaved([copy_small, copy_large], iters=20, warmup=2)
-    assert len(fast.samples_us) == 20 and len(slow.samples_us) == 20 and fast.graph and slow.graph
-    assert calls == [4, 4]  # warmups, the capture stream's call and the capture itself; replays add none
-    assert 2.5 < slow.median_us / fast.median_us < 6
-    assert torch.equal(small_out, small) and torch.equal(large_out, large)
+    timings = bench_gpu_interleaved([copier(i) for i in range(3)], iters=4, warmup=1, use_graph=False)
+    assert order[:6] == [0, 0, 1, 1, 2, 2]  # per function: its warmup, then the first launch
+    assert order[6:] == [0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]  # four rounds, rotating the first function
+    assert all(len(t.samples_us) == 4 and not t.graph and t.min_us > 0 for t in timings)
+    assert all(torch.equal(out, x) for out, x in zip(outs, sources))
 
 
 def test_measured_ceilings_are_plausible() -> None:
