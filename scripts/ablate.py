@@ -7,6 +7,7 @@ Variants:
   no_promote  promotion skipped (wgmma results unused; the MMAs still run)
   no_mma      wgmma instructions removed (loads, barriers, promotion, epilogue remain)
   no_loads    A/B TMA loads removed (MMAs read stale shared memory: no L2/HBM traffic for operands)
+  no_a_loads  only A's loads removed (dense kinds: whole-tile A boxes); no_b_loads: only B's
   no_store    epilogue store skipped (results are still reduced, so promotion stays)
   mma_only    no_promote and no_loads together
 Usage: ablate.py [MxNxK ...]   (default: three M = 4096 shapes). Prints a table of median µs.
@@ -45,12 +46,21 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         ("ptx::mbarrier_arrive_expect_tx(full, tx_bytes);", "ptx::mbarrier_arrive_expect_tx(full, kStageSfaBytes);"),
     ],
     "no_store": [(
-        "                    store.store(chunk, tma_d, col0 + c * kStoreN, row0 + wave_offset, thread_in_wg, barrier_id);\n",
-        "                    float sink = 0.0f;\n#pragma unroll\n                    for (u32 i = 0; i < kStoreN / 2; ++i) sink += chunk[i];\n"
-        "                    if (sink == 12345.0f) store.store(chunk, tma_d, col0 + c * kStoreN, row0 + wave_offset,"
-        " thread_in_wg, barrier_id);\n",
+        "                store.store(chunk, tma_d, col0 + c * kStoreN, row0 + wave_offset, me.thread_in_wg, me.barrier_id);\n",
+        "                float sink = 0.0f;\n#pragma unroll\n                for (u32 i = 0; i < kStoreN / 2; ++i) sink += chunk[i];\n"
+        "                if (sink == 12345.0f) store.store(chunk, tma_d, col0 + c * kStoreN, row0 + wave_offset,"
+        " me.thread_in_wg, me.barrier_id);\n",
     )],
 }
+# One operand's loads removed (its bytes leave the stage's transaction count): which operand's traffic limits?
+VARIANTS["no_a_loads"] = [
+    VARIANTS["no_loads"][0],
+    ("ptx::mbarrier_arrive_expect_tx(full, tx_bytes);", "ptx::mbarrier_arrive_expect_tx(full, tx_bytes - kStageABytes);"),
+]
+VARIANTS["no_b_loads"] = [
+    VARIANTS["no_loads"][1],
+    ("ptx::mbarrier_arrive_expect_tx(full, tx_bytes);", "ptx::mbarrier_arrive_expect_tx(full, tx_bytes - kStageBBytes);"),
+]
 VARIANTS["mma_only"] = VARIANTS["no_promote"] + VARIANTS["no_loads"]  # the MMAs, barriers and epilogue alone
 SHAPES = ["4096x7168x16384", "4096x4096x7168", "4096x2112x7168"]
 

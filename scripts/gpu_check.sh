@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: scripts/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench grouped kgrouped ablate clusters ncu power overlap split trace (default:
+# Steps: install smoke tests sanitize host sass bench grouped kgrouped ablate clusters ncu power overlap split trace flush (default:
 # the first seven). ablate times the FP8 GEMM with one part removed at a time (scripts/ablate.py); power compares
 # steady-state clock and TFLOPS/GHz with cuBLAS (scripts/power_probe.py); overlap asks whether FFMAs overlap wgmma
 # (scripts/overlap_probe.py); split tests and times the split tail / split-K (scripts/bench_split.py); trace stamps
-# the consumer's steps with clock64 (scripts/trace_run.sh, TRACE_SHAPE / TRACE_CONFIG).
+# the consumer's steps with clock64 (scripts/trace_run.sh, TRACE_SHAPE / TRACE_CONFIG); flush times decode shapes with
+# the benchmark's L2 flush, a clean (read) flush and none, next to the harness floor (scripts/flush_probe.py).
 set -uo pipefail
 OUT=${OUT:-/tmp/deepgemm-out}
 mkdir -p "$OUT"
@@ -67,6 +68,9 @@ if has power; then
 fi
 if has trace; then
   timeout 300 scripts/trace_run.sh 2>&1 | grep -v "^cta [1-9]" | cut -c1-1200
+fi
+if has flush; then
+  timeout 150 python3 scripts/flush_probe.py 2>&1 | tee "$OUT/flush.md"
 fi
 if has overlap; then
   timeout 120 python3 scripts/overlap_probe.py 2>&1 | tee "$OUT/overlap.md"

@@ -40,6 +40,46 @@ def main() -> None:
     cublas = per_call_us(lambda: F.scaled_mm(a[0], bt, sfa_cublas, F.ScalingType.BlockWise1x128, sfb_t,
                                              F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16))
     print(f"host_us fp8_gemm_nt(out=) {ours:.2f} | fp8_gemm_nt(alloc) {ours_alloc:.2f} | torch scaled_mm blockwise {cublas:.2f}")
+    breakdown(a, b, out)
+
+
+def breakdown(a, b, out) -> None:
+    """The warm fast path's parts, each timed alone: argument key, lookup, stream query, driver launch
+    through cuda-bindings, and the same launch through ctypes straight into libcuda (for comparison)."""
+    import ctypes
+
+    from deepgemm.api.gemm import _metadata_key, _ready
+    from deepgemm.jit.runtime import current_raw_stream
+
+    key = _metadata_key(a[0], a[1], b[0], b[1], out)
+    plan, args = _ready[key]
+    stream = current_raw_stream(0)
+    config = plan._configs[stream]
+    parts = {
+        "key": lambda: _metadata_key(a[0], a[1], b[0], b[1], out),
+        "lookup": lambda: _ready.get(key),
+        "stream": lambda: current_raw_stream(0),
+        "launch_packed": lambda: plan.launch_packed(args),
+        "cuda-bindings launch": lambda: plan.kernel.launch(config, args.address),
+    }
+
+    class LaunchConfig(ctypes.Structure):
+        _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                    ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+    if plan.spec.config.cluster_m == 1:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        launch = libcuda.cuLaunchKernelEx
+        launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        launch.restype = ctypes.c_int
+        raw = LaunchConfig((plan.grid, 1, 1), (plan.block, 1, 1), plan.kernel.dynamic_smem_bytes, stream, None, 0)
+        raw_address = ctypes.addressof(raw)
+        function = int(plan.kernel.kernel)  # a CUkernel launches as a CUfunction
+        if launch(raw_address, function, args.address, None) != 0:
+            raise SystemExit("ctypes cuLaunchKernelEx failed")
+        parts["ctypes launch"] = lambda: launch(raw_address, function, args.address, None)
+    # 500 calls: launches faster than the GPU runs the kernels must not fill the launch queue.
+    print("breakdown_us " + " | ".join(f"{name} {per_call_us(fn, calls=500):.2f}" for name, fn in parts.items()))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ dtype, SM count, M bucket) and stores only the tile choice (block_m, block_n, cl
 that won; the full config (stages, shared memory, pipelining) is rebuilt by the heuristic's own rules,
 so a stale or hand-edited entry can never produce an inconsistent kernel. Unreadable files or entries
 are ignored. Writes are read-modify-write under a file lock, published by atomic rename.
+
+Behind the user's file, the package ships measured choices (``deepgemm/configs/tuned/<gpu>.json``, same
+format, read-only) for shapes where the cost model is known to pick a slower tile; the user's own
+entries (``deepgemm tune``, ``DEEPGEMM_AUTOTUNE=1``) take precedence.
 """
 
 from __future__ import annotations
@@ -57,8 +61,9 @@ def entry_key(n: int, k: int, out_elem_bytes: int, num_sms: int, m: int, kernel:
 class TuningDB:
     """The tuning file of one GPU model; loaded lazily, re-read after every write by this process."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fallback: TuningDB | None = None) -> None:
         self.path = path
+        self.fallback = fallback  # consulted (read-only) when this file has no entry for a shape
         self._entries: dict[str, TunedChoice] | None = None
         self._lock = threading.Lock()
 
@@ -86,9 +91,11 @@ class TuningDB:
         return self._entries
 
     def lookup(self, m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2) -> GemmConfig | None:
-        """The tuned config for this shape's bucket, rebuilt and re-checked, or None."""
+        """The tuned config for this shape's bucket, rebuilt and re-checked (else the fallback's), or None."""
         choice = self.entries().get(entry_key(n, k, out_elem_bytes, num_sms, m))
-        if choice is None or (choice.block_m, choice.block_n) not in candidate_tiles(m, n):
+        if choice is None:
+            return self.fallback.lookup(m, n, k, num_sms, out_elem_bytes) if self.fallback is not None else None
+        if (choice.block_m, choice.block_n) not in candidate_tiles(m, n):
             return None
         if choice.cluster_m not in (1, 2) or max_stages(choice.block_m, choice.block_n, k, out_elem_bytes) < 2:
             return None
@@ -121,9 +128,16 @@ class TuningDB:
 _databases: dict[Path, TuningDB] = {}
 
 
+def shipped_tuning_path(gpu_name: str) -> Path:
+    """The package's measured choices for this GPU model (may not exist)."""
+    return Path(__file__).resolve().parent / "tuned" / f"{gpu_slug(gpu_name)}.json"
+
+
 def tuning_db(gpu_name: str) -> TuningDB:
+    """The user's tuning file for this GPU model, backed by the package's shipped choices."""
     path = default_tuning_path(gpu_name)
     db = _databases.get(path)
     if db is None:
-        db = _databases.setdefault(path, TuningDB(path))
+        shipped = shipped_tuning_path(gpu_name)
+        db = _databases.setdefault(path, TuningDB(path, TuningDB(shipped) if shipped.is_file() else None))
     return db

@@ -30,7 +30,7 @@ def test_split_tail_is_opt_in_except_for_block_m_192(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("DEEPGEMM_CLUSTER_M", raising=False)
     plain = plan_spec(4096, 7168, 16384, torch.bfloat16, 132).config
     assert plain.block_m == 256 and not plain.split_tail
-    assert plan_spec(4096, 2112, 7168, torch.bfloat16, 132).config.split_tail  # block_m 192: the model's choice
+    assert plan_spec(768, 3072, 7168, torch.bfloat16, 132).config.split_tail  # block_m 192: the model's choice
     monkeypatch.setenv("DEEPGEMM_SPLIT_TAIL", "1")
     assert plan_spec(4096, 7168, 16384, torch.bfloat16, 132).config.split_tail
 
@@ -45,4 +45,4 @@ def test_block_m_192_split_tail_only_with_long_ranges() -> None:
     assert split_tail_for(192, 176, 132, 56)  # 3 ranges of >= 18 K blocks
     assert not split_tail_for(192, 176, 132, 12)  # 3 ranges of 4 K blocks: short ranges measured slower
     assert not split_tail_for(256, 374, 132, 56) and not split_tail_for(128, 544, 132, 56)
-    assert choose_fp8_gemm_config(4096, 2112, 7168, 132).split_tail
+    assert choose_fp8_gemm_config(768, 3072, 7168, 132).split_tail

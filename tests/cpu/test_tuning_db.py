@@ -62,7 +62,8 @@ def test_block_m_192_entries_and_tuner_candidates_follow_the_model(tmp_path: Pat
     TuningDB(path).record(4096, 2112, 7168, 132, make_config(4096, 2112, 7168, 192, 128, 132, 2), 110.0)
     config = TuningDB(path).lookup(4096, 2112, 7168, 132)
     assert config is not None and config.block_m == 192 and config.cluster_m == 1
-    assert config.split_tail == choose_fp8_gemm_config(4096, 2112, 7168, 132).split_tail  # the split-tail build
+    assert config.split_tail  # block_m 192 is built as the split-tail kernel, as the model builds it
+    assert choose_fp8_gemm_config(768, 3072, 7168, 132).split_tail
     candidates = candidate_configs(4096, 2112, 7168, 132, 2, top=6)
     assert any(c.block_m == 192 for c in candidates)
     assert all(c.cluster_m == 1 and c.split_tail for c in candidates if c.block_m == 192)
@@ -114,3 +115,34 @@ def test_cli_tune_without_gpu_says_so(tmp_path: Path) -> None:
                                                                "HOME": str(tmp_path)}, timeout=120)
     assert proc.returncode == 1
     assert "needs an sm_90" in proc.stderr
+
+
+def test_shipped_choices_are_valid_and_rebuild() -> None:
+    files = sorted((Path(__file__).resolve().parents[2] / "deepgemm" / "configs" / "tuned").glob("*.json"))
+    assert files, "the package ships measured choices"
+    for path in files:
+        raw = json.loads(path.read_text())
+        assert raw["format"] == "deepgemm-tuning" and raw["version"] == 1, path
+        db = TuningDB(path)
+        assert len(db.entries()) == len(raw["entries"]), f"{path}: an entry does not parse"
+        for key, choice in db.entries().items():
+            fields = dict(part.split("=") for part in key.split("|")[1:])
+            n, k, out, sms = (int(fields[name]) for name in ("n", "k", "out", "sms"))
+            config = db.lookup(choice.measured_m, n, k, sms, out)
+            assert config is not None, f"{path}: {key} is rejected by the rebuild checks"
+            assert (config.block_m, config.block_n, config.cluster_m) == (choice.block_m, choice.block_n, choice.cluster_m)
+
+
+def test_shipped_choice_backs_the_users_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path))
+    model = choose_fp8_gemm_config(4096, 2112, 7168, 132)
+    shipped = plan_spec(4096, 2112, 7168, torch.bfloat16, 132, "NVIDIA H200").config
+    # Measured on the H200: 128 x 192 tiles (2.7 waves) run 105 us where the model's pick runs 116-123.
+    assert (shipped.block_m, shipped.block_n) == (128, 192) and shipped != model
+    assert plan_spec(4096, 2112, 7168, torch.bfloat16, 114, "NVIDIA H200").config == choose_fp8_gemm_config(
+        4096, 2112, 7168, 114)  # another SM count: the model
+    # The user's own measurement wins over the shipped one, and is written to the user's file only.
+    own = make_config(4096, 2112, 7168, 128, 128, 132)
+    tuning_db("NVIDIA H200").record(4096, 2112, 7168, 132, own, 90.0)
+    assert plan_spec(4096, 2112, 7168, torch.bfloat16, 132, "NVIDIA H200").config == own
+    assert (tmp_path / "tuning" / "nvidia-h200.json").is_file()

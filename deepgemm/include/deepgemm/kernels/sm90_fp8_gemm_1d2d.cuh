@@ -7,6 +7,10 @@
 //   producer  - one thread issues TMA loads of A, B (128B swizzle) and sfa into a kNumStages ring; with
 //               kClusterM = 2 the two CTAs of a cluster compute vertically adjacent tiles and each loads
 //               half of the shared B tile, multicast into both CTAs (half the L2 traffic for B);
+//   tile loader - with two or three math warpgroups, the producer warpgroup's second warp runs their
+//               tile schedule and publishes each tile, with its sfb (one or two rows of ceil(K/128)
+//               floats), in one of two shared slots a tile ahead: a tile start never waits on a global
+//               load (one math warpgroup schedules its own tiles);
 //   consumer  - each math warpgroup owns 64 rows of the tile (block_m 256: two 64-row "waves", rows
 //               128v + 64w for wave v of warpgroup w, sharing the stage's B tile): wgmma from shared
 //               memory, release the stage, then promote with sfa (per row, from the stage) x sfb (per
@@ -157,8 +161,10 @@ struct Sm90Fp8Gemm1D2D {
     static constexpr u32 kNumStraddleCols = kMayStraddle ? kScaleBlock / kStraddleStep : 1;
     static constexpr bool kStaticStraddle = kNumStraddleCols <= 4;
 
-    // 64K registers per SM: 128 x 40 + 256 x 232 for two math warpgroups, 128 x 24 + 384 x 160 for three.
-    static constexpr u32 kProducerRegisters = kNumMathWarpgroups == 3 ? 24 : 40;
+    // 64K registers per SM: 128 x 40 + 256 x 232 for two math warpgroups, 128 x 32 + 384 x 160 for three,
+    // 128 x 56 + 128 x 240 for one (the producer warpgroup runs the TMA thread and the tile loader warp,
+    // each with its own tile scheduler).
+    static constexpr u32 kProducerRegisters = kNumMathWarpgroups == 1 ? 56 : (kNumMathWarpgroups == 3 ? 32 : 40);
     static constexpr u32 kMathRegisters = kNumMathWarpgroups == 1 ? 240 : (kNumMathWarpgroups == 3 ? 160 : 232);
 
     // Output staging. block_m 256 gives each warpgroup one full-width buffer per wave, used in turn, so a
@@ -189,14 +195,25 @@ struct Sm90Fp8Gemm1D2D {
     static constexpr u32 kStageSfaBytes = kBlockM * 4;
     static constexpr u32 kStageTxBytes = kStageABytes + kStageBBytes + kStageSfaBytes;
     static constexpr u32 kDBytesPerWarpgroup = kStoreBuffers * Store::kBytes;
-    static constexpr u32 kSfbBytesPerWarpgroup = align_up(kScaleRowsPerTile * kNumKBlocks * 4, 128u);
+    // Tile slots: the loader warp fills one while the math warpgroups work on the other (all math
+    // warpgroups of a CTA work on the same tile, so they share it): a 64-byte header, then sfb.
+    static constexpr u32 kTileSlots = 2;
+    // The loader pays off when several math warpgroups would each wait on the tile-start loads; a single
+    // math warpgroup (decode-sized tiles, one tile per CTA in most launches) measured 2-4% faster
+    // scheduling its own tiles (then slot 0 only stages its sfb).
+    static constexpr bool kTileLoader = kNumMathWarpgroups > 1;
+    static constexpr u32 kSfbSlotFloats = kScaleRowsPerTile * kNumKBlocks;
+    static constexpr u32 kTileSlotBytes = align_up(64 + kSfbSlotFloats * 4, 128u);
     static constexpr u32 kOffsetA = 0;
     static constexpr u32 kOffsetB = kOffsetA + kNumStages * kStageABytes;
     static constexpr u32 kOffsetD = kOffsetB + kNumStages * kStageBBytes;
     static constexpr u32 kOffsetSfa = kOffsetD + kNumMathWarpgroups * kDBytesPerWarpgroup;
-    static constexpr u32 kOffsetSfb = kOffsetSfa + kNumStages * kStageSfaBytes;
-    static constexpr u32 kOffsetBarriers = kOffsetSfb + kNumMathWarpgroups * kSfbBytesPerWarpgroup;
-    static constexpr u32 kSmemBytes = kOffsetBarriers + 2 * kNumStages * 8;
+    static constexpr u32 kOffsetTileSlots = kOffsetSfa + kNumStages * kStageSfaBytes;
+    static constexpr u32 kOffsetFlags = kOffsetTileSlots + kTileSlots * kTileSlotBytes;  // split tail: a u32 per math warpgroup
+    static constexpr u32 kOffsetBarriers = kOffsetFlags + 16;
+    static constexpr u32 kOffsetSlotBarriers = kOffsetBarriers + 2 * kNumStages * 8;
+    static constexpr u32 kSmemBytes = kOffsetSlotBarriers + 2 * kTileSlots * 8;
+    static_assert(kNumMathWarpgroups * 4 <= 16, "split-tail flags");
     static_assert(kSmemBytes <= 232448, "shared memory budget (227 KB) exceeded: use fewer stages");
 
     using Ring = StageRing<kNumStages>;
@@ -249,6 +266,100 @@ struct Sm90Fp8Gemm1D2D {
                                  static_cast<i32>(sfa_row0 + k_block));
                 Ring::advance(stage, phase);
             }
+        }
+    }
+
+    // One tile as the loader warp publishes it: what the scheduler returned, and its sfb rows.
+    struct TileSlot {
+        GroupedTile tile;
+        SplitUnit unit;
+        u32 done;  // 1: the schedule is exhausted (the slot holds no tile)
+        u32 reserved[16 - (sizeof(GroupedTile) + sizeof(SplitUnit)) / 4 - 1];
+        float sfb[kSfbSlotFloats];  // kScaleRowsPerTile rows of ceil(K/128) scales
+    };
+    static_assert(sizeof(GroupedTile) + sizeof(SplitUnit) + 4 <= 64, "the tile header fits 64 bytes");
+    static_assert(sizeof(TileSlot) <= kTileSlotBytes, "tile slot layout");
+
+    // Two tile slots and their barriers: "full" completes when the loader warp's 32 lanes have written a
+    // tile, "empty" when every math warp is done with it. Use u (u = 0, 1, ...) is slot u % 2 with phase
+    // parity (u / 2) % 2; addresses are formed from the shared-memory base on use, so the math warpgroups
+    // keep only the use counter live through their K loops.
+    struct TileSlots {
+        u8* smem;
+
+        DG_DEVICE u64* full(u32 use) const { return reinterpret_cast<u64*>(smem + kOffsetSlotBarriers) + use % kTileSlots; }
+        DG_DEVICE u64* empty(u32 use) const {
+            return reinterpret_cast<u64*>(smem + kOffsetSlotBarriers) + kTileSlots + use % kTileSlots;
+        }
+        DG_DEVICE TileSlot* slot(u32 use) const {
+            return reinterpret_cast<TileSlot*>(smem + kOffsetTileSlots + use % kTileSlots * kTileSlotBytes);
+        }
+        DG_DEVICE static u32 parity(u32 use) { return (use / kTileSlots) & 1; }
+
+        DG_DEVICE void init() const {
+#pragma unroll
+            for (u32 s = 0; s < kTileSlots; ++s) {
+                ptx::mbarrier_init(full(s), 32);
+                ptx::mbarrier_init(empty(s), kNumMathThreads / 32);
+            }
+        }
+    };
+
+    // The producer warpgroup's second warp runs the math warpgroups' tile schedule: it publishes each tile
+    // (padding blocks too) with its sfb rows (the tile's 128-column scale block and, for straddling tiles,
+    // the next) a tile ahead, then a final slot marked done. The math warpgroups thus never wait on the
+    // scheduler's global reads (m_indices, masked_m) or the scales' at a tile start, and hold no scheduler
+    // state through their K loops.
+    DG_DEVICE static void tile_loader(const TileSlots& slots, const float* sfb, const GemmProblem& problem, u32 cta_rank,
+                                      u32 lane) {
+        Tiles tiles(problem, cta_rank);
+        GroupedTile tile;
+        SplitUnit unit{0, kNumKBlocks, 1, 0, 0};
+        for (u32 use = 0;; ++use) {
+            const bool more = tiles.next(tile, unit);
+            ptx::mbarrier_wait(slots.empty(use), TileSlots::parity(use) ^ 1);
+            TileSlot* slot = slots.slot(use);
+            if (lane == 0) {
+                slot->tile = tile;
+                slot->unit = unit;
+                slot->done = more ? 0u : 1u;
+            }
+            if (more && !tile.padding) {
+                const u32 scale_row0 = tile.n_block * kBlockN / kScaleBlock;
+                const float* group_sfb = sfb + tile.group * kNumScaleRowsB * kNumKBlocks;
+                // Batches of kBatch loads per lane in flight at once (a CTA's first tile waits for them:
+                // one global round trip for up to 32 x kBatch scales, not one per 32). Not unrolled further:
+                // the per-lane index math would be hoisted out of the tile loop (too many registers).
+                constexpr u32 kBatch = 4;
+#pragma unroll 1
+                for (u32 base = 0; base < kSfbSlotFloats; base += 32 * kBatch) {
+                    float values[kBatch];
+#pragma unroll
+                    for (u32 j = 0; j < kBatch; ++j) {
+                        const u32 i = base + j * 32 + lane;
+                        const u32 row = min(scale_row0 + i / kNumKBlocks, kNumScaleRowsB - 1);
+                        values[j] = i < kSfbSlotFloats ? __ldg(group_sfb + row * kNumKBlocks + i % kNumKBlocks) : 0.0f;
+                    }
+#pragma unroll
+                    for (u32 j = 0; j < kBatch; ++j) {
+                        if (base + j * 32 + lane < kSfbSlotFloats) {
+                            slot->sfb[base + j * 32 + lane] = values[j];
+                        }
+                    }
+                }
+            }
+            ptx::mbarrier_arrive(slots.full(use));  // releases this lane's stores
+            if (!more) {
+                return;
+            }
+        }
+    }
+
+    // This warp is done with the tile in slot use `use`.
+    DG_DEVICE static void release_slot(const TileSlots& slots, u32 use) {
+        __syncwarp();
+        if (ptx::elect_one_lane()) {
+            ptx::mbarrier_arrive(slots.empty(use));
         }
     }
 
@@ -478,7 +589,7 @@ struct Sm90Fp8Gemm1D2D {
             }
         }
         __threadfence();
-        ptx::named_barrier_sync(barrier_id, 128);  // also: every thread is done reading sfb_tile (`flag`)
+        ptx::named_barrier_sync(barrier_id, 128);  // also: every thread has read the previous tile's `flag`
         if (thread_in_wg == 0) {
             u32* counter = problem.counters + unit.tail_tile * kNumMathWarpgroups + math_wg;
             const bool last = atomicAdd(counter, 1u) + 1 == unit.splits;
@@ -490,7 +601,6 @@ struct Sm90Fp8Gemm1D2D {
         }
         ptx::named_barrier_sync(barrier_id, 128);
         const bool last = *flag != 0;
-        ptx::named_barrier_sync(barrier_id, 128);  // the next tile restages sfb over `flag`
         if (!last) {
             return false;
         }
@@ -518,141 +628,198 @@ struct Sm90Fp8Gemm1D2D {
         return true;
     }
 
-    DG_DEVICE static void consumer(const Ring& ring, const OutputDescriptors* tma_d, const float* sfb,
-                                   const GemmProblem& problem, u32 cta_rank) {
-        const u32 math_wg = threadIdx.x / 128 - 1;
-        const u32 thread_in_wg = threadIdx.x % 128;
-        const u32 lane = thread_in_wg % 32;
-        const u32 row_in_wg = (thread_in_wg / 32) * 16 + lane / 4;  // and row_in_wg + 8
-        const u32 barrier_id = 1 + math_wg;
+    // Contiguous layout: a block of padding rows stores zeros and reads nothing.
+    DG_DEVICE static void store_padding_block(Store& store, const OutputDescriptors* tma_d, const GroupedTile& tile,
+                                              u32 math_wg, u32 thread_in_wg, u32 barrier_id) {
         const u32 first_row = wave_row(0, math_wg);
-        float* sfb_tile = reinterpret_cast<float*>(ring.smem + kOffsetSfb + math_wg * kSfbBytesPerWarpgroup);
-        Store store{ring.smem + kOffsetD + math_wg * kDBytesPerWarpgroup, 0};
-
-        Tiles tiles(problem, cta_rank);
-        GroupedTile tile;
-        SplitUnit unit{0, kNumKBlocks, 1, 0, 0};
-        u32 stage = 0;
-        u32 phase = 0;
-        while (tiles.next(tile, unit)) {
-            const u32 k_begin = kSplitTail ? unit.k_begin : 0u;
-            const u32 k_end = kSplitTail ? unit.k_end : kNumKBlocks;
-            const u32 col0 = tile.n_block * kBlockN;
-            const u32 row_in_tensor = tile.m_block * kBlockM + first_row;  // within the group's rows
-            const u32 row0 = tile.row_begin + row_in_tensor;                  // in the flattened output
-            const bool has_rows = row_in_tensor < tile.rows;
-
-            if (tile.padding) {
-                // Contiguous layout: a block of padding rows stores zeros and reads nothing.
-                float zeros[kStoreN / 2];
+        const u32 row_in_tensor = tile.m_block * kBlockM + first_row;
+        float zeros[kStoreN / 2];
 #pragma unroll
-                for (u32 i = 0; i < kStoreN / 2; ++i) {
-                    zeros[i] = 0.0f;
-                }
+        for (u32 i = 0; i < kStoreN / 2; ++i) {
+            zeros[i] = 0.0f;
+        }
 #pragma unroll
-                for (u32 w = 0; w < kNumWaves; ++w) {
-                    const u32 wave_offset = wave_row(w, math_wg) - first_row;
-                    if (row_in_tensor + wave_offset >= tile.rows) {
-                        break;
-                    }
+        for (u32 w = 0; w < kNumWaves; ++w) {
+            const u32 wave_offset = wave_row(w, math_wg) - first_row;
+            if (row_in_tensor + wave_offset >= tile.rows) {
+                break;
+            }
 #pragma unroll
-                    for (u32 c = 0; c < kStoreChunks; ++c) {
-                        store.store(zeros, tma_d, col0 + c * kStoreN, row0 + wave_offset, thread_in_wg, barrier_id);
-                    }
-                }
-                continue;
+            for (u32 c = 0; c < kStoreChunks; ++c) {
+                store.store(zeros, tma_d, tile.n_block * kBlockN + c * kStoreN, tile.row_begin + row_in_tensor + wave_offset,
+                            thread_in_wg, barrier_id);
             }
-            if (!has_rows) {
-                // All 64 rows of this warpgroup are past M: keep the ring moving, compute nothing.
-                for (u32 k_block = k_begin; k_block < k_end; ++k_block) {
-                    ptx::mbarrier_wait(&ring.full[stage], phase);
-                    release_stage(ring, stage, lane);
-                    Ring::advance(stage, phase);
-                }
-                continue;
-            }
+        }
+    }
 
-            // This tile's B scales (one or two rows of this group's sfb) into shared memory.
-            const u32 scale_row0 = col0 / kScaleBlock;
-            const float* group_sfb = sfb + tile.group * kNumScaleRowsB * kNumKBlocks;
-            for (u32 i = thread_in_wg; i < kScaleRowsPerTile * kNumKBlocks; i += 128) {
-                const u32 row = min(scale_row0 + i / kNumKBlocks, kNumScaleRowsB - 1);
-                sfb_tile[i] = __ldg(group_sfb + row * kNumKBlocks + i % kNumKBlocks);
-            }
-            ptx::named_barrier_sync(barrier_id, 128);
-            const u32 straddle_col = kScaleBlock - col0 % kScaleBlock;
+    // What a math thread keeps for the whole kernel.
+    struct MathThread {
+        u32 math_wg;
+        u32 thread_in_wg;
+        u32 lane;
+        u32 row_in_wg;  // and row_in_wg + 8
+        u32 barrier_id;
+        u32 first_row;  // this warpgroup's first row within the tile
+    };
 
-            float results[kNumWaves][kBlockN / 2];
+    // One tile of one math warpgroup: K loop and epilogue. `tile`, `unit` and `sfb_tile` live in the tile
+    // slot (tile loader; released as soon as the epilogue has read what it needs) or in this thread's
+    // registers and the warpgroup's staged sfb (own schedule).
+    DG_DEVICE static void run_tile(const Ring& ring, u32& stage, u32& phase, Store& store, const OutputDescriptors* tma_d,
+                                   const GemmProblem& problem, const MathThread& me, const GroupedTile& tile,
+                                   const SplitUnit& unit, const float* sfb_tile, const TileSlots& slots, u32 use) {
+        if (tile.padding) {
+            store_padding_block(store, tma_d, tile, me.math_wg, me.thread_in_wg, me.barrier_id);
+            if constexpr (kTileLoader) {
+                release_slot(slots, use);
+            }
+            return;
+        }
+        // Only what the K loop needs is read here; the epilogue reads `tile` again (with the loader the
+        // K loop's barriers make the compiler reload it from the slot, so none of it stays in registers).
+        const u32 k_begin = kSplitTail ? unit.k_begin : 0u;
+        const u32 k_end = kSplitTail ? unit.k_end : kNumKBlocks;
+        const u32 row_in_tensor = tile.m_block * kBlockM + me.first_row;  // within the group's rows
+        if (row_in_tensor >= tile.rows) {
+            // All 64 rows of this warpgroup are past M: keep the ring moving, compute nothing.
+            for (u32 k_block = k_begin; k_block < k_end; ++k_block) {
+                ptx::mbarrier_wait(&ring.full[stage], phase);
+                release_stage(ring, stage, me.lane);
+                Ring::advance(stage, phase);
+            }
+            if constexpr (kTileLoader) {
+                release_slot(slots, use);
+            }
+            return;
+        }
+
+        const u32 straddle_col = kScaleBlock - tile.n_block * kBlockN % kScaleBlock;
+        float results[kNumWaves][kBlockN / 2];
+#pragma unroll
+        for (u32 w = 0; w < kNumWaves; ++w) {
+#pragma unroll
+            for (u32 i = 0; i < kBlockN / 2; ++i) {
+                results[w][i] = 0.0f;
+            }
+        }
+        const Promotion promotion{sfb_tile, straddle_col};
+        const TileLoop loop{k_begin, k_end, tile.rows, row_in_tensor, me.first_row, me.math_wg, me.row_in_wg, me.lane};
+        k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results);
+
+        const u32 rows = tile.rows;
+        const u32 tile_row = tile.m_block * kBlockM + me.first_row;  // = row_in_tensor, read again
+        const u32 row0 = tile.row_begin + tile_row;                     // in the flattened output
+        const u32 col0 = tile.n_block * kBlockN;
+        if constexpr (kKind == GemmKind::kGroupedContiguous || kKind == GemmKind::kGroupedContiguousPsum) {
+            // Padding rows inside a computed block (m_indices == -1, or any index outside [0, G);
+            // psum form: rows past the group's end) are stored as zeros.
+            const u32 valid_end = tile.valid_end;
 #pragma unroll
             for (u32 w = 0; w < kNumWaves; ++w) {
 #pragma unroll
-                for (u32 i = 0; i < kBlockN / 2; ++i) {
-                    results[w][i] = 0.0f;
-                }
-            }
-            const Promotion promotion{sfb_tile, straddle_col};
-
-            const TileLoop loop{k_begin, k_end, tile.rows, row_in_tensor, first_row, math_wg, row_in_wg, lane};
-            k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results);
-
-            if constexpr (kKind == GemmKind::kGroupedContiguous || kKind == GemmKind::kGroupedContiguousPsum) {
-                // Padding rows inside a computed block (m_indices == -1, or any index outside [0, G);
-                // psum form: rows past the group's end) are stored as zeros.
+                for (u32 half = 0; half < 2; ++half) {
+                    const u32 row = row0 + (wave_row(w, me.math_wg) - me.first_row) + me.row_in_wg + half * 8;
+                    bool padding_row;
+                    if constexpr (kKind == GemmKind::kGroupedContiguous) {
+                        padding_row = row < problem.m &&
+                                      static_cast<u32>(__ldg(problem.grouping + row)) >= problem.num_groups;
+                    } else {
+                        padding_row = row >= valid_end;
+                    }
+                    if (padding_row) {
 #pragma unroll
-                for (u32 w = 0; w < kNumWaves; ++w) {
-#pragma unroll
-                    for (u32 half = 0; half < 2; ++half) {
-                        const u32 row = row0 + (wave_row(w, math_wg) - first_row) + row_in_wg + half * 8;
-                        bool padding_row;
-                        if constexpr (kKind == GemmKind::kGroupedContiguous) {
-                            padding_row = row < problem.m &&
-                                          static_cast<u32>(__ldg(problem.grouping + row)) >= problem.num_groups;
-                        } else {
-                            padding_row = row >= tile.valid_end;
-                        }
-                        if (padding_row) {
-#pragma unroll
-                            for (u32 j = 0; j < kBlockN / 8; ++j) {
-                                results[w][j * 4 + half * 2] = 0.0f;
-                                results[w][j * 4 + half * 2 + 1] = 0.0f;
-                            }
+                        for (u32 j = 0; j < kBlockN / 8; ++j) {
+                            results[w][j * 4 + half * 2] = 0.0f;
+                            results[w][j * 4 + half * 2 + 1] = 0.0f;
                         }
                     }
-                }
-            }
-            if constexpr (kSplitTail) {
-                if (unit.splits > 1 &&
-                    !reduce_split(problem, unit, math_wg, thread_in_wg, barrier_id, reinterpret_cast<u32*>(sfb_tile), results)) {
-                    continue;  // another K range of this tile arrives last and stores it
-                }
-            }
-#pragma unroll
-            for (u32 w = 0; w < kNumWaves; ++w) {
-                const u32 wave_offset = wave_row(w, math_wg) - first_row;
-                if (w > 0 && row_in_tensor + wave_offset >= tile.rows) {
-                    break;
-                }
-#pragma unroll
-                for (u32 c = 0; c < kStoreChunks; ++c) {
-                    const auto& chunk = *reinterpret_cast<const float(*)[kStoreN / 2]>(&results[w][c * kStoreN / 2]);
-                    store.store(chunk, tma_d, col0 + c * kStoreN, row0 + wave_offset, thread_in_wg, barrier_id);
                 }
             }
         }
-        Store::drain(thread_in_wg);
+        if constexpr (kSplitTail) {
+            const SplitUnit split = unit;
+            u32* flag = reinterpret_cast<u32*>(ring.smem + kOffsetFlags) + me.math_wg;
+            if (split.splits > 1 && !reduce_split(problem, split, me.math_wg, me.thread_in_wg, me.barrier_id, flag, results)) {
+                if constexpr (kTileLoader) {
+                    release_slot(slots, use);
+                }
+                return;  // another K range of this tile arrives last and stores it
+            }
+        }
+        if constexpr (kTileLoader) {
+            release_slot(slots, use);
+        }
+#pragma unroll
+        for (u32 w = 0; w < kNumWaves; ++w) {
+            const u32 wave_offset = wave_row(w, me.math_wg) - me.first_row;
+            if (w > 0 && tile_row + wave_offset >= rows) {
+                break;
+            }
+#pragma unroll
+            for (u32 c = 0; c < kStoreChunks; ++c) {
+                const auto& chunk = *reinterpret_cast<const float(*)[kStoreN / 2]>(&results[w][c * kStoreN / 2]);
+                store.store(chunk, tma_d, col0 + c * kStoreN, row0 + wave_offset, me.thread_in_wg, me.barrier_id);
+            }
+        }
+    }
+
+    DG_DEVICE static void consumer(const Ring& ring, const TileSlots& slots, const OutputDescriptors* tma_d, const float* sfb,
+                                   const GemmProblem& problem, u32 cta_rank) {
+        MathThread me;
+        me.math_wg = threadIdx.x / 128 - 1;
+        me.thread_in_wg = threadIdx.x % 128;
+        me.lane = me.thread_in_wg % 32;
+        me.row_in_wg = (me.thread_in_wg / 32) * 16 + me.lane / 4;
+        me.barrier_id = 1 + me.math_wg;
+        me.first_row = wave_row(0, me.math_wg);
+        Store store{ring.smem + kOffsetD + me.math_wg * kDBytesPerWarpgroup, 0};
+        u32 stage = 0;
+        u32 phase = 0;
+        if constexpr (kTileLoader) {
+            for (u32 use = 0;; ++use) {
+                ptx::mbarrier_wait(slots.full(use), TileSlots::parity(use));
+                const TileSlot& slot = *slots.slot(use);
+                if (slot.done != 0) {
+                    break;
+                }
+                run_tile(ring, stage, phase, store, tma_d, problem, me, slot.tile, slot.unit, slot.sfb, slots, use);
+            }
+        } else {
+            // One math warpgroup: it schedules its own tiles and stages each one's sfb rows in slot 0.
+            float* sfb_tile = slots.slot(0)->sfb;
+            Tiles tiles(problem, cta_rank);
+            GroupedTile tile;
+            SplitUnit unit{0, kNumKBlocks, 1, 0, 0};
+            while (tiles.next(tile, unit)) {
+                if (!tile.padding && tile.m_block * kBlockM + me.first_row < tile.rows) {
+                    // (The previous tile's promotions are done: its epilogue synchronized the warpgroup.)
+                    const u32 scale_row0 = tile.n_block * kBlockN / kScaleBlock;
+                    const float* group_sfb = sfb + tile.group * kNumScaleRowsB * kNumKBlocks;
+                    for (u32 i = me.thread_in_wg; i < kSfbSlotFloats; i += 128) {
+                        const u32 row = min(scale_row0 + i / kNumKBlocks, kNumScaleRowsB - 1);
+                        sfb_tile[i] = __ldg(group_sfb + row * kNumKBlocks + i % kNumKBlocks);
+                    }
+                    ptx::named_barrier_sync(me.barrier_id, 128);
+                }
+                run_tile(ring, stage, phase, store, tma_d, problem, me, tile, unit, sfb_tile, slots, 0);
+            }
+        }
+        Store::drain(me.thread_in_wg);
     }
 
     DG_DEVICE static void run(const TmaDescriptor* tma_a, const TmaDescriptor* tma_b, const TmaDescriptor* tma_sfa,
                               const OutputDescriptors* tma_d, const float* sfb, const GemmProblem& problem) {
         extern __shared__ __align__(1024) u8 smem[];
         const Ring ring = Ring::at(smem, kOffsetBarriers);
+        const TileSlots tile_slots{smem};
 
         if (threadIdx.x == 0) {
             ptx::tma_prefetch_descriptor(tma_a);
             ptx::tma_prefetch_descriptor(tma_b);
             ptx::tma_prefetch_descriptor(tma_sfa);
             ptx::tma_prefetch_descriptor(&tma_d->width128);
-            ring.init(kClusterM * kNumMathThreads / 32);
+            tile_slots.init();
+            ring.init(kClusterM * kNumMathThreads / 32);  // (its fence also covers the tile-slot barriers)
         }
         const u32 cta_rank = kClusterM == 1 ? 0 : ptx::cluster_cta_rank();
         if constexpr (kClusterM == 1) {
@@ -665,10 +832,12 @@ struct Sm90Fp8Gemm1D2D {
             ptx::setmaxnreg_dec<kProducerRegisters>();
             if (threadIdx.x == 0) {
                 producer(ring, tma_a, tma_b, tma_sfa, problem, cta_rank);
+            } else if (kTileLoader && threadIdx.x / 32 == 1) {
+                tile_loader(tile_slots, sfb, problem, cta_rank, threadIdx.x % 32);
             }
         } else {
             ptx::setmaxnreg_inc<kMathRegisters>();
-            consumer(ring, tma_d, sfb, problem, cta_rank);
+            consumer(ring, tile_slots, tma_d, sfb, problem, cta_rank);
         }
         if constexpr (kClusterM > 1) {
             // The peer may still arrive on this CTA's barriers: neither CTA leaves before both are done.

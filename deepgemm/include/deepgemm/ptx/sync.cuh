@@ -28,6 +28,19 @@ DG_DEVICE void setmaxnreg_dec() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
 }
 
+// True in exactly one active lane of the (converged) warp: picks the lane without a lane-index register.
+DG_DEVICE bool elect_one_lane() {
+    u32 elected;
+    asm volatile(
+        "{\n"
+        "  .reg .pred p;\n"
+        "  elect.sync _|p, 0xffffffff;\n"
+        "  selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(elected));
+    return elected != 0;
+}
+
 DG_DEVICE u32 lane_index() {
     u32 lane;
     asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
