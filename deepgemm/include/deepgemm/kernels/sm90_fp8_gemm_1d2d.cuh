@@ -161,9 +161,11 @@ struct Sm90Fp8Gemm1D2D {
     static constexpr u32 kNumStraddleCols = kMayStraddle ? kScaleBlock / kStraddleStep : 1;
     static constexpr bool kStaticStraddle = kNumStraddleCols <= 4;
 
-    // 64K registers per SM: 128 x 40 + 256 x 232 for two math warpgroups, 128 x 32 + 384 x 160 for three,
-    // 128 x 56 + 128 x 240 for one (the producer warpgroup runs the TMA thread and the tile loader warp,
-    // each with its own tile scheduler).
+    // 64K registers per SM: 128 x 40 + 256 x 232 for two math warpgroups, 128 x 32 + 384 x 160 for three
+    // (exactly 64K: 512 threads launch with 128 each), 128 x 56 + 128 x 240 for one. With two or three math
+    // warpgroups the producer warpgroup runs the TMA thread and the tile loader warp, each with its own
+    // tile scheduler (24 registers spilled in the loader); one math warpgroup has no loader, and 56 is
+    // simply more than its TMA thread needs (40 spilled with NVRTC 13.0 while it still had one).
     static constexpr u32 kProducerRegisters = kNumMathWarpgroups == 1 ? 56 : (kNumMathWarpgroups == 3 ? 32 : 40);
     static constexpr u32 kMathRegisters = kNumMathWarpgroups == 1 ? 240 : (kNumMathWarpgroups == 3 ? 160 : 232);
 
