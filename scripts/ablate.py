@@ -13,9 +13,9 @@ Variants:
 Usage: ablate.py [MxNxK ...]   (default: three M = 4096 shapes). Prints a table of median µs.
 ABLATE_CONFIG=bm,bn,cluster_m[,stages[,chunked_store]][;...] times those tiles (deepest pipeline unless
 stages > 0 is given; chunked_store 1: block_m 256 stores through one chunk buffer per warpgroup; an empty
-entry: the cost model's pick)
-instead of the cost model's pick
-(one row per shape and tile); ABLATE_VARIANTS=base,no_mma,... limits the variants. ABLATE_POWER=1 also runs
+entry: the cost model's pick) instead of the cost model's pick (one row per shape and tile);
+ABLATE_VARIANTS=base,no_mma,... limits the variants (ABLATE_VARIANTS=base ABLATE_CONFIG=";128,192,1" compares
+the model's pick with other tiles). ABLATE_POWER=1 also runs
 each variant back to back for 1.5 s and reports its SM clock, power and TFLOPS per GHz (scripts/power_probe.py):
 under the power cap a removed part can look faster only because the clock rose.
 """

@@ -15,7 +15,6 @@ Usage: flush_probe.py [MxNxK ...]   (default: the M = 64 shapes of issue 3)
 
 from __future__ import annotations
 
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,36 +23,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SHAPES = ["64x2112x7168", "64x24576x1536", "64x32768x512", "64x7168x16384", "64x4096x7168", "64x7168x2048"]
-FLUSH_BYTES = 256 * 1024 * 1024
 FLOOR_SHAPE = "64x256x128"  # one tile, one K block: the kernel's own floor
 
 
-def time_graph(fn: Callable[[], Any], flush: Callable[[], Any] | None, iters: int = 30) -> float:
-    """Median µs of a CUDA-graph replay of `fn` between events, `flush` run before each sample."""
-    import torch
+def time_graph(fn: Callable[[], Any], flush: Callable[[], Any] | None) -> float:
+    """Median µs of a CUDA-graph replay of `fn` (the benchmark's harness), `flush` run before each sample."""
+    from deepgemm.bench.timing import bench_gpu
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph):
-        fn()
-    samples = []
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:
-        if flush is not None:
-            flush()
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    samples = [start.elapsed_time(end) * 1e3 for start, end in events]
-    return statistics.median(samples)
+    return bench_gpu(fn, iters=30, warmup=3, flush_l2=flush is not None, flush=flush).median_us
 
 
 def main() -> None:
@@ -61,6 +38,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     import deepgemm
+    from deepgemm.bench.timing import FLUSH_BYTES
     from tests.helpers import random_operands
 
     shapes = sys.argv[1:] or SHAPES

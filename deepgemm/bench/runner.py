@@ -91,7 +91,7 @@ def measure_all(implementations: Sequence[Implementation], problem: Problem, set
     results: list[Measurement | None] = []
     ready: list[tuple[int, Prepared, float]] = []  # (index in results, prepared, calc_diff)
     for impl in implementations:
-        base: dict[str, Any] = {"m": problem.m, "n": problem.n, "k": problem.k, "impl": impl.name, "precision": impl.precision}
+        base = _identity(impl, problem)
         try:
             prepared = impl.prepare(problem)
         except (Unavailable, UnsupportedError) as exc:
@@ -129,15 +129,19 @@ def measure_all(implementations: Sequence[Implementation], problem: Problem, set
         timing = timings[index]
         impl = implementations[index]
         if isinstance(timing, BaseException):
-            base = {"m": problem.m, "n": problem.n, "k": problem.k, "impl": impl.name, "precision": impl.precision}
-            results[index] = _failed(impl, base, problem, prepared, timing)
+            results[index] = _failed(impl, _identity(impl, problem), problem, prepared, timing)
         else:
             results[index] = Measurement(
-                m=problem.m, n=problem.n, k=problem.k, impl=impl.name, precision=impl.precision, status="ok",
+                **_identity(impl, problem), status="ok",
                 median_us=timing.median_us, min_us=timing.min_us, p10_us=timing.p10_us, p90_us=timing.p90_us,
                 samples=len(timing.samples_us), cuda_graph=timing.graph, calc_diff=diff, bytes=prepared.bytes,
                 note="; ".join(filter(None, (prepared.note, "timed alone" if index in alone else ""))))
     return [result for result in results if result is not None]
+
+
+def _identity(impl: Implementation, problem: Problem) -> dict[str, Any]:
+    """The fields that name a measurement: shape, implementation and precision."""
+    return {"m": problem.m, "n": problem.n, "k": problem.k, "impl": impl.name, "precision": impl.precision}
 
 
 def _failed(impl: Implementation, base: dict[str, Any], problem: Problem, prepared: Prepared,

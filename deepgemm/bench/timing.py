@@ -38,19 +38,21 @@ class Timing:
 
 
 def bench_gpu(fn: Callable[[], Any], *, iters: int = 30, warmup: int = 5, flush_l2: bool = True,
-              use_graph: bool = True) -> Timing:
+              use_graph: bool = True, flush: Callable[[], Any] | None = None) -> Timing:
     """Time ``fn`` on the current CUDA device.
 
     ``warmup`` eager calls first (they also trigger any JIT compilation), then ``fn`` is captured in a
     CUDA graph (if that fails, e.g. for an op that cannot be captured, it is launched eagerly and
     ``Timing.graph`` is False). Each of the ``iters`` samples zeroes a 256 MiB buffer to evict L2,
-    then records a start event, replays, and records an end event.
+    then records a start event, replays, and records an end event. ``flush`` replaces that zeroing (probes
+    comparing flushes); ``flush_l2=False`` runs none.
     """
-    return bench_gpu_interleaved([fn], iters=iters, warmup=warmup, flush_l2=flush_l2, use_graph=use_graph)[0]
+    return bench_gpu_interleaved([fn], iters=iters, warmup=warmup, flush_l2=flush_l2, use_graph=use_graph,
+                                 flush=flush)[0]
 
 
 def bench_gpu_interleaved(fns: Sequence[Callable[[], Any]], *, iters: int = 30, warmup: int = 5, flush_l2: bool = True,
-                          use_graph: bool = True) -> list[Timing]:
+                          use_graph: bool = True, flush: Callable[[], Any] | None = None) -> list[Timing]:
     """Time several functions in rounds: each round takes one sample of every function (L2 flushed before
     each, as in ``bench_gpu``), starting with a different one each round.
 
@@ -71,7 +73,10 @@ def bench_gpu_interleaved(fns: Sequence[Callable[[], Any]], *, iters: int = 30, 
         graphs.append(graph)
         launches.append(graph.replay if graph is not None else fn)
         launches[-1]()
-    flush = _flush_buffer(torch.cuda.current_device()) if flush_l2 else None
+    if not flush_l2:
+        flush = None
+    elif flush is None:
+        flush = _flush_buffer(torch.cuda.current_device()).zero_
     count = len(launches)
     events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
               for _ in range(count)]
@@ -80,7 +85,7 @@ def bench_gpu_interleaved(fns: Sequence[Callable[[], Any]], *, iters: int = 30, 
             which = (sample + offset) % count
             start, end = events[which][sample]
             if flush is not None:
-                flush.zero_()
+                flush()
             start.record()
             launches[which]()
             end.record()

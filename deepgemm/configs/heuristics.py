@@ -256,11 +256,12 @@ def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes:
     if not ranked:
         raise UnsupportedError(f"no FP8 GEMM tile for m={m} n={n} k={k} fits in shared memory")
     _, block_m, block_n = ranked[0]
-    # block_m 192 runs as the split-tail kernel: that build measured 6% faster than the plain one on
-    # 4096x2112x7168 where nothing splits (106.5-109.2 vs 113.7-116.5 us, same harness; the main loops' SASS
-    # is the same, cause not found yet: docs/perf-notes.md). Real splits paid only with long K ranges
-    # (K = 7168 in 8 ranges: +6%; K = 1536 in 3 and K = 512 in 4: -3% and -6%), so not where a split would
-    # leave fewer than MIN_K_BLOCKS_PER_SPLIT K blocks per range.
+    # block_m 192 runs as the split-tail kernel: before the tile loader that build measured 6% faster than
+    # the plain one on 4096x2112x7168 where nothing splits (106.5-109.2 vs 113.7-116.5 us, same main-loop
+    # SASS). Session 6 showed that was a code-layout effect, gone with the tile loader (118 us); plain vs
+    # split builds of block_m 192 are not re-measured since, so the choice stands. Real splits paid only with
+    # long K ranges (K = 7168 in 8 ranges: +6%; K = 1536 in 3 and K = 512 in 4: -3% and -6%), so not where a
+    # split would leave fewer than MIN_K_BLOCKS_PER_SPLIT K blocks per range.
     return make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes,
                        split_tail=model_split_tail(m, n, k, block_m, block_n, num_sms))
 

@@ -271,6 +271,14 @@ struct Sm90Fp8Gemm1D2D {
         }
     }
 
+    // Where scale i of a tile's staged sfb comes from: row i / ceil(K/128) of the tile's one or two
+    // 128-column scale blocks (the second clamped to the last row at the matrix's edge), so the address is
+    // always inside the group's sfb.
+    DG_DEVICE static const float* tile_sfb_source(const float* sfb, const GroupedTile& tile, u32 i) {
+        const u32 row = min(tile.n_block * kBlockN / kScaleBlock + i / kNumKBlocks, kNumScaleRowsB - 1);
+        return sfb + (tile.group * kNumScaleRowsB + row) * kNumKBlocks + i % kNumKBlocks;
+    }
+
     // One tile as the loader warp publishes it: what the scheduler returned, and its sfb rows.
     struct TileSlot {
         GroupedTile tile;
@@ -327,8 +335,6 @@ struct Sm90Fp8Gemm1D2D {
                 slot->done = more ? 0u : 1u;
             }
             if (more && !tile.padding) {
-                const u32 scale_row0 = tile.n_block * kBlockN / kScaleBlock;
-                const float* group_sfb = sfb + tile.group * kNumScaleRowsB * kNumKBlocks;
                 // Batches of kBatch loads per lane in flight at once (a CTA's first tile waits for them:
                 // one global round trip for up to 32 x kBatch scales, not one per 32). Not unrolled further:
                 // the per-lane index math would be hoisted out of the tile loop (too many registers).
@@ -339,8 +345,7 @@ struct Sm90Fp8Gemm1D2D {
 #pragma unroll
                     for (u32 j = 0; j < kBatch; ++j) {
                         const u32 i = base + j * 32 + lane;
-                        const u32 row = min(scale_row0 + i / kNumKBlocks, kNumScaleRowsB - 1);
-                        values[j] = i < kSfbSlotFloats ? __ldg(group_sfb + row * kNumKBlocks + i % kNumKBlocks) : 0.0f;
+                        values[j] = i < kSfbSlotFloats ? __ldg(tile_sfb_source(sfb, tile, i)) : 0.0f;
                     }
 #pragma unroll
                     for (u32 j = 0; j < kBatch; ++j) {
@@ -795,11 +800,8 @@ struct Sm90Fp8Gemm1D2D {
             while (tiles.next(tile, unit)) {
                 if (!tile.padding && tile.m_block * kBlockM + me.first_row < tile.rows) {
                     // (The previous tile's promotions are done: its epilogue synchronized the warpgroup.)
-                    const u32 scale_row0 = tile.n_block * kBlockN / kScaleBlock;
-                    const float* group_sfb = sfb + tile.group * kNumScaleRowsB * kNumKBlocks;
                     for (u32 i = me.thread_in_wg; i < kSfbSlotFloats; i += 128) {
-                        const u32 row = min(scale_row0 + i / kNumKBlocks, kNumScaleRowsB - 1);
-                        sfb_tile[i] = __ldg(group_sfb + row * kNumKBlocks + i % kNumKBlocks);
+                        sfb_tile[i] = __ldg(tile_sfb_source(sfb, tile, i));
                     }
                     ptx::named_barrier_sync(me.barrier_id, 128);
                 }
