@@ -1,9 +1,10 @@
-"""Split tail / split-K against the cost model's pick, same harness, back to back (one device call).
+"""Split tail / stream tail / split-K against the cost model's pick, same harness, one device call.
 
-For each shape: the model's config, then explicit split-tail configs (bm, bn), timed with CUDA-graph
-replay, L2 flushed before each call, median of 30, and checked against the model's output
-(calc_diff). Prints a markdown table: µs, TFLOPS, GB/s (A + B + D + scales once), splits.
-Usage: bench_split.py   (shapes and tiles below; SPLIT_SHAPES="MxNxK:bm,bn;bm,bn MxNxK:..." overrides)
+For each shape: the model's config, then explicit configs (bm, bn and a tail mode: split by default,
+stream, or whole; optionally a raster band height group_m), timed interleaved (one sample of each per round) with CUDA-graph replay, L2 flushed
+before each call, median of 30, and checked against the model's output (calc_diff). Prints a markdown
+table: µs, TFLOPS, GB/s (A + B + D + scales once), splits.
+Usage: bench_split.py   (shapes and tiles below; SPLIT_SHAPES="MxNxK:bm,bn[,mode[,gm]];... MxNxK:..." overrides)
 """
 
 from __future__ import annotations
@@ -11,30 +12,35 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 DEFAULT = {
-    "4096x2112x7168": [(128, 128), (256, 128)],
-    "64x2112x7168": [(64, 128), (64, 64)],
-    "64x4096x7168": [(64, 128)],
-    "64x7168x16384": [(64, 128)],
-    "128x2112x7168": [(128, 128), (64, 128)],
-    "128x4096x7168": [(128, 128)],
-    "64x7168x2048": [(64, 128)],
+    "4096x4096x7168": [(256, 128, "whole"), (256, 128, "stream")],
+    "4096x7168x16384": [(256, 128, "whole"), (256, 128, "stream")],
+    "4096x2112x7168": [(128, 192, "whole"), (128, 192, "stream")],
+    "4096x7168x2048": [(256, 128, "whole"), (256, 128, "stream")],
+    "4096x4224x7168": [(256, 128, "whole"), (256, 128, "stream")],  # whole waves: the stream build, nothing split
+    "64x2112x7168": [(64, 128, "split"), (64, 64, "split")],
+    "64x7168x16384": [(64, 128, "split")],
 }
 
 
-def shapes() -> dict[str, list[tuple[int, int]]]:
+def shapes() -> dict[str, list[tuple[int, int, str] | tuple[int, int, str, int]]]:
     override = os.environ.get("SPLIT_SHAPES")
     if not override:
         return DEFAULT
-    parsed: dict[str, list[tuple[int, int]]] = {}
+    parsed: dict[str, list[tuple[int, int, str] | tuple[int, int, str, int]]] = {}
     for item in override.split():
         shape, tiles = item.split(":")
-        parsed[shape] = [(int(t.split(",")[0]), int(t.split(",")[1])) for t in tiles.split(";")]
+        parsed[shape] = []
+        for tile in tiles.split(";"):
+            bm, bn, *rest = tile.split(",")
+            mode = rest[0] if rest else "split"
+            parsed[shape].append((int(bm), int(bn), mode, int(rest[1])) if len(rest) > 1 else (int(bm), int(bn), mode))
     return parsed
 
 
@@ -47,7 +53,7 @@ def main() -> None:
 
     import deepgemm
     from deepgemm.bench.peers import fp8_blockwise_bytes
-    from deepgemm.bench.timing import bench_gpu
+    from deepgemm.bench.timing import bench_gpu_interleaved
     from deepgemm.configs.heuristics import choose_fp8_gemm_config, make_config
     from deepgemm.kernels.device import sm_count
     from deepgemm.kernels.fp8_gemm import get_plan
@@ -60,19 +66,24 @@ def main() -> None:
         m, n, k = (int(v) for v in shape.split("x"))
         a, b = random_operands(m, n, k, "cuda", seed=3)
         configs = [choose_fp8_gemm_config(m, n, k, sms)]
-        configs += [make_config(m, n, k, bm, bn, sms, 2, cluster_m=1, split_tail=True) for bm, bn in tiles]
+        for bm, bn, mode, *group_m in tiles:
+            config = make_config(m, n, k, bm, bn, sms, 2, cluster_m=1, split_tail=mode == "split", stream_tail=mode == "stream")
+            configs.append(replace(config, group_m=group_m[0]) if group_m else config)
         baseline = None
+        plans, launches, diffs = [], [], []
         for config in configs:
             plan = get_plan(0, m, n, k, torch.bfloat16, config)
             out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
             plan.launch(a[0], a[1], b[0], b[1], out)
             torch.cuda.synchronize()
             baseline = out.clone() if baseline is None else baseline
-            diff = deepgemm.calc_diff(out, baseline)
-            timing = bench_gpu(launcher(plan, a, b, out), iters=30, warmup=5)
+            diffs.append(deepgemm.calc_diff(out, baseline))
+            plans.append(plan)
+            launches.append(launcher(plan, a, b, out))
+        timings = bench_gpu_interleaved(launches, iters=30, warmup=5)
+        for config, plan, diff, timing in zip(configs, plans, diffs, timings):
             us = timing.median_us
-            splits = plan.split_count() if config.split_tail else 1
-            print(f"| {shape} | {config.label()} | {splits} | {us:.1f} | {2 * m * n * k / us / 1e6:.0f} | "
+            print(f"| {shape} | {config.label()} | {plan.split_count()} | {us:.1f} | {2 * m * n * k / us / 1e6:.0f} | "
                   f"{fp8_blockwise_bytes(m, n, k) / us / 1e3:.0f} | {diff:.1e} |", flush=True)
 
 

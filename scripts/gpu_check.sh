@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: scripts/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench grouped kgrouped ablate clusters ncu power overlap split trace flush (default:
+# Steps: install smoke tests sanitize host sass bench grouped kgrouped ablate clusters ncu power overlap split trace tail flush (default:
 # the first seven). ablate times the FP8 GEMM with one part removed at a time (scripts/ablate.py); power compares
 # steady-state clock and TFLOPS/GHz with cuBLAS (scripts/power_probe.py); overlap asks whether FFMAs overlap wgmma
 # (scripts/overlap_probe.py); split tests and times the split tail / split-K (scripts/bench_split.py); trace stamps
-# the consumer's steps with clock64 (scripts/trace_run.sh, TRACE_SHAPE / TRACE_CONFIG); flush times decode shapes with
+# the consumer's steps with clock64 (scripts/trace_run.sh, TRACE_SHAPE / TRACE_CONFIG); tail stamps each CTA's tiles and
+# tail pieces with %globaltimer (scripts/tail_trace.py, TAIL_SHAPE / TAIL_CONFIG); flush times decode shapes with
 # the benchmark's L2 flush, a clean (read) flush and none, next to the harness floor (scripts/flush_probe.py).
 set -uo pipefail
 OUT=${OUT:-/tmp/deepgemm-out}
@@ -68,6 +69,9 @@ if has power; then
 fi
 if has trace; then
   timeout 300 scripts/trace_run.sh 2>&1 | grep -v "^cta [1-9]" | cut -c1-1200
+fi
+if has tail; then
+  timeout 300 python3 scripts/tail_trace.py "${TAIL_SHAPE:-4096x4096x7168}" "${TAIL_CONFIG:-256,128,whole;256,128,stream}" 2>&1 | tee "$OUT/tail.txt"
 fi
 if has flush; then
   timeout 150 python3 scripts/flush_probe.py 2>&1 | tee "$OUT/flush.md"

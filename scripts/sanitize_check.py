@@ -8,18 +8,21 @@ import deepgemm
 from tests.helpers import random_operands, reference_fp64
 
 SHAPES = [(1, 8, 128), (7, 136, 144), (65, 2056, 7296), (129, 7168, 128), (300, 24, 7168)]
-# Forced tiles the shapes above do not reach: (m, n, k, block_m, block_n, sms, split_tail, chunked_store); the
-# split cases have a small last wave on `sms` CTAs, so their tails go through the FP32 workspace; block_m 256
+# Forced tiles the shapes above do not reach: (m, n, k, block_m, block_n, sms, tail mode, chunked_store); the
+# split cases have a small last wave on `sms` CTAs and the stream cases a large one, so their tails go through
+# the FP32 workspace; block_m 256
 # stores from per-wave buffers (M = 300: a tile whose second wave has no rows) or in chunks; straddling tiles
 # with compile-time switch columns (block_n 192, 96).
 TILES = [
-    (700, 1000, 2048, 192, 128, 30, True, None),
-    (300, 2112, 7296, 256, 128, 30, True, None),
-    (4097, 136, 256, 192, 64, 132, False, None),
-    (300, 2112, 2048, 256, 128, 16, False, None),
-    (1300, 2048, 2048, 256, 128, 16, False, True),
-    (129, 2112, 7168, 128, 192, 132, False, None),
-    (65, 4032, 1536, 64, 96, 132, False, None),
+    (700, 1000, 2048, 192, 128, 30, "split", None),
+    (300, 2112, 7296, 256, 128, 30, "split", None),
+    (300, 2112, 7296, 256, 128, 20, "stream", None),
+    (1000, 2056, 4224, 128, 104, 60, "stream", None),
+    (4097, 136, 256, 192, 64, 132, "whole", None),
+    (300, 2112, 2048, 256, 128, 16, "whole", None),
+    (1300, 2048, 2048, 256, 128, 16, "whole", True),
+    (129, 2112, 7168, 128, 192, 132, "whole", None),
+    (65, 4032, 1536, 64, 96, 132, "whole", None),
 ]
 
 
@@ -35,17 +38,18 @@ def main() -> None:
     from deepgemm.configs.heuristics import make_config
     from deepgemm.kernels.fp8_gemm import get_plan
 
-    for m, n, k, block_m, block_n, sms, split, chunked in TILES:
+    for m, n, k, block_m, block_n, sms, tail, chunked in TILES:
         a, b = random_operands(m, n, k, "cuda", seed=m + n + k)
-        config = make_config(m, n, k, block_m, block_n, sms, split_tail=split, chunked_store=chunked)
+        config = make_config(m, n, k, block_m, block_n, sms, split_tail=tail == "split", stream_tail=tail == "stream",
+                             chunked_store=chunked)
         plan = get_plan(0, m, n, k, torch.bfloat16, config)
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         plan.launch(a[0], a[1], b[0], b[1], out)
         torch.cuda.synchronize()
         diff = deepgemm.calc_diff(out.double(), reference_fp64(a, b))
-        splits = plan.split_count() if split else 1
+        splits = plan.split_count()
         print(f"sanitize m={m} n={n} k={k} {plan.spec.label()} splits={splits}: calc_diff={diff:.2e}")
-        assert diff < 1e-3 and plan.spec.config.split_tail == bool(split) and (not split or plan.split_count() > 1)
+        assert diff < 1e-3 and (splits > 1) == (tail != "whole")
     contiguous()
     masked()
 

@@ -32,6 +32,10 @@ class GemmConfig:
     block_k: int = 128
     smem_bytes: int = 0
     split_tail: bool = False  # dense only: split the last partial wave's tiles along K (FP32 workspace)
+    # dense only, exclusive with split_tail: where the last wave fills more than half of the grid, each of its
+    # tiles runs its first K blocks on its own CTA and its last ones on a CTA the wave would leave idle (FP32
+    # workspace, a slot per tail tile); the tuner's choice, never the cost model's
+    stream_tail: bool = False
     # block_m 256 only: store each wave in 128-byte-wide chunks through one small buffer per warpgroup
     # (each chunk waits for the one before) instead of one full-width buffer per wave; for when those
     # buffers would leave fewer than three stages (FP32 output).
@@ -49,4 +53,6 @@ class GemmConfig:
         label = f"bm{self.block_m} bn{self.block_n} st{self.num_stages} gm{self.group_m} cm{self.cluster_m} pp{int(self.pipelined)} sms{self.num_sms}"
         if self.chunked_store:
             label += " cs1"
+        if self.stream_tail:
+            return label + " sk2"
         return label + " sk1" if self.split_tail else label

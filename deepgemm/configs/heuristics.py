@@ -202,9 +202,11 @@ def candidate_tiles(m: int, n: int, allow_block_m_256: bool = True, allow_block_
 
 def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int, out_elem_bytes: int = 2,
                 cluster_m: int | None = None, num_stages: int | None = None, split_tail: bool = False,
-                chunked_store: bool | None = None) -> GemmConfig:
+                chunked_store: bool | None = None, stream_tail: bool = False) -> GemmConfig:
     """A complete config for a tile choice: deepest pipeline that fits (or `num_stages`), cluster and
     pipelining rules."""
+    if split_tail and stream_tail:
+        raise ValueError("split_tail and stream_tail are two ways to run the last wave: choose one")
     if chunked_store is None:
         chunked_store = chunked_store_for(block_m, block_n, k, out_elem_bytes)
     elif chunked_store and block_m != 256:
@@ -223,6 +225,7 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
         smem_bytes=fp8_gemm_smem_bytes(block_m, block_n, stages, k, out_elem_bytes, chunked_store),
         chunked_store=chunked_store,
         split_tail=split_tail,
+        stream_tail=stream_tail,
     )
 
 
@@ -262,6 +265,8 @@ def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes:
     # split builds of block_m 192 are not re-measured since, so the choice stands. Real splits paid only with
     # long K ranges (K = 7168 in 8 ranges: +6%; K = 1536 in 3 and K = 512 in 4: -3% and -6%), so not where a
     # split would leave fewer than MIN_K_BLOCKS_PER_SPLIT K blocks per range.
+    # The stream tail is not the model's choice: on the H200 it measured slower for block_m 256 (4096x4096x7168
+    # 200 vs 188 us) and ~1% faster for 128 x 192 (4096x2112x7168 105.3 vs 106.1), so only the tuner tries it.
     return make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes,
                        split_tail=model_split_tail(m, n, k, block_m, block_n, num_sms))
 
@@ -275,6 +280,34 @@ def split_tail_for(block_m: int, tiles: int, num_sms: int, k_blocks: int) -> boo
     """Whether the cost model builds a tile choice as the split-tail kernel (see choose_fp8_gemm_config)."""
     ranges = split_tail_ranges(tiles, num_sms, k_blocks)
     return block_m == 192 and (ranges == 1 or k_blocks >= MIN_K_BLOCKS_PER_SPLIT * ranges)
+
+
+def stream_tail_applies(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> bool:
+    """Whether a stream-tail build of this tile (without clusters) would split anything at this M: at least
+    one full wave and a last wave of more than half of the grid, with a head shorter than K. The tuner
+    times such builds next to the plain ones; the cost model does not pick them."""
+    tiles = ceil_div(m, block_m) * ceil_div(n, block_n)
+    return tiles >= num_sms and stream_tail_split(tiles, num_sms, ceil_div(k, 128)) is not None
+
+
+STREAM_TAIL_WRITE_BLOCKS = 2  # mirrors StreamTailTileScheduler::kWriteBlocks
+
+
+def stream_tail_split(tiles: int, grid: int, k_blocks: int) -> int | None:
+    """The K block where a stream-tail launch cuts each tail tile into a head and an end (None: nothing is
+    split); mirrors StreamTailTileScheduler: a tail of more than half of the grid, each head on its own CTA,
+    the ends shared by the CTAs that would idle, at most ceil(tail / idle) each."""
+    tail = tiles % grid
+    if tail * 2 <= grid:
+        return None
+    ends_per_cta = ceil_div(tail, grid - tail)
+    split = ceil_div(ends_per_cta * (k_blocks + STREAM_TAIL_WRITE_BLOCKS), ends_per_cta + 1)
+    return split if split < k_blocks else None
+
+
+def stream_tail_pieces(tiles: int, grid: int, k_blocks: int) -> int:
+    """K ranges per tail tile of a stream-tail launch: 2 (head and end), or 1 where nothing is split."""
+    return 1 if stream_tail_split(tiles, grid, k_blocks) is None else 2
 
 
 MAX_SPLITS = 8  # mirrors SplitTailTileScheduler::kMaxSplits

@@ -1,7 +1,8 @@
 """Measured tile choices, persisted per GPU model: used ahead of the cost model when present.
 
 One JSON file per GPU model under ``<cache dir>/tuning/``. An entry is keyed by (kernel, N, K, output
-dtype, SM count, M bucket) and stores only the tile choice (block_m, block_n, cluster_m) with the time
+dtype, SM count, M bucket) and stores only the tile choice (block_m, block_n, cluster_m, and whether the last
+wave ran as a stream tail) with the time
 that won; the full config (stages, shared memory, pipelining) is rebuilt by the heuristic's own rules,
 so a stale or hand-edited entry can never produce an inconsistent kernel. Unreadable files or entries
 are ignored. Writes are read-modify-write under a file lock, published by atomic rename.
@@ -23,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepgemm.configs.config import GemmConfig
-from deepgemm.configs.heuristics import candidate_tiles, clusters_allowed, make_config, max_stages, model_split_tail
+from deepgemm.configs.heuristics import (candidate_tiles, clusters_allowed, make_config, max_stages, model_split_tail,
+                                        stream_tail_applies)
 
 FORMAT = "deepgemm-tuning"
 VERSION = 1
@@ -52,6 +54,7 @@ class TunedChoice:
     cluster_m: int
     median_us: float
     measured_m: int
+    stream_tail: bool = False
 
 
 def entry_key(n: int, k: int, out_elem_bytes: int, num_sms: int, m: int, kernel: str = KERNEL_FP8_GEMM_NT) -> str:
@@ -78,7 +81,8 @@ class TuningDB:
         for key, value in (raw.get("entries") or {}).items():
             try:
                 entries[key] = TunedChoice(int(value["block_m"]), int(value["block_n"]), int(value["cluster_m"]),
-                                           float(value["median_us"]), int(value["measured_m"]))
+                                           float(value["median_us"]), int(value["measured_m"]),
+                                           bool(value.get("stream_tail", False)))
             except (KeyError, TypeError, ValueError):
                 continue
         return entries
@@ -101,9 +105,13 @@ class TuningDB:
             return None
         if choice.cluster_m == 2 and not clusters_allowed(m, choice.block_m, choice.block_n, num_sms):
             return None
-        split_tail = choice.cluster_m == 1 and model_split_tail(m, n, k, choice.block_m, choice.block_n, num_sms)
+        # A tuned stream tail stands only where it splits at this M (the bucket may hold other Ms).
+        stream_tail = (choice.stream_tail and choice.cluster_m == 1
+                       and stream_tail_applies(m, n, k, choice.block_m, choice.block_n, num_sms))
+        split_tail = (not stream_tail and choice.cluster_m == 1
+                      and model_split_tail(m, n, k, choice.block_m, choice.block_n, num_sms))
         return make_config(m, n, k, choice.block_m, choice.block_n, num_sms, out_elem_bytes, cluster_m=choice.cluster_m,
-                           split_tail=split_tail)
+                           split_tail=split_tail, stream_tail=stream_tail)
 
     def record(self, m: int, n: int, k: int, num_sms: int, config: GemmConfig, median_us: float,
                out_elem_bytes: int = 2) -> None:
@@ -114,7 +122,7 @@ class TuningDB:
             fcntl.flock(lock_file, fcntl.LOCK_EX)
             entries = self._read()
             entries[entry_key(n, k, out_elem_bytes, num_sms, m)] = TunedChoice(
-                config.block_m, config.block_n, config.cluster_m, float(median_us), m)
+                config.block_m, config.block_n, config.cluster_m, float(median_us), m, config.stream_tail)
             payload = {"format": FORMAT, "version": VERSION,
                        "entries": {key: vars(choice) for key, choice in sorted(entries.items())}}
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".json")

@@ -13,7 +13,7 @@ import torch
 from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
 from deepgemm.configs.heuristics import (contiguous_allows_block_m_256, make_config, masked_allows_block_m_256,
-                                        spans_at_most_two_scale_blocks, split_tail_ranges)
+                                        spans_at_most_two_scale_blocks, split_tail_ranges, stream_tail_pieces)
 from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
@@ -67,7 +67,7 @@ def plan_spec(m: int, n: int, k: int, out_dtype: torch.dtype, num_sms: int, gpu_
     if config is None:
         config = choose_fp8_gemm_config(m, n, k, num_sms, out_elem_bytes)
     if os.environ.get("DEEPGEMM_SPLIT_TAIL") == "1" and config.cluster_m == 1:
-        config = replace(config, split_tail=True)  # experimental opt-in, see docs/perf-notes.md
+        config = replace(config, split_tail=True, stream_tail=False)  # experimental opt-in, see docs/perf-notes.md
     return Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
 
 
@@ -86,7 +86,7 @@ def render_source(spec: Fp8GemmSpec) -> KernelSource:
 
 using Kernel = deepgemm::Sm90Fp8Gemm1D2D<{spec.n}u, {spec.k}u, {c.block_m}u, {c.block_n}u, {c.num_stages}u, {c.group_m}u,
                                          {c.cluster_m}u, {"true" if c.pipelined else "false"}, {fp32},
-                                         static_cast<deepgemm::GemmKind>({int(spec.kind)}), {"true" if c.split_tail else "false"},
+                                         static_cast<deepgemm::GemmKind>({int(spec.kind)}), deepgemm::TailMode::{tail_mode(c)},
                                          {"true" if c.chunked_store else "false"}>;
 static_assert(Kernel::kSmemBytes == {c.smem_bytes}u, "host and device disagree on the shared-memory size");
 static_assert(Kernel::kLoadRowsA == {a_box_rows(spec.kind, c.block_m)}u, "host and device disagree on A's TMA box rows");
@@ -100,6 +100,11 @@ deepgemm_fp8_gemm_1d2d(const __grid_constant__ deepgemm::TmaDescriptor tma_a, co
 }}
 """
     return KernelSource(code=code, entry="deepgemm_fp8_gemm_1d2d", label=spec.label())
+
+
+def tail_mode(config: GemmConfig) -> str:
+    """The kernel's TailMode for a config: whole tiles, an evenly split tail or a stream tail."""
+    return "kStream" if config.stream_tail else ("kSplit" if config.split_tail else "kWhole")
 
 
 def compile_spec(spec: Fp8GemmSpec) -> CompiledKernel:
@@ -136,7 +141,7 @@ class Fp8GemmPlan:
         if c.cluster_m > 1:
             # A persistent grid must be fully resident: some SMs may have no cluster partner.
             resident = min(resident, kernel.max_active_clusters(device_index, c.num_threads, c.cluster_m))
-        if geometry.tiles_known and not c.split_tail:
+        if geometry.tiles_known and not (c.split_tail or c.stream_tail):
             # (A split-tail grid keeps every SM: fewer tiles than SMs are then split along K.)
             cluster_tiles = ceil_div(ceil_div(geometry.rows, c.block_m), c.cluster_m) * ceil_div(spec.n, c.block_n)
             resident = min(resident, cluster_tiles)
@@ -144,10 +149,10 @@ class Fp8GemmPlan:
         self.block = c.num_threads
         self._args: dict[tuple[int, ...], PackedArgs] = {}
         self._configs: dict[int, object] = {}  # launch config per stream
-        if c.split_tail and (spec.kind != GemmKind.DENSE or c.cluster_m != 1):
-            raise ValueError(f"split_tail needs a dense GEMM without clusters, got {spec.label()}")
+        if (c.split_tail or c.stream_tail) and (spec.kind != GemmKind.DENSE or c.cluster_m != 1):
+            raise ValueError(f"split_tail and stream_tail need a dense GEMM without clusters, got {spec.label()}")
         # K ranges per tail tile, fixed per plan (dense plans have a fixed M): launches only test it.
-        self._split_ranges = self.split_count() if c.split_tail else 1
+        self._split_ranges = self.split_count()
 
     def _pack(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
               grouping: torch.Tensor | None) -> PackedArgs:
@@ -215,13 +220,19 @@ class Fp8GemmPlan:
     _COUNTERS_ARG = 10
 
     def split_count(self) -> int:
-        """K ranges per tail tile for this plan's M (1: no split); mirrors SplitTailTileScheduler."""
+        """K ranges per tail tile for this plan's M (stream tail: 2, a head and an end; 1: no split); mirrors
+        SplitTailTileScheduler and StreamTailTileScheduler."""
         c = self.spec.config
+        if not (c.split_tail or c.stream_tail):
+            return 1
         tiles = ceil_div(self.geometry.rows, c.block_m) * ceil_div(self.spec.n, c.block_n)
+        if c.stream_tail:
+            return stream_tail_pieces(tiles, self.grid, ceil_div(self.spec.k, 128))
         return split_tail_ranges(tiles, self.grid, ceil_div(self.spec.k, 128))
 
     def split_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """One launch's workspace (a block_m x block_n FP32 slot per split unit) and zeroed counters."""
+        """One launch's workspace (a block_m x block_n FP32 slot per split unit, stream tail: per tail tile;
+        at most one per CTA either way) and zeroed counters."""
         c = self.spec.config
         device = torch.device("cuda", self.device_index)
         workspace = torch.empty(self.grid * c.block_m * c.block_n, dtype=torch.float32, device=device)

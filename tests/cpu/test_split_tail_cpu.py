@@ -1,4 +1,4 @@
-"""Split tail on CPU: sm_90a builds of the split-tail kernels, config labels and the opt-in."""
+"""Split and stream tails on CPU: sm_90a builds, config labels, the opt-in and the stream tail's schedule."""
 
 from __future__ import annotations
 
@@ -9,17 +9,23 @@ from deepgemm.configs.heuristics import make_config
 from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec, plan_spec
 
 
-@pytest.mark.parametrize("m,n,k,block_m,block_n,out_dtype", [
-    (4096, 2112, 7168, 128, 128, torch.bfloat16),
-    (4096, 2112, 7168, 256, 128, torch.bfloat16),
-    (1000, 2056, 7296, 128, 104, torch.float32),
-    (129, 7168, 2048, 64, 112, torch.bfloat16),
+@pytest.mark.parametrize("m,n,k,block_m,block_n,out_dtype,mode", [
+    (4096, 2112, 7168, 128, 128, torch.bfloat16, "split"),
+    (4096, 2112, 7168, 256, 128, torch.bfloat16, "split"),
+    (300, 2112, 7296, 256, 128, torch.float32, "split"),  # chunked store (spilled 4 bytes with NVRTC 13.0 before v22c)
+    (1000, 2056, 7296, 128, 104, torch.float32, "split"),
+    (129, 7168, 2048, 64, 112, torch.bfloat16, "split"),
+    (4096, 4096, 7168, 256, 128, torch.bfloat16, "stream"),
+    (4096, 2112, 7168, 128, 192, torch.bfloat16, "stream"),
+    (4096, 7168, 7168, 256, 128, torch.float32, "stream"),
+    (2000, 1024, 7296, 192, 128, torch.bfloat16, "stream"),
+    (129, 7168, 2048, 64, 112, torch.bfloat16, "stream"),
 ])
-def test_split_tail_kernels_build_without_spills(m: int, n: int, k: int, block_m: int, block_n: int,
-                                                 out_dtype: torch.dtype) -> None:
+def test_tail_kernels_build_without_spills(m: int, n: int, k: int, block_m: int, block_n: int, out_dtype: torch.dtype,
+                                           mode: str) -> None:
     config = make_config(m, n, k, block_m, block_n, 132, 4 if out_dtype == torch.float32 else 2, cluster_m=1,
-                         split_tail=True)
-    assert config.label().endswith(" sk1")
+                         split_tail=mode == "split", stream_tail=mode == "stream")
+    assert config.label().endswith(" sk1" if mode == "split" else " sk2")
     compiled = compile_spec(Fp8GemmSpec(n, k, out_dtype, config))
     assert compiled.resources is not None
     assert (compiled.resources.spill_stores, compiled.resources.stack_frame) == (0, 0)
@@ -28,11 +34,12 @@ def test_split_tail_kernels_build_without_spills(m: int, n: int, k: int, block_m
 def test_split_tail_is_opt_in_except_for_block_m_192(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DEEPGEMM_SPLIT_TAIL", raising=False)
     monkeypatch.delenv("DEEPGEMM_CLUSTER_M", raising=False)
-    plain = plan_spec(4096, 7168, 16384, torch.bfloat16, 132).config
-    assert plain.block_m == 256 and not plain.split_tail
+    plain = plan_spec(4096, 7168, 2048, torch.bfloat16, 132).config
+    assert plain.block_m == 256 and not plain.split_tail and not plain.stream_tail
     assert plan_spec(768, 3072, 7168, torch.bfloat16, 132).config.split_tail  # block_m 192: the model's choice
     monkeypatch.setenv("DEEPGEMM_SPLIT_TAIL", "1")
-    assert plan_spec(4096, 7168, 16384, torch.bfloat16, 132).config.split_tail
+    forced = plan_spec(4096, 7168, 16384, torch.bfloat16, 132).config
+    assert forced.split_tail and not forced.stream_tail
 
 
 def test_block_m_192_split_tail_only_with_long_ranges() -> None:
@@ -46,3 +53,64 @@ def test_block_m_192_split_tail_only_with_long_ranges() -> None:
     assert not split_tail_for(192, 176, 132, 12)  # 3 ranges of 4 K blocks: short ranges measured slower
     assert not split_tail_for(256, 374, 132, 56) and not split_tail_for(128, 544, 132, 56)
     assert choose_fp8_gemm_config(768, 3072, 7168, 132).split_tail
+
+
+def stream_schedule(tiles: int, grid: int, k_blocks: int, split: int) -> list[list[tuple[int, int, int]]]:
+    """StreamTailTileScheduler's tail pieces per CTA, as (tail tile, k_begin, k_end), written out by hand."""
+    tail = tiles % grid
+    idle = grid - tail
+    pieces: list[list[tuple[int, int, int]]] = [[(c, 0, split)] for c in range(tail)]
+    pieces += [[(t, split, k_blocks) for t in range(j, tail, idle)] for j in range(idle)]
+    return pieces
+
+
+@pytest.mark.parametrize("tiles,grid,k_blocks,split", [
+    (512, 132, 56, 52),  # 116 tail tiles, 16 idle CTAs: ends of 4 K blocks, 8 per CTA
+    (896, 132, 128, 104),  # 104 tail tiles, 28 idle CTAs: 4 ends of 24 each
+    (352, 132, 56, 39),  # 88 tail tiles, 44 idle: 2 ends of 17 each
+    (32, 12, 56, 39), (34, 20, 57, 45), (17, 24, 56, 44), (192, 120, 16, 12), (40, 66, 32, 23),
+    (192, 100, 16, None),  # 12 ends per idle CTA: a head would need all 16 K blocks
+    (199, 100, 3, None),
+])
+def test_stream_tail_schedule_balances_heads_against_ends(tiles: int, grid: int, k_blocks: int, split: int | None) -> None:
+    from deepgemm.configs.heuristics import STREAM_TAIL_WRITE_BLOCKS, stream_tail_pieces, stream_tail_split
+
+    assert stream_tail_split(tiles, grid, k_blocks) == split
+    if split is None:
+        assert stream_tail_pieces(tiles, grid, k_blocks) == 1
+        return
+    assert stream_tail_pieces(tiles, grid, k_blocks) == 2
+    tail = tiles % grid
+    pieces = stream_schedule(tiles, grid, k_blocks, split)
+    covered = sorted((t, kb) for mine in pieces for t, k0, k1 in mine for kb in range(k0, k1))
+    assert covered == [(t, kb) for t in range(tail) for kb in range(k_blocks)]
+    head = split
+    ends = max(len(mine) * (k_blocks - split + STREAM_TAIL_WRITE_BLOCKS) for mine in pieces[tail:])
+    assert ends <= head + STREAM_TAIL_WRITE_BLOCKS  # the idle CTAs' ends finish about when the heads do
+    # The last wave shrinks from a whole tile to the longer of a head and an idle CTA's ends.
+    assert max(head, ends - STREAM_TAIL_WRITE_BLOCKS) < k_blocks
+
+
+def test_stream_tail_is_the_tuners_choice_not_the_models(tmp_path) -> None:  # noqa: ANN001
+    from deepgemm.configs.heuristics import choose_fp8_gemm_config, stream_tail_applies, stream_tail_pieces
+    from deepgemm.configs.tuner import candidate_configs
+    from deepgemm.configs.tuning_db import TuningDB
+
+    assert stream_tail_pieces(3072, 132, 12) == 1  # a tail of 36 tiles: at most half the grid
+    assert stream_tail_pieces(528, 132, 56) == 1  # whole waves
+    assert stream_tail_applies(4096, 4096, 7168, 256, 128, 132)  # 512 tiles: a tail of 116
+    assert stream_tail_applies(4096, 2112, 7168, 128, 192, 132)  # 352 tiles: a tail of 88
+    assert not stream_tail_applies(4096, 4224, 7168, 256, 128, 132)  # 528 tiles: whole waves
+    assert not stream_tail_applies(64, 4096, 7168, 64, 32, 132)  # fewer tiles than SMs
+    assert not choose_fp8_gemm_config(4096, 4096, 7168, 132).stream_tail  # measured slower for block_m 256
+    candidates = candidate_configs(4096, 2112, 7168, 132, 2, top=6)
+    streams = [c for c in candidates if c.stream_tail]
+    assert streams and all(c.cluster_m == 1 and not c.split_tail and c.label().endswith(" sk2") for c in streams)
+    # A tuned stream tail round-trips, and stands only at Ms of its bucket where the tail splits.
+    path = tmp_path / "t.json"
+    TuningDB(path).record(4096, 2112, 7168, 132, streams[0], 100.0)
+    assert TuningDB(path).lookup(4096, 2112, 7168, 132).stream_tail
+    tiles_at_3968 = -(-3968 // streams[0].block_m) * -(-2112 // streams[0].block_n)
+    assert TuningDB(path).lookup(3968, 2112, 7168, 132).stream_tail == (tiles_at_3968 % 132 * 2 > 132)
+    with pytest.raises(ValueError, match="choose one"):
+        make_config(4096, 4096, 7168, 256, 128, 132, split_tail=True, stream_tail=True)

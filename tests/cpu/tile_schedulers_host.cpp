@@ -5,7 +5,9 @@
 // every output row of every N-block must be written exactly once with the right group (or as padding).
 // Random layouts over block_m 64/128/256, grid sizes below and above the tile count, both contiguous
 // forms and the masked form. The dense split-tail scheduler must cover every (tile, K block) exactly
-// once, give each CTA at most one split unit, and keep workspace slots and counters in range.
+// once, give each CTA at most one split unit, and keep workspace slots and counters in range. The
+// stream-tail scheduler must cover every (tile, K block) exactly once with one head and one end per tail
+// tile, the head last in its CTA (the only unit that waits), cut at the K block the host model predicts.
 // Prints "failures: N" last; the exit status is 1 when N > 0.
 #include <algorithm>
 #include <cstdio>
@@ -296,6 +298,72 @@ void check_split_tail(u32 m, u32 grid, u32 expected_splits = 0) {
     }
 }
 
+// expected_split: the head's length the host model (stream_tail_split) predicts; 0: nothing splits.
+template <u32 kBlockM, u32 kNumNBlocks, u32 kNumKBlocks>
+void check_stream_tail(u32 m, u32 grid, u32 expected_split) {
+    using S = StreamTailTileScheduler<kBlockM, kNumNBlocks, 8, kNumKBlocks>;
+    const u32 m_blocks = (m + kBlockM - 1) / kBlockM;
+    const u32 tail = m_blocks * kNumNBlocks % grid;
+    std::vector<int> covered(m_blocks * kNumNBlocks * kNumKBlocks, 0);
+    std::vector<int> heads(grid, 0), ends(grid, 0);
+    bool ok = true;
+    bool split_seen = false;
+    gridDim.x = grid;
+    for (u32 cta = 0; cta < grid; ++cta) {
+        blockIdx.x = cta;
+        S producer(m);
+        S consumer(m);
+        bool head_seen = false;
+        for (;;) {
+            u32 mb = 0, nb = 0, mb2 = 0, nb2 = 0;
+            SplitUnit unit{};
+            SplitUnit unit2{};
+            const bool more = producer.next(mb, nb, unit);
+            const bool more2 = consumer.next(mb2, nb2, unit2);
+            if (more != more2 || (more && (mb != mb2 || nb != nb2 || unit.k_begin != unit2.k_begin || unit.k_end != unit2.k_end))) {
+                ok = false;
+                break;
+            }
+            if (!more) {
+                break;
+            }
+            if (head_seen || mb >= m_blocks || nb >= kNumNBlocks || unit.k_begin >= unit.k_end || unit.k_end > kNumKBlocks) {
+                ok = false;  // (a head must be its CTA's last unit: nothing may wait behind it)
+                break;
+            }
+            if (unit.splits > 1) {
+                split_seen = true;
+                const u32 cut = unit.k_begin == 0 ? unit.k_end : unit.k_begin;
+                ok = ok && unit.splits == 2 && unit.tail_tile < tail && unit.slot == unit.tail_tile && cut == expected_split &&
+                     (unit.k_begin == 0 ? unit.k_end < kNumKBlocks : unit.k_end == kNumKBlocks);
+                if (unit.k_begin == 0) {
+                    head_seen = true;
+                    ok = ok && cta == unit.tail_tile;  // the head runs where the whole tile would
+                    ++heads[unit.tail_tile % grid];
+                } else {
+                    ok = ok && cta >= tail;  // ends run on CTAs the last wave would leave idle
+                    ++ends[unit.tail_tile % grid];
+                }
+            } else {
+                ok = ok && unit.k_begin == 0 && unit.k_end == kNumKBlocks;
+            }
+            for (u32 kb = unit.k_begin; kb < unit.k_end; ++kb) {
+                ++covered[(mb * kNumNBlocks + nb) * kNumKBlocks + kb];
+            }
+        }
+    }
+    for (int c : covered) {
+        ok = ok && c == 1;
+    }
+    for (u32 t = 0; t < grid; ++t) {
+        ok = ok && heads[t] == ends[t] && heads[t] == (split_seen && t < tail ? 1 : 0);
+    }
+    ok = ok && split_seen == (expected_split != 0);
+    if (!ok && ++g_failures <= 10) {
+        std::printf("FAIL stream tail block_m=%u n_blocks=%u k_blocks=%u m=%u grid=%u\n", kBlockM, kNumNBlocks, kNumKBlocks, m, grid);
+    }
+}
+
 template <u32 kBlockM, u32 kNumNBlocks, u32 kNumKBlocks>
 void random_split_tail(std::mt19937& rng, int trials) {
     for (int trial = 0; trial < trials; ++trial) {
@@ -329,6 +397,18 @@ int main() {
     random_split_tail<64, 64, 16>(rng, 300);
     random_split_tail<128, 1, 1>(rng, 200);
     random_split_tail<192, 17, 56>(rng, 200);
+    // The same cases as tests/cpu/test_split_tail_cpu.py's schedule test (split = the host model's cut).
+    check_stream_tail<256, 32, 56>(4096, 132, 52);   // 4096 x 4096 x 7168: 116 tail tiles, 8 ends per idle CTA
+    check_stream_tail<256, 56, 128>(4096, 132, 104); // 4096 x 7168 x 16384: 104 tail tiles, 4 ends each
+    check_stream_tail<128, 11, 56>(4096, 132, 39);   // 4096 x 2112 x 7168 with 128 x 192 tiles: 88 tail tiles
+    check_stream_tail<256, 8, 56>(1024, 12, 39);     // 32 tiles on 12 CTAs
+    check_stream_tail<64, 17, 56>(64, 24, 44);       // 17 tiles on 24 CTAs: every tile is a tail tile
+    check_stream_tail<64, 64, 16>(192, 120, 12);     // 192 tiles on 120 CTAs
+    check_stream_tail<64, 64, 16>(192, 100, 0);      // 12 ends per idle CTA: a head would need all 16 K blocks
+    check_stream_tail<256, 33, 56>(4096, 132, 0);    // 528 tiles: whole waves
+    check_stream_tail<256, 32, 56>(4096, 300, 44);   // 512 tiles on 300 CTAs: one full wave, a tail of 212, 3 ends each
+    check_stream_tail<256, 32, 56>(4096, 1000, 39);  // 512 tiles on 1000 CTAs: all tail, 2 ends per idle CTA at most
+    check_stream_tail<256, 32, 56>(4096, 1100, 0);   // 512 tiles on 1100 CTAs: at most half of the grid, nothing splits
     std::printf("failures: %ld\n", g_failures);
     return g_failures ? 1 : 0;
 }

@@ -1,4 +1,4 @@
-"""Split tail (the last partial wave's tiles split along K, summed through an FP32 workspace) on sm_90."""
+"""Split and stream tails (the last partial wave's tiles cut along K, summed through an FP32 workspace) on sm_90."""
 
 from __future__ import annotations
 
@@ -24,12 +24,25 @@ CASES = [
 ]
 
 
-def split_plan(m: int, n: int, k: int, block_m: int, block_n: int, sms: int, out_dtype: torch.dtype):  # noqa: ANN201
+# Stream tail: (m, n, k, block_m, block_n, sms, out dtype); every case has a tail of more than half a grid.
+STREAM_CASES = [
+    (4096, 4096, 7168, 256, 128, 132, torch.bfloat16),  # 512 tiles: 116 tail tiles, 49.2 K blocks per CTA
+    (1024, 1024, 7168, 256, 128, 12, torch.float32),  # 32 tiles: 8 x 56 K blocks over 12 CTAs
+    (300, 2112, 7296, 256, 128, 20, torch.float32),  # 34 tiles: M tail of 44 rows (one warpgroup idle)
+    (1000, 2056, 4224, 128, 104, 60, torch.bfloat16),  # 160 tiles: 40 tail tiles of 33 K blocks, straddling, N tail
+    (2000, 1024, 7296, 192, 128, 50, torch.bfloat16),  # 88 tiles: three math warpgroups, 80-row last block
+    (129, 7168, 2048, 64, 112, 120, torch.bfloat16),  # 192 tiles: 72 heads of 12 K blocks; one math warpgroup (no loader)
+    (64, 2112, 7168, 64, 128, 24, torch.bfloat16),  # 17 tiles on 24 CTAs: every tile is a tail tile
+]
+
+
+def split_plan(m: int, n: int, k: int, block_m: int, block_n: int, sms: int, out_dtype: torch.dtype,
+               stream: bool = False):  # noqa: ANN201
     from deepgemm.configs.heuristics import make_config
     from deepgemm.kernels.fp8_gemm import get_plan
 
     config = make_config(m, n, k, block_m, block_n, sms, 4 if out_dtype == torch.float32 else 2, cluster_m=1,
-                         split_tail=True)
+                         split_tail=not stream, stream_tail=stream)
     return get_plan(0, m, n, k, out_dtype, config)
 
 
@@ -40,17 +53,11 @@ def run(plan, a, b, out_dtype: torch.dtype) -> torch.Tensor:  # noqa: ANN001
     return out
 
 
-@pytest.mark.parametrize("m,n,k,block_m,block_n,sms,out_dtype", CASES, ids=lambda v: str(v))
-def test_split_tail_matches_float64_and_repeats_bitwise(m: int, n: int, k: int, block_m: int, block_n: int, sms: int,
-                                                        out_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
-    plan = split_plan(m, n, k, block_m, block_n, sms, out_dtype)
-    splits = plan.split_count()
-    assert splits > 1 and plan.grid == sms
-    tiles = -(-m // block_m) * -(-n // block_n)
-    tail = tiles % plan.grid
-
-    # The device really splits: every K range of the tail writes its slot (the workspace starts as NaN),
-    # and the arrival counters are back at zero afterwards.
+def check_launches(plan, m: int, n: int, k: int, out_dtype: torch.dtype,  # noqa: ANN001
+                   monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two inputs against float64, then each again twice, alternating (a K range that read another launch's
+    partials would show): bitwise equal. Returns the first launch's workspace (poisoned with NaN before it)
+    and arrival counters."""
     buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
     make_buffers = plan.split_buffers
 
@@ -68,21 +75,46 @@ def test_split_tail_matches_float64_and_repeats_bitwise(m: int, n: int, k: int, 
         assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b),
                                   max_diff=1e-5 if out_dtype == torch.float32 else 1e-3)
         firsts.append(out)
-    workspace, counters = buffers[0]
+    for _ in range(2):
+        for (a, b), first in zip(inputs, firsts):
+            assert torch.equal(run(plan, a, b, out_dtype), first), "the tail must sum its K ranges in a fixed order"
     torch.cuda.synchronize()
+    return buffers[0]
+
+
+@pytest.mark.parametrize("m,n,k,block_m,block_n,sms,out_dtype", CASES, ids=lambda v: str(v))
+def test_split_tail_matches_float64_and_repeats_bitwise(m: int, n: int, k: int, block_m: int, block_n: int, sms: int,
+                                                        out_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = split_plan(m, n, k, block_m, block_n, sms, out_dtype)
+    splits = plan.split_count()
+    assert splits > 1 and plan.grid == sms
+    tail = -(-m // block_m) * -(-n // block_n) % plan.grid
+    workspace, counters = check_launches(plan, m, n, k, out_dtype, monkeypatch)
+    # The device really splits: every K range of the tail wrote its slot, and the counters are back at zero.
     warpgroups = {64: 1, 128: 2, 192: 3, 256: 2}[block_m]  # math warpgroups: one partial each per slot
     slots = workspace[: tail * splits * block_m * block_n].view(tail * splits, warpgroups, -1)
     assert slots[:, 0].isfinite().all()  # the first math warpgroup always has rows (the others may not)
     assert (counters == 0).all()
-    # Alternating inputs: a K range that read another launch's partials would show up here.
-    for _ in range(2):
-        for (a, b), first in zip(inputs, firsts):
-            assert torch.equal(run(plan, a, b, out_dtype), first), "the split tail must sum its K ranges in a fixed order"
 
 
-def test_split_tail_graph_replay_and_two_streams() -> None:
-    m, n, k = 4096, 2112, 7168
-    plan = split_plan(m, n, k, 128, 128, 132, torch.bfloat16)
+@pytest.mark.parametrize("m,n,k,block_m,block_n,sms,out_dtype", STREAM_CASES, ids=lambda v: str(v))
+def test_stream_tail_matches_float64_and_repeats_bitwise(m: int, n: int, k: int, block_m: int, block_n: int, sms: int,
+                                                         out_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = split_plan(m, n, k, block_m, block_n, sms, out_dtype, stream=True)
+    assert plan.split_count() > 1 and plan.grid == sms
+    tail = -(-m // block_m) * -(-n // block_n) % sms  # tail tiles: each one's end leaves a partial in its slot
+    workspace, counters = check_launches(plan, m, n, k, out_dtype, monkeypatch)
+    warpgroups = {64: 1, 128: 2, 192: 3, 256: 2}[block_m]
+    slots = workspace.view(sms, warpgroups, -1)
+    assert slots[:tail, 0].isfinite().all()  # every tail tile's end left its first math warpgroup's partial
+    assert (counters == 0).all()  # every head saw its tile's end arrive and reset the count
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["split", "stream"])
+def test_split_tail_graph_replay_and_two_streams(stream: bool) -> None:
+    m, n, k = (4096, 4096, 7168) if stream else (4096, 2112, 7168)
+    plan = split_plan(m, n, k, 256 if stream else 128, 128, 132, torch.bfloat16, stream=stream)
+    assert plan.split_count() > 1
     inputs = [random_operands(m, n, k, "cuda") for _ in range(2)]
     expected = [run(plan, a, b, torch.bfloat16) for a, b in inputs]
     torch.cuda.synchronize()

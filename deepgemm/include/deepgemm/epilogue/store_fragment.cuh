@@ -80,20 +80,32 @@ struct WarpgroupTileStore {
             ptx::tma_store_wait_read<kBuffers - 1>();
         }
         ptx::named_barrier_sync(barrier_id, 128);
+        if constexpr (kOutputFp32) {
 #pragma unroll
-        for (u32 j = 0; j < kBlockN / 8; ++j) {
+            for (u32 j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
-            for (u32 half = 0; half < 2; ++half) {
-                const u32 r = warp * 16 + lane / 4 + half * 8;
-                const u32 c = j * 8 + (lane % 4) * 2;
-                const float lo = values[j * 4 + half * 2];
-                const float hi = values[j * 4 + half * 2 + 1];
-                u8* dst = smem_tile + smem_offset(r, c * kElemBytes);
-                if constexpr (kOutputFp32) {
-                    *reinterpret_cast<float2*>(dst) = make_float2(lo, hi);
-                } else {
-                    *reinterpret_cast<u32*>(dst) = ptx::pack_bf16x2(lo, hi);
+                for (u32 half = 0; half < 2; ++half) {
+                    const u32 r = warp * 16 + lane / 4 + half * 8;
+                    const u32 c = j * 8 + (lane % 4) * 2;
+                    *reinterpret_cast<float2*>(smem_tile + smem_offset(r, c * kElemBytes)) =
+                        make_float2(values[j * 4 + half * 2], values[j * 4 + half * 2 + 1]);
                 }
+            }
+        } else {
+            // BF16: one stmatrix per 16 columns (8x8 matrices (j, rows 0-7), (j, rows 8-15), (j + 1, ...), ...);
+            // lane l addresses row l % 8 of matrix l / 8, a 16-byte chunk that the swizzle keeps whole.
+            const u32 matrix = lane / 8;
+            const u32 matrix_row = warp * 16 + (matrix % 2) * 8 + lane % 8;
+#pragma unroll
+            for (u32 j = 0; j + 1 < kBlockN / 8; j += 2) {
+                const float* v = &values[j * 4];
+                ptx::stmatrix_x4(smem_tile + smem_offset(matrix_row, (j + matrix / 2) * 16), ptx::pack_bf16x2(v[0], v[1]),
+                                 ptx::pack_bf16x2(v[2], v[3]), ptx::pack_bf16x2(v[4], v[5]), ptx::pack_bf16x2(v[6], v[7]));
+            }
+            if constexpr (kBlockN % 16 != 0) {
+                constexpr u32 j = kBlockN / 8 - 1;
+                const float* v = &values[j * 4];
+                ptx::stmatrix_x2(smem_tile + smem_offset(matrix_row, j * 16), ptx::pack_bf16x2(v[0], v[1]), ptx::pack_bf16x2(v[2], v[3]));
             }
         }
         ptx::fence_proxy_async_smem();

@@ -37,6 +37,10 @@ namespace deepgemm {
 // Which rows of A/D and which B a tile uses (B is [G, N, K] for the grouped kinds).
 enum class GemmKind : int { kDense = 0, kGroupedContiguous = 1, kGroupedMasked = 2, kGroupedContiguousPsum = 3 };
 
+// How a dense GEMM's last partial wave runs: as whole tiles, split evenly along K (SplitTailTileScheduler),
+// or cut into heads on their own CTAs and ends on the CTAs the wave leaves idle (StreamTailTileScheduler).
+enum class TailMode : int { kWhole = 0, kSplit = 1, kStream = 2 };
+
 // Run-time problem description: dense uses m; contiguous uses m (total rows) and grouping = m_indices
 // (or, psum form, grouping = the groups' cumulative end rows);
 // masked uses grouping = masked_m [num_groups] with max_m rows per group.
@@ -45,8 +49,8 @@ struct GemmProblem {
     const i32* grouping;
     u32 num_groups;
     u32 max_m;
-    float* workspace;  // split tail: FP32 partials, one slot per split unit
-    u32* counters;     // split tail: arrivals per (tail tile, math warpgroup); zero between launches
+    float* workspace;  // split/stream tail: FP32 partials, one slot per split unit (stream: per tail tile)
+    u32* counters;     // split/stream tail: arrivals per (tail tile, math warpgroup); zero between launches
 };
 
 // One tile sequence per kind, as GroupedTile records (dense: group 0, no padding).
@@ -96,10 +100,10 @@ struct TileSource<GemmKind::kGroupedMasked, kBlockM, kNumNBlocks, kGroupM, kClus
     DG_DEVICE bool next(GroupedTile& tile, SplitUnit&) { return scheduler.next(tile); }
 };
 
-// Dense tiles with the last partial wave split along K (see SplitTailTileScheduler).
-template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kNumKBlocks>
+// Dense tiles with the last partial wave split along K (SplitTailTileScheduler or StreamTailTileScheduler).
+template <typename Scheduler>
 struct SplitTailTileSource {
-    SplitTailTileScheduler<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks> scheduler;
+    Scheduler scheduler;
     u32 m;
 
     DG_DEVICE SplitTailTileSource(const GemmProblem& p, u32) : scheduler(p.m), m(p.m) {}
@@ -123,10 +127,11 @@ struct SelectType<false, First, Second> {
 };
 
 template <u32 kN, u32 kK, u32 kBlockM, u32 kBlockN, u32 kNumStages, u32 kGroupM, u32 kClusterM, bool kPipelinedPromotion,
-          bool kOutputFp32, GemmKind kKind = GemmKind::kDense, bool kSplitTail = false, bool kChunkedStore = false>
+          bool kOutputFp32, GemmKind kKind = GemmKind::kDense, TailMode kTail = TailMode::kWhole, bool kChunkedStore = false>
 struct Sm90Fp8Gemm1D2D {
+    static constexpr bool kSplitTail = kTail != TailMode::kWhole;  // some units are K ranges of a tile
     static_assert(!kSplitTail || (kKind == GemmKind::kDense && kClusterM == 1),
-                  "the split tail is for dense GEMMs without clusters");
+                  "the split and stream tails are for dense GEMMs without clusters");
     static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 192 || kBlockM == 256, "block_m must be 64, 128, 192 or 256");
     static_assert(kBlockM != 192 || (!kPipelinedPromotion && kClusterM == 1 && kKind == GemmKind::kDense),
                   "block_m 192 (three math warpgroups, 160 registers each) is dense only, unpipelined, without clusters");
@@ -179,7 +184,9 @@ struct Sm90Fp8Gemm1D2D {
     static constexpr u32 kStoreBuffers = kChunkedStore ? 1 : kNumWaves;
     static_assert(kBlockN % kStoreN == 0, "output chunks must tile block_n");
     using Store = WarpgroupTileStore<kStoreN, kOutputFp32, kStoreBuffers>;
-    using Tiles = typename SelectType<kSplitTail, SplitTailTileSource<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks>,
+    using TailScheduler = typename SelectType<kTail == TailMode::kStream, StreamTailTileScheduler<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks>,
+                                              SplitTailTileScheduler<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks>>::Type;
+    using Tiles = typename SelectType<kSplitTail, SplitTailTileSource<TailScheduler>,
                                       TileSource<kKind, kBlockM, kNumNBlocks, kGroupM, kClusterM>>::Type;
     static constexpr u32 kMulticastRowsB = kBlockN / kClusterM;
     // Masked groups hold few valid rows at decode sizes: their A tiles are loaded in boxes of kLoadRowsA rows,
@@ -578,43 +585,64 @@ struct Sm90Fp8Gemm1D2D {
         }
     }
 
+    // A math warpgroup's FP32 partial in a split unit's workspace slot: 16-byte vectors, thread-major within
+    // each group of four registers, so a warp moves 512 contiguous bytes per instruction. (Scalar stores
+    // with a fence in every thread took 3.3-4.2 us per 128 KB partial, about four K blocks of a 256 x 128
+    // tile; vectors with one release after the warpgroup's barrier, 1.9-3.3 us.)
+    static constexpr u32 kWarpgroupPartialFloats = kNumWaves * (kBlockN / 2) * 128;
+    static constexpr u32 kSlotFloats = kNumMathWarpgroups * kWarpgroupPartialFloats;
+
+    DG_DEVICE static float* partial_at(const GemmProblem& problem, u32 slot, u32 math_wg, u32 thread_in_wg) {
+        return problem.workspace + slot * kSlotFloats + math_wg * kWarpgroupPartialFloats + thread_in_wg * 4;
+    }
+
+    DG_DEVICE static void write_partial(float* partial, const float (&results)[kNumWaves][kBlockN / 2]) {
+#pragma unroll
+        for (u32 w = 0; w < kNumWaves; ++w) {
+#pragma unroll
+            for (u32 q = 0; q < kBlockN / 8; ++q) {
+                const float* r = &results[w][q * 4];
+                ptx::st_global_v4(partial + (w * (kBlockN / 8) + q) * 512, r[0], r[1], r[2], r[3]);
+            }
+        }
+    }
+
+    DG_DEVICE static void add_partial(const float* partial, float (&results)[kNumWaves][kBlockN / 2]) {
+#pragma unroll
+        for (u32 w = 0; w < kNumWaves; ++w) {
+#pragma unroll
+            for (u32 q = 0; q < kBlockN / 8; ++q) {
+                const float4 v = ptx::ld_global_cg_v4(partial + (w * (kBlockN / 8) + q) * 512);
+                results[w][q * 4] += v.x;
+                results[w][q * 4 + 1] += v.y;
+                results[w][q * 4 + 2] += v.z;
+                results[w][q * 4 + 3] += v.w;
+            }
+        }
+    }
+
     // Split tail: publish this K range's FP32 results (scaled partial sums) in its workspace slot; the
     // last of the tile's ranges to arrive sums all of them in range order (the same result whichever
     // CTA is last), returns true and stores the tile; the others return false. Per math warpgroup,
     // with a counter that the last arrival resets for the next launch.
     DG_DEVICE static bool reduce_split(const GemmProblem& problem, const SplitUnit& unit, u32 math_wg, u32 thread_in_wg,
                                        u32 barrier_id, u32* flag, float (&results)[kNumWaves][kBlockN / 2]) {
-        constexpr u32 kWarpgroupFloats = kNumWaves * (kBlockN / 2) * 128;
-        constexpr u32 kSlotFloats = kNumMathWarpgroups * kWarpgroupFloats;
-        // Element-major: register i of all 128 threads is one contiguous 512-byte row (coalesced).
-        float* mine = problem.workspace + unit.slot * kSlotFloats + math_wg * kWarpgroupFloats + thread_in_wg;
-#pragma unroll
-        for (u32 w = 0; w < kNumWaves; ++w) {
-#pragma unroll
-            for (u32 i = 0; i < kBlockN / 2; ++i) {
-                mine[(w * (kBlockN / 2) + i) * 128] = results[w][i];
-            }
-        }
-        __threadfence();
+        write_partial(partial_at(problem, unit.slot, math_wg, thread_in_wg), results);
         ptx::named_barrier_sync(barrier_id, 128);  // also: every thread has read the previous tile's `flag`
         if (thread_in_wg == 0) {
             u32* counter = problem.counters + unit.tail_tile * kNumMathWarpgroups + math_wg;
-            const bool last = atomicAdd(counter, 1u) + 1 == unit.splits;
+            // Release this warpgroup's partial; the last arrival acquires everyone's.
+            const bool last = ptx::atom_add_acq_rel_gpu(counter, 1u) + 1 == unit.splits;
             if (last) {
-                atomicExch(counter, 0u);
+                *counter = 0u;  // every range of this tile has arrived
             }
-            __threadfence();
             *flag = last ? 1u : 0u;
         }
         ptx::named_barrier_sync(barrier_id, 128);
-        const bool last = *flag != 0;
-        if (!last) {
+        if (*flag == 0) {
             return false;
         }
-        const float* first = problem.workspace + (unit.slot - unit.slot % unit.splits) * kSlotFloats +
-                             math_wg * kWarpgroupFloats + thread_in_wg;
-        // K ranges in order (a fixed summation order: the result does not depend on arrival order); within a
-        // range every load is independent, so all of a slot's loads are in flight at once.
+        // K ranges in order (a fixed summation order: the result does not depend on arrival order).
 #pragma unroll
         for (u32 w = 0; w < kNumWaves; ++w) {
 #pragma unroll
@@ -622,16 +650,36 @@ struct Sm90Fp8Gemm1D2D {
                 results[w][i] = 0.0f;
             }
         }
+        const u32 first = unit.slot - unit.slot % unit.splits;
         for (u32 r = 0; r < unit.splits; ++r) {
-            const float* slot = first + r * kSlotFloats;
-#pragma unroll
-            for (u32 w = 0; w < kNumWaves; ++w) {
-#pragma unroll
-                for (u32 i = 0; i < kBlockN / 2; ++i) {
-                    results[w][i] += __ldcg(slot + (w * (kBlockN / 2) + i) * 128);
-                }
-            }
+            add_partial(partial_at(problem, first + r, math_wg, thread_in_wg), results);
         }
+        return true;
+    }
+
+    // Stream tail: a tile's end (k_begin > 0) leaves its partial in the tile's workspace slot and counts
+    // itself in; the tile's head (k_begin = 0, its CTA's last unit) waits for the splits - 1 other pieces (ends
+    // never wait, so neither does this for long) and adds their partials. Returns whether to store.
+    DG_DEVICE static bool reduce_stream(const GemmProblem& problem, const SplitUnit& unit, u32 math_wg, u32 thread_in_wg,
+                                        u32 barrier_id, float (&results)[kNumWaves][kBlockN / 2]) {
+        u32* counter = problem.counters + unit.tail_tile * kNumMathWarpgroups + math_wg;
+        float* partial = partial_at(problem, unit.slot, math_wg, thread_in_wg);
+        if (unit.k_begin != 0) {
+            write_partial(partial, results);
+            ptx::named_barrier_sync(barrier_id, 128);
+            if (thread_in_wg == 0) {
+                ptx::red_add_release_gpu(counter, 1u);
+            }
+            return false;
+        }
+        if (thread_in_wg == 0) {
+            while (ptx::ld_acquire_gpu(counter) != unit.splits - 1) {
+                __nanosleep(64);
+            }
+            *counter = 0;  // no other piece of this tile arrives in this launch
+        }
+        ptx::named_barrier_sync(barrier_id, 128);
+        add_partial(partial, results);
         return true;
     }
 
@@ -745,12 +793,20 @@ struct Sm90Fp8Gemm1D2D {
         }
         if constexpr (kSplitTail) {
             const SplitUnit split = unit;
-            u32* flag = reinterpret_cast<u32*>(ring.smem + kOffsetFlags) + me.math_wg;
-            if (split.splits > 1 && !reduce_split(problem, split, me.math_wg, me.thread_in_wg, me.barrier_id, flag, results)) {
-                if constexpr (kTileLoader) {
-                    release_slot(slots, use);
+            if (split.splits > 1) {
+                bool stores;
+                if constexpr (kTail == TailMode::kSplit) {
+                    u32* flag = reinterpret_cast<u32*>(ring.smem + kOffsetFlags) + me.math_wg;
+                    stores = reduce_split(problem, split, me.math_wg, me.thread_in_wg, me.barrier_id, flag, results);
+                } else {
+                    stores = reduce_stream(problem, split, me.math_wg, me.thread_in_wg, me.barrier_id, results);
                 }
-                return;  // another K range of this tile arrives last and stores it
+                if (!stores) {
+                    if constexpr (kTileLoader) {
+                        release_slot(slots, use);
+                    }
+                    return;  // another K range of this tile stores it
+                }
             }
         }
         if constexpr (kTileLoader) {

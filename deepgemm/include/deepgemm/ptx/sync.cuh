@@ -18,6 +18,37 @@ DG_DEVICE void named_barrier_sync(u32 id, u32 num_threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
 }
 
+// A global u32 read with acquire semantics at GPU scope (pairs with another CTA's release).
+DG_DEVICE u32 ld_acquire_gpu(const u32* ptr) {
+    u32 value;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(ptr) : "memory");
+    return value;
+}
+
+// Add to a global u32 with release semantics at GPU scope: the writes this thread has observed (its own,
+// and through a preceding bar.sync its warpgroup's) are visible to whoever acquires the new value.
+DG_DEVICE void red_add_release_gpu(u32* ptr, u32 value) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ptr), "r"(value) : "memory");
+}
+
+// Add to a global u32 with acquire-release semantics at GPU scope; returns the old value.
+DG_DEVICE u32 atom_add_acq_rel_gpu(u32* ptr, u32 value) {
+    u32 old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(ptr), "r"(value) : "memory");
+    return old;
+}
+
+// 16-byte global store and L2-only (.cg) load.
+DG_DEVICE void st_global_v4(float* ptr, float a, float b, float c, float d) {
+    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+
+DG_DEVICE float4 ld_global_cg_v4(const float* ptr) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(ptr) : "memory");
+    return v;
+}
+
 template <u32 kRegisters>
 DG_DEVICE void setmaxnreg_inc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
@@ -59,6 +90,19 @@ DG_DEVICE u16 pack_e4m3x2(float lo, float hi) {
     u16 packed;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(hi), "f"(lo));
     return packed;
+}
+
+// Store four (x4) or two (x2) 8x8 matrices of 16-bit elements to shared memory. Register i of lane l holds
+// row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix i (the wgmma accumulator's fragment layout);
+// lane l gives the 16-byte address of row l % 8 of matrix l / 8 (x2: lanes 0-15).
+DG_DEVICE void stmatrix_x4(void* smem_row, u32 r0, u32 r1, u32 r2, u32 r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr(smem_row)), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+}
+
+DG_DEVICE void stmatrix_x2(void* smem_row, u32 r0, u32 r1) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x2.shared.b16 [%0], {%1, %2};" ::"r"(smem_addr(smem_row)), "r"(r0), "r"(r1) : "memory");
 }
 
 }  // namespace deepgemm::ptx

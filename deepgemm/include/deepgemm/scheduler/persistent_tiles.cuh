@@ -106,4 +106,68 @@ struct SplitTailTileScheduler {
     }
 };
 
+// The same raster with a last partial wave of more than half of the grid ("stream tail"): its T tiles are
+// cut at K block `split` into a head [0, split) and an end [split, K blocks). CTA t < T runs the head of tail
+// tile t from K block 0 at the start of the last wave, as it would run the whole tile (so the heads read A
+// and B at the same K positions together and share them in L2, as whole tiles do); the E = G - T CTAs that
+// would idle take the ends, tile t to CTA T + t % E, at most p = ceil(T / E) each. The head is the tile's
+// reducer: it waits for the end's FP32 partial (workspace slot t), adds it and stores. Ends never wait,
+// so a head's wait always ends. `split` balances a head against p ends plus their partials' writes
+// (kWriteBlocks K blocks each): split = ceil(p (K blocks + kWriteBlocks) / (p + 1)).
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupRows, u32 kNumKBlocks>
+struct StreamTailTileScheduler {
+    static constexpr u32 kWriteBlocks = 2;
+    PersistentTileScheduler<kBlockM, kNumNBlocks, kGroupRows, 1> raster;
+    u32 full_tiles;
+    u32 tail;      // tail tiles (0: nothing is split)
+    u32 split;     // first K block of a tail tile's end
+    u32 next_tile;
+    u32 next_end;  // CTAs >= tail: the next tail tile whose end this CTA runs; CTAs < tail: > tail once the head is out
+
+    DG_DEVICE StreamTailTileScheduler(u32 m) : raster(m, 0), full_tiles(0), tail(0), split(kNumKBlocks), next_tile(blockIdx.x), next_end(0) {
+        const u32 tiles = raster.num_tiles;
+        const u32 grid = gridDim.x;
+        const u32 tail_tiles = tiles % grid;
+        full_tiles = tiles;
+        if (tail_tiles * 2 > grid) {
+            const u32 ends_per_cta = ceil_div(tail_tiles, grid - tail_tiles);
+            const u32 k = ceil_div(ends_per_cta * (kNumKBlocks + kWriteBlocks), ends_per_cta + 1);
+            if (k < kNumKBlocks) {
+                full_tiles = tiles - tail_tiles;
+                tail = tail_tiles;
+                split = k;
+                next_end = blockIdx.x < tail ? blockIdx.x : blockIdx.x - tail;
+            }
+        }
+    }
+
+    DG_DEVICE bool next(u32& m_block, u32& n_block, SplitUnit& unit) {
+        unit.splits = 1;
+        unit.k_begin = 0;
+        unit.k_end = kNumKBlocks;
+        unit.tail_tile = 0;
+        unit.slot = 0;
+        if (next_tile < full_tiles) {
+            raster.tile_at(next_tile, m_block, n_block);
+            next_tile += gridDim.x;
+            return true;
+        }
+        if (next_end >= tail) {
+            return false;
+        }
+        unit.splits = 2;
+        unit.tail_tile = next_end;
+        unit.slot = next_end;
+        if (blockIdx.x < tail) {
+            unit.k_end = split;  // the head; this CTA's last unit
+            next_end = tail;
+        } else {
+            unit.k_begin = split;
+            next_end += gridDim.x - tail;
+        }
+        raster.tile_at(full_tiles + unit.tail_tile, m_block, n_block);
+        return true;
+    }
+};
+
 }  // namespace deepgemm
