@@ -237,6 +237,21 @@ void random_cases(std::mt19937& rng, int trials) {
     }
 }
 
+// The next unit of a CTA's producer and consumer copies of a split/stream scheduler, which must agree;
+// false at the end of the schedule or on a disagreement (then ok = false).
+template <typename Scheduler>
+bool next_in_lockstep(Scheduler& producer, Scheduler& consumer, u32& mb, u32& nb, SplitUnit& unit, bool& ok) {
+    u32 mb2 = 0, nb2 = 0;
+    SplitUnit unit2{};
+    const bool more = producer.next(mb, nb, unit);
+    const bool more2 = consumer.next(mb2, nb2, unit2);
+    if (more != more2 || (more && (mb != mb2 || nb != nb2 || unit.k_begin != unit2.k_begin || unit.k_end != unit2.k_end))) {
+        ok = false;
+        return false;
+    }
+    return more;
+}
+
 template <u32 kBlockM, u32 kNumNBlocks, u32 kNumKBlocks>
 void check_split_tail(u32 m, u32 grid, u32 expected_splits = 0) {
     using S = SplitTailTileScheduler<kBlockM, kNumNBlocks, 8, kNumKBlocks>;
@@ -251,16 +266,9 @@ void check_split_tail(u32 m, u32 grid, u32 expected_splits = 0) {
         S consumer(m);
         u32 split_units = 0;
         for (;;) {
-            u32 mb = 0, nb = 0, mb2 = 0, nb2 = 0;
+            u32 mb = 0, nb = 0;
             SplitUnit unit{};
-            SplitUnit unit2{};
-            const bool more = producer.next(mb, nb, unit);
-            const bool more2 = consumer.next(mb2, nb2, unit2);
-            if (more != more2 || (more && (mb != mb2 || nb != nb2 || unit.k_begin != unit2.k_begin || unit.k_end != unit2.k_end))) {
-                ok = false;
-                break;
-            }
-            if (!more) {
+            if (!next_in_lockstep(producer, consumer, mb, nb, unit, ok)) {
                 break;
             }
             if (mb >= m_blocks || nb >= kNumNBlocks || unit.k_begin >= unit.k_end || unit.k_end > kNumKBlocks) {
@@ -315,16 +323,9 @@ void check_stream_tail(u32 m, u32 grid, u32 expected_split) {
         S consumer(m);
         bool head_seen = false;
         for (;;) {
-            u32 mb = 0, nb = 0, mb2 = 0, nb2 = 0;
+            u32 mb = 0, nb = 0;
             SplitUnit unit{};
-            SplitUnit unit2{};
-            const bool more = producer.next(mb, nb, unit);
-            const bool more2 = consumer.next(mb2, nb2, unit2);
-            if (more != more2 || (more && (mb != mb2 || nb != nb2 || unit.k_begin != unit2.k_begin || unit.k_end != unit2.k_end))) {
-                ok = false;
-                break;
-            }
-            if (!more) {
+            if (!next_in_lockstep(producer, consumer, mb, nb, unit, ok)) {
                 break;
             }
             if (head_seen || mb >= m_blocks || nb >= kNumNBlocks || unit.k_begin >= unit.k_end || unit.k_end > kNumKBlocks) {
