@@ -56,11 +56,12 @@ def test_block_m_192_split_tail_only_with_long_ranges() -> None:
 
 
 def stream_schedule(tiles: int, grid: int, k_blocks: int, split: int) -> list[list[tuple[int, int, int]]]:
-    """StreamTailTileScheduler's tail pieces per CTA, as (tail tile, k_begin, k_end), written out by hand."""
+    """StreamTailTileScheduler's tail pieces per CTA, as (tail tile, k_begin, k_end), written out by hand: the
+    ends on the CTAs the last wave would leave idle (the lowest), a head on each of the others."""
     tail = tiles % grid
     idle = grid - tail
-    pieces: list[list[tuple[int, int, int]]] = [[(c, 0, split)] for c in range(tail)]
-    pieces += [[(t, split, k_blocks) for t in range(j, tail, idle)] for j in range(idle)]
+    pieces: list[list[tuple[int, int, int]]] = [[(t, split, k_blocks) for t in range(j, tail, idle)] for j in range(idle)]
+    pieces += [[(t, 0, split)] for t in range(tail)]
     return pieces
 
 
@@ -85,7 +86,7 @@ def test_stream_tail_schedule_balances_heads_against_ends(tiles: int, grid: int,
     covered = sorted((t, kb) for mine in pieces for t, k0, k1 in mine for kb in range(k0, k1))
     assert covered == [(t, kb) for t in range(tail) for kb in range(k_blocks)]
     head = split
-    ends = max(len(mine) * (k_blocks - split + STREAM_TAIL_WRITE_BLOCKS) for mine in pieces[tail:])
+    ends = max(len(mine) * (k_blocks - split + STREAM_TAIL_WRITE_BLOCKS) for mine in pieces[:grid - tail])
     assert ends <= head + STREAM_TAIL_WRITE_BLOCKS  # the idle CTAs' ends finish about when the heads do
     # The last wave shrinks from a whole tile to the longer of a head and an idle CTA's ends.
     assert max(head, ends - STREAM_TAIL_WRITE_BLOCKS) < k_blocks

@@ -337,12 +337,14 @@ void check_stream_tail(u32 m, u32 grid, u32 expected_split) {
                 const u32 cut = unit.k_begin == 0 ? unit.k_end : unit.k_begin;
                 ok = ok && unit.splits == 2 && unit.tail_tile < tail && unit.slot == unit.tail_tile && cut == expected_split &&
                      (unit.k_begin == 0 ? unit.k_end < kNumKBlocks : unit.k_end == kNumKBlocks);
+                // Ends run on the CTAs the last wave would leave idle, the lowest ones; each head on a CTA of
+                // higher index than its end's (in-order dispatch then always runs the end first or alongside).
                 if (unit.k_begin == 0) {
                     head_seen = true;
-                    ok = ok && cta == unit.tail_tile;  // the head runs where the whole tile would
+                    ok = ok && cta == grid - tail + unit.tail_tile && unit.tail_tile % (grid - tail) < cta;
                     ++heads[unit.tail_tile % grid];
                 } else {
-                    ok = ok && cta >= tail;  // ends run on CTAs the last wave would leave idle
+                    ok = ok && cta < grid - tail && cta == unit.tail_tile % (grid - tail);
                     ++ends[unit.tail_tile % grid];
                 }
             } else {
@@ -362,6 +364,27 @@ void check_stream_tail(u32 m, u32 grid, u32 expected_split) {
     ok = ok && split_seen == (expected_split != 0);
     if (!ok && ++g_failures <= 10) {
         std::printf("FAIL stream tail block_m=%u n_blocks=%u k_blocks=%u m=%u grid=%u\n", kBlockM, kNumNBlocks, kNumKBlocks, m, grid);
+    }
+}
+
+// The host model's cut (deepgemm/configs/heuristics.py stream_tail_split), 0 where nothing splits.
+u32 model_stream_split(u32 tiles, u32 grid, u32 k_blocks) {
+    const u32 tail = tiles % grid;
+    if (tail * 2 <= grid) {
+        return 0;
+    }
+    const u32 ends_per_cta = (tail + grid - tail - 1) / (grid - tail);
+    const u32 split = (ends_per_cta * (k_blocks + 2) + ends_per_cta) / (ends_per_cta + 1);
+    return split < k_blocks ? split : 0;
+}
+
+template <u32 kBlockM, u32 kNumNBlocks, u32 kNumKBlocks>
+void random_stream_tail(std::mt19937& rng, int trials) {
+    for (int trial = 0; trial < trials; ++trial) {
+        const u32 m = std::uniform_int_distribution<u32>(1, 5000)(rng);
+        const u32 grid = std::uniform_int_distribution<u32>(1, 140)(rng);
+        const u32 tiles = (m + kBlockM - 1) / kBlockM * kNumNBlocks;
+        check_stream_tail<kBlockM, kNumNBlocks, kNumKBlocks>(m, grid, model_stream_split(tiles, grid, kNumKBlocks));
     }
 }
 
@@ -410,6 +433,10 @@ int main() {
     check_stream_tail<256, 32, 56>(4096, 300, 44);   // 512 tiles on 300 CTAs: one full wave, a tail of 212, 3 ends each
     check_stream_tail<256, 32, 56>(4096, 1000, 39);  // 512 tiles on 1000 CTAs: all tail, 2 ends per idle CTA at most
     check_stream_tail<256, 32, 56>(4096, 1100, 0);   // 512 tiles on 1100 CTAs: at most half of the grid, nothing splits
+    random_stream_tail<256, 32, 56>(rng, 300);
+    random_stream_tail<128, 11, 56>(rng, 300);
+    random_stream_tail<64, 64, 16>(rng, 300);
+    random_stream_tail<192, 3, 2>(rng, 300);
     std::printf("failures: %ld\n", g_failures);
     return g_failures ? 1 : 0;
 }

@@ -658,8 +658,9 @@ struct Sm90Fp8Gemm1D2D {
     }
 
     // Stream tail: a tile's end (k_begin > 0) leaves its partial in the tile's workspace slot and counts
-    // itself in; the tile's head (k_begin = 0, its CTA's last unit) waits for the splits - 1 other pieces (ends
-    // never wait, so neither does this for long) and adds their partials. Returns whether to store.
+    // itself in; the tile's head (k_begin = 0, its CTA's last unit) waits for the splits - 1 other pieces and
+    // adds their partials. Returns whether to store. Ends never wait and run on CTAs of lower index than the
+    // heads (StreamTailTileScheduler), so the wait ends as long as CTAs are dispatched in index order.
     DG_DEVICE static bool reduce_stream(const GemmProblem& problem, const SplitUnit& unit, u32 math_wg, u32 thread_in_wg,
                                         u32 barrier_id, float (&results)[kNumWaves][kBlockN / 2]) {
         u32* counter = problem.counters + unit.tail_tile * kNumMathWarpgroups + math_wg;

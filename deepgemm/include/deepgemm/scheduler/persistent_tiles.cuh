@@ -57,7 +57,7 @@ struct SplitUnit {
     u32 k_end;      // one past the last
     u32 splits;     // 1 for a whole tile
     u32 tail_tile;  // split units: index among the tail tiles
-    u32 slot;       // split units: tail_tile * splits + range (the partial's workspace slot)
+    u32 slot;       // split units: the partial's workspace slot (split tail: tail_tile * splits + range; stream: tail_tile)
 };
 
 template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupRows, u32 kNumKBlocks>
@@ -107,13 +107,14 @@ struct SplitTailTileScheduler {
 };
 
 // The same raster with a last partial wave of more than half of the grid ("stream tail"): its T tiles are
-// cut at K block `split` into a head [0, split) and an end [split, K blocks). CTA t < T runs the head of tail
-// tile t from K block 0 at the start of the last wave, as it would run the whole tile (so the heads read A
-// and B at the same K positions together and share them in L2, as whole tiles do); the E = G - T CTAs that
-// would idle take the ends, tile t to CTA T + t % E, at most p = ceil(T / E) each. The head is the tile's
-// reducer: it waits for the end's FP32 partial (workspace slot t), adds it and stores. Ends never wait,
-// so a head's wait always ends. `split` balances a head against p ends plus their partials' writes
-// (kWriteBlocks K blocks each): split = ceil(p (K blocks + kWriteBlocks) / (p + 1)).
+// cut at K block `split` into a head [0, split) and an end [split, K blocks). The heads start together at
+// the last wave from K block 0, as whole tiles would (so they read A and B at the same K positions and
+// share them in L2, as whole tiles do), head of tail tile t on CTA E + t; the E = G - T CTAs that would idle
+// take the ends, tile t to CTA t % E, at most p = ceil(T / E) each. The head is the tile's reducer: it waits
+// for the end's FP32 partial (workspace slot t), adds it and stores. Ends never wait, and a head waits only
+// for a CTA of lower index: with CTAs dispatched in index order a head's wait always ends, even when fewer
+// CTAs than the grid fit on the GPU at once (another kernel holding SMs). `split` balances a head against
+// p ends plus their partials' writes (kWriteBlocks K blocks each): split = ceil(p (K blocks + kWriteBlocks) / (p + 1)).
 template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupRows, u32 kNumKBlocks>
 struct StreamTailTileScheduler {
     static constexpr u32 kWriteBlocks = 2;
@@ -122,9 +123,11 @@ struct StreamTailTileScheduler {
     u32 tail;      // tail tiles (0: nothing is split)
     u32 split;     // first K block of a tail tile's end
     u32 next_tile;
-    u32 next_end;  // CTAs >= tail: the next tail tile whose end this CTA runs; CTAs < tail: > tail once the head is out
+    u32 idle;      // E = G - T: CTAs below it run ends, the others one head each
+    u32 next_end;  // the next tail tile whose end (CTA < idle) or head (CTA >= idle) this CTA runs; >= tail: none
 
-    DG_DEVICE StreamTailTileScheduler(u32 m) : raster(m, 0), full_tiles(0), tail(0), split(kNumKBlocks), next_tile(blockIdx.x), next_end(0) {
+    DG_DEVICE StreamTailTileScheduler(u32 m)
+        : raster(m, 0), full_tiles(0), tail(0), split(kNumKBlocks), next_tile(blockIdx.x), idle(0), next_end(0) {
         const u32 tiles = raster.num_tiles;
         const u32 grid = gridDim.x;
         const u32 tail_tiles = tiles % grid;
@@ -136,7 +139,8 @@ struct StreamTailTileScheduler {
                 full_tiles = tiles - tail_tiles;
                 tail = tail_tiles;
                 split = k;
-                next_end = blockIdx.x < tail ? blockIdx.x : blockIdx.x - tail;
+                idle = grid - tail_tiles;
+                next_end = blockIdx.x < idle ? blockIdx.x : blockIdx.x - idle;
             }
         }
     }
@@ -158,12 +162,12 @@ struct StreamTailTileScheduler {
         unit.splits = 2;
         unit.tail_tile = next_end;
         unit.slot = next_end;
-        if (blockIdx.x < tail) {
+        if (blockIdx.x >= idle) {
             unit.k_end = split;  // the head; this CTA's last unit
             next_end = tail;
         } else {
             unit.k_begin = split;
-            next_end += gridDim.x - tail;
+            next_end += idle;
         }
         raster.tile_at(full_tiles + unit.tail_tile, m_block, n_block);
         return true;
