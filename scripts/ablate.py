@@ -65,20 +65,24 @@ VARIANTS["mma_only"] = VARIANTS["no_promote"] + VARIANTS["no_loads"]  # the MMAs
 SHAPES = ["4096x7168x16384", "4096x4096x7168", "4096x2112x7168"]
 
 
-def make_include(root: Path, name: str) -> Path:
+def patch_include(dst: Path, patches: list[tuple[str, str]], label: str) -> Path:
+    """A copy of the package's headers at `dst` with the kernel header patched by exact text: every patch
+    target must occur exactly once (shared by the ablation, consumer-trace and tail-trace scripts)."""
     import deepgemm
 
-    src = Path(deepgemm.__file__).resolve().parent / "include"
-    dst = root / name
-    shutil.copytree(src, dst)
+    shutil.copytree(Path(deepgemm.__file__).resolve().parent / "include", dst)
     path = dst / KERNEL
     text = path.read_text()
-    for old, new in VARIANTS[name]:
+    for old, new in patches:
         if text.count(old) != 1:
-            raise SystemExit(f"variant {name}: patch target found {text.count(old)} times: {old[:60]!r}")
+            raise SystemExit(f"{label}: patch target found {text.count(old)} times: {old[:70]!r}")
         text = text.replace(old, new)
     path.write_text(text)
     return dst
+
+
+def make_include(root: Path, name: str) -> Path:
+    return patch_include(root / name, VARIANTS[name], f"variant {name}")
 
 
 def chosen_config(m: int, n: int, k: int):  # noqa: ANN201 - GemmConfig, imported lazily

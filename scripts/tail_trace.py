@@ -15,7 +15,6 @@ TAIL_EPILOGUE=1 stamps the epilogue instead: start, K loop done, each of the fir
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-KERNEL = "deepgemm/kernels/sm90_fp8_gemm_1d2d.cuh"
+sys.path.insert(0, str(REPO / "scripts"))
 UNITS = 16
 STAMP = f"""
 #define DG_STAMP(use, tag)                                                                              \\
@@ -62,18 +61,10 @@ PATCHES = [
 
 
 def make_include(root: Path) -> Path:
-    import deepgemm
+    from ablate import patch_include
 
-    dst = root / "include"
-    shutil.copytree(Path(deepgemm.__file__).resolve().parent / "include", dst)
-    path = dst / KERNEL
-    text = path.read_text()
-    for old, new in EPILOGUE_PATCHES if os.environ.get("TAIL_EPILOGUE") == "1" else PATCHES:
-        if text.count(old) != 1:
-            raise SystemExit(f"patch target found {text.count(old)} times: {old[:70]!r}")
-        text = text.replace(old, new)
-    path.write_text(text)
-    return dst
+    patches = EPILOGUE_PATCHES if os.environ.get("TAIL_EPILOGUE") == "1" else PATCHES
+    return patch_include(root / "include", patches, "tail trace")
 
 
 def main() -> None:

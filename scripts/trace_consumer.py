@@ -20,7 +20,6 @@ from scripts/ablate.py applied on top (e.g. no_loads).
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -36,66 +35,63 @@ TAG_NAMES = ["full", "issued", "retired", "promoted"]
 MARK_MASK = sum(1 << TAG_NAMES.index(name) for name in os.environ.get("TRACE_MARKS", ",".join(TAG_NAMES)).split(",") if name)
 EVENTS = 1024
 TAGS = dict(enumerate(TAG_NAMES))
-KERNEL = "deepgemm/kernels/sm90_fp8_gemm_1d2d.cuh"
 
+# The stamps' buffer (the dense GEMM's unused grouping pointer) and per-warpgroup event counters live in
+# static shared memory, so a mark works anywhere in the consumer (K-loop helpers and lambdas included).
 MARK = f"""
+__shared__ u64* dg_trace_buf;
+__shared__ u32 dg_trace_count[4];
 #define DG_MARK(tag)                                                                                     \\
     do {{                                                                                                \\
-        if ((({MARK_MASK}u >> (tag)) & 1u) != 0 && blockIdx.x < {CTAS} && threadIdx.x % 128 == 0 && dg_ti < {EVENTS}) {{                        \\
-            dg_buf[(blockIdx.x * 4 + threadIdx.x / 128 - 1) * {EVENTS} + dg_ti] = (clock64() & ((1ull << 60) - 1)) | (u64(tag) << 60); \\
-        }}                                                                                              \\
-        if ((({MARK_MASK}u >> (tag)) & 1u) != 0) ++dg_ti;                                                                                        \\
+        if ((({MARK_MASK}u >> (tag)) & 1u) != 0 && blockIdx.x < {CTAS} && threadIdx.x % 128 == 0) {{      \\
+            const u32 dg_wg = threadIdx.x / 128 - 1;                                                     \\
+            const u32 dg_ti = dg_trace_count[dg_wg]++;                                                   \\
+            if (dg_ti < {EVENTS}) {{                                                                      \\
+                dg_trace_buf[(blockIdx.x * 4 + dg_wg) * {EVENTS} + dg_ti] = (clock64() & ((1ull << 60) - 1)) | (u64(tag) << 60); \\
+            }}                                                                                           \\
+        }}                                                                                               \\
     }} while (0)
 """
 
 PATCHES: list[tuple[str, str]] = [
     ("namespace deepgemm {\n\n// Which rows", "namespace deepgemm {\n" + MARK + "\n// Which rows"),
-    ("        u32 phase = 0;\n        while (tiles.next(tile, unit)) {\n            const u32 k_begin",
-     "        u32 phase = 0;\n        u32 dg_ti = 0;\n"
-     "        u64* const dg_buf = reinterpret_cast<u64*>(const_cast<i32*>(problem.grouping));\n"
-     "        while (tiles.next(tile, unit)) {\n            const u32 k_begin"),
+    ("        if (threadIdx.x == 0) {\n            ptx::tma_prefetch_descriptor(tma_a);\n",
+     "        if (threadIdx.x < 4) {\n            dg_trace_count[threadIdx.x] = 0;\n        }\n"
+     "        if (threadIdx.x == 0) {\n            dg_trace_buf = reinterpret_cast<u64*>(const_cast<i32*>(problem.grouping));\n"
+     "            ptx::tma_prefetch_descriptor(tma_a);\n"),
     # unpipelined
-    ("                    ptx::mbarrier_wait(&ring.full[stage], phase);\n#pragma unroll\n",
-     "                    ptx::mbarrier_wait(&ring.full[stage], phase);\n                    DG_MARK(0);\n#pragma unroll\n"),
-    ("                        issue_block(ring, stage, wave_row(w, math_wg), row_in_wg, partial, scale_a);\n",
-     "                        issue_block(ring, stage, wave_row(w, math_wg), row_in_wg, partial, scale_a);\n"
-     "                        DG_MARK(1);\n"),
-    ("                        ptx::wgmma_wait_group<0>();\n                        ptx::fence_accumulators(partial);\n",
-     "                        ptx::wgmma_wait_group<0>();\n                        ptx::fence_accumulators(partial);\n"
-     "                        DG_MARK(2);\n"),
-    ("                        promotion.apply(results[w], partial, scales);\n",
-     "                        promotion.apply(results[w], partial, scales);\n                        DG_MARK(3);\n"),
-    # pipelined
-    ("                    ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);\n",
-     "                    ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);\n                    DG_MARK(0);\n"),
-    ("                    issue_block(ring, issue_stage, first_row, row_in_wg, partial, scale_a);\n",
-     "                    issue_block(ring, issue_stage, first_row, row_in_wg, partial, scale_a);\n                    DG_MARK(1);\n"),
-    ("                    ptx::wgmma_wait_group<0>();\n                    ptx::fence_accumulators(partial);\n"
-     "                    release_stage(ring, stage, lane);\n",
+    ("                ptx::mbarrier_wait(&ring.full[stage], phase);\n#pragma unroll\n                for (u32 w = 0; w < kNumWaves; ++w) {\n",
+     "                ptx::mbarrier_wait(&ring.full[stage], phase);\n                DG_MARK(0);\n#pragma unroll\n"
+     "                for (u32 w = 0; w < kNumWaves; ++w) {\n"),
+    ("                    issue_block(ring, stage, wave_row(w, t.math_wg), t.row_in_wg, partial, scale_a);\n",
+     "                    issue_block(ring, stage, wave_row(w, t.math_wg), t.row_in_wg, partial, scale_a);\n"
+     "                    DG_MARK(1);\n"),
+    ("                    ptx::wgmma_wait_group<0>();\n                    ptx::fence_accumulators(partial);\n",
      "                    ptx::wgmma_wait_group<0>();\n                    ptx::fence_accumulators(partial);\n"
-     "                    DG_MARK(2);\n                    release_stage(ring, stage, lane);\n"),
-    ("                    promotion.apply(result, partial0, scales0);\n                    retire(partial1);\n"
-     "                    issue(partial0, scales0);\n                    promotion.apply(result, partial1, scales1);\n",
-     "                    promotion.apply(result, partial0, scales0);\n                    DG_MARK(3);\n"
-     "                    retire(partial1);\n                    issue(partial0, scales0);\n"
-     "                    promotion.apply(result, partial1, scales1);\n                    DG_MARK(3);\n"),
+     "                    DG_MARK(2);\n"),
+    ("                    promotion.template apply<kStraddleCol>(results[w], partial, scales);\n",
+     "                    promotion.template apply<kStraddleCol>(results[w], partial, scales);\n                    DG_MARK(3);\n"),
+    # pipelined
+    ("                ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);\n",
+     "                ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);\n                DG_MARK(0);\n"),
+    ("                issue_block(ring, issue_stage, t.first_row, t.row_in_wg, partial, scale_a);\n",
+     "                issue_block(ring, issue_stage, t.first_row, t.row_in_wg, partial, scale_a);\n                DG_MARK(1);\n"),
+    ("                ptx::wgmma_wait_group<0>();\n                ptx::fence_accumulators(partial);\n"
+     "                release_stage(ring, stage, t.lane);\n",
+     "                ptx::wgmma_wait_group<0>();\n                ptx::fence_accumulators(partial);\n"
+     "                DG_MARK(2);\n                release_stage(ring, stage, t.lane);\n"),
+    ("                promotion.template apply<kStraddleCol>(result, partial0, scales0);\n                retire(partial1);\n"
+     "                issue(partial0, scales0);\n                promotion.template apply<kStraddleCol>(result, partial1, scales1);\n",
+     "                promotion.template apply<kStraddleCol>(result, partial0, scales0);\n                DG_MARK(3);\n"
+     "                retire(partial1);\n                issue(partial0, scales0);\n"
+     "                promotion.template apply<kStraddleCol>(result, partial1, scales1);\n                DG_MARK(3);\n"),
 ]
 
 
 def make_include(root: Path, variant: str) -> Path:
-    import deepgemm
-    from ablate import VARIANTS
+    from ablate import VARIANTS, patch_include
 
-    dst = root / "include"
-    shutil.copytree(Path(deepgemm.__file__).resolve().parent / "include", dst)
-    path = dst / KERNEL
-    text = path.read_text()
-    for old, new in VARIANTS.get(variant, []) + PATCHES:
-        if text.count(old) != 1:
-            raise SystemExit(f"patch target found {text.count(old)} times: {old[:70]!r}")
-        text = text.replace(old, new)
-    path.write_text(text)
-    return dst
+    return patch_include(root / "include", VARIANTS.get(variant, []) + PATCHES, "consumer trace")
 
 
 def summarize(events: list[tuple[int, int]], label: str) -> None:
