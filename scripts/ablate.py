@@ -46,10 +46,13 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         ("ptx::mbarrier_arrive_expect_tx(full, tx_bytes);", "ptx::mbarrier_arrive_expect_tx(full, kStageSfaBytes);"),
     ],
     "no_store": [(
-        "                store.store(chunk, tma_d, col0 + c * kStoreN, row0 + wave_offset, me.thread_in_wg, me.barrier_id);\n",
-        "                float sink = 0.0f;\n#pragma unroll\n                for (u32 i = 0; i < kStoreN / 2; ++i) sink += chunk[i];\n"
-        "                if (sink == 12345.0f) store.store(chunk, tma_d, col0 + c * kStoreN, row0 + wave_offset,"
-        " me.thread_in_wg, me.barrier_id);\n",
+        "            store.store(values, tma_d, to_col, to_row, threadIdx.x % 128, threadIdx.x / 128);\n",
+        "            float sink = 0.0f;\n#pragma unroll\n            for (u32 i = 0; i < kStoreN / 2; ++i) sink += values[i];\n"
+        "            if (sink == 12345.0f) store.store(values, tma_d, to_col, to_row, threadIdx.x % 128, threadIdx.x / 128);\n",
+    ), (
+        "                store.store_bf16(packed, tma_d, tile.n_block * kBlockN,\n",
+        "                u32 sink = 0;\n#pragma unroll\n                for (u32 i = 0; i < kBlockN / 4; ++i) sink ^= packed[i];\n"
+        "                if (sink == 12345u) store.store_bf16(packed, tma_d, tile.n_block * kBlockN,\n",
     )],
 }
 # One operand's loads removed (its bytes leave the stage's transaction count): which operand's traffic limits?
@@ -125,7 +128,7 @@ def time_one(shape: str) -> None:
 
         steady_us, mhz, watts, _ = sample_while(lambda: plan.launch(a[0], a[1], b[0], b[1], out), 1.5)
         print(f"power: {steady_us:.1f} {mhz:.0f} {watts:.0f}")
-    print(f"{t.median_us:.1f} {config.label()}")
+    print(f"{t.median_us:.1f} {config.label()} grid{plan.grid}")
 
 
 def main() -> None:

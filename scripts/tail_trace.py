@@ -9,7 +9,8 @@ the full waves end and the last CTA ends.
 
 Usage: tail_trace.py MxNxK bm,bn,mode[;bm,bn,mode...]   (mode: whole, split or stream)
 TAIL_EPILOGUE=1 stamps the epilogue instead: start, K loop done, each of the first two waves' stores issued
-(the columns read start>kloop>wave0>wave1).
+(the columns read start>kloop>wave0>wave1). Builds with overlapped stores (kOverlapStores) store inside the
+K loop and leave the wave columns empty.
 """
 
 from __future__ import annotations
@@ -37,25 +38,25 @@ STAMP = f"""
 HEADER_PATCH = ("namespace deepgemm {\n\n// Which rows", "namespace deepgemm {\n" + STAMP + "\n// Which rows")
 EPILOGUE_PATCHES = [
     HEADER_PATCH,
-    ("        k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results);\n",
-     "        k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results);\n        DG_STAMP(use, 1);\n"),
-    ("                store.store(chunk, tma_d, col0 + c * kStoreN, row0 + wave_offset, me.thread_in_wg, me.barrier_id);\n",
-     "                store.store(chunk, tma_d, col0 + c * kStoreN, row0 + wave_offset, me.thread_in_wg, me.barrier_id);\n"
+    ("        k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results, stores);\n",
+     "        k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results, stores);\n        DG_STAMP(use, 1);\n"),
+    ("                stores.put(chunk, col0 + c * kStoreN, row0 + wave_offset);\n",
+     "                stores.put(chunk, col0 + c * kStoreN, row0 + wave_offset);\n"
      "                if (w < 2) DG_STAMP(use, 2 + w);\n"),
-    ("                run_tile(ring, stage, phase, store, tma_d, problem, me, slot.tile, slot.unit, slot.sfb, slots, use);\n",
+    ("                run_tile(ring, stage, phase, stores, results, problem, me, slot.tile, slot.unit, slot.sfb, slots, use);\n",
      "                DG_STAMP(use, 0);\n"
-     "                run_tile(ring, stage, phase, store, tma_d, problem, me, slot.tile, slot.unit, slot.sfb, slots, use);\n"),
+     "                run_tile(ring, stage, phase, stores, results, problem, me, slot.tile, slot.unit, slot.sfb, slots, use);\n"),
 ]
 PATCHES = [
     HEADER_PATCH,
-    ("        k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results);\n",
-     "        k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results);\n        DG_STAMP(use, 1);\n"),
-    ("                    stores = reduce_stream(problem, split, me.math_wg, me.thread_in_wg, me.barrier_id, results);\n",
-     "                    stores = reduce_stream(problem, split, me.math_wg, me.thread_in_wg, me.barrier_id, results);\n"
+    ("        k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results, stores);\n",
+     "        k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results, stores);\n        DG_STAMP(use, 1);\n"),
+    ("                    stores_tile = reduce_stream(problem, split, me.math_wg, me.thread_in_wg, me.barrier_id, results);\n",
+     "                    stores_tile = reduce_stream(problem, split, me.math_wg, me.thread_in_wg, me.barrier_id, results);\n"
      "                    DG_STAMP(use, 2);\n"),
-    ("                run_tile(ring, stage, phase, store, tma_d, problem, me, slot.tile, slot.unit, slot.sfb, slots, use);\n",
+    ("                run_tile(ring, stage, phase, stores, results, problem, me, slot.tile, slot.unit, slot.sfb, slots, use);\n",
      "                DG_STAMP(use, 0);\n"
-     "                run_tile(ring, stage, phase, store, tma_d, problem, me, slot.tile, slot.unit, slot.sfb, slots, use);\n"
+     "                run_tile(ring, stage, phase, stores, results, problem, me, slot.tile, slot.unit, slot.sfb, slots, use);\n"
      "                DG_STAMP(use, 3);\n"),
 ]
 

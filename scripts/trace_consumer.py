@@ -69,8 +69,9 @@ PATCHES: list[tuple[str, str]] = [
     ("                    ptx::wgmma_wait_group<0>();\n                    ptx::fence_accumulators(partial);\n",
      "                    ptx::wgmma_wait_group<0>();\n                    ptx::fence_accumulators(partial);\n"
      "                    DG_MARK(2);\n"),
-    ("                    promotion.template apply<kStraddleCol>(results[w], partial, scales);\n",
-     "                    promotion.template apply<kStraddleCol>(results[w], partial, scales);\n                    DG_MARK(3);\n"),
+    ("                        promotion.template apply<kStraddleCol, false>(results[w], partial, scales);\n                    }\n",
+     "                        promotion.template apply<kStraddleCol, false>(results[w], partial, scales);\n                    }\n"
+     "                    DG_MARK(3);\n"),
     # pipelined
     ("                ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);\n",
      "                ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);\n                DG_MARK(0);\n"),

@@ -12,8 +12,9 @@ import torch
 
 from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
-from deepgemm.configs.heuristics import (contiguous_allows_block_m_256, make_config, masked_allows_block_m_256,
-                                        spans_at_most_two_scale_blocks, split_tail_ranges, stream_tail_pieces)
+from deepgemm.configs.heuristics import (balanced_grid, balanced_grid_applies, contiguous_allows_block_m_256,
+                                        make_config, masked_allows_block_m_256, spans_at_most_two_scale_blocks,
+                                        split_tail_ranges, stream_tail_pieces)
 from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
@@ -145,6 +146,9 @@ class Fp8GemmPlan:
             # (A split-tail grid keeps every SM: fewer tiles than SMs are then split along K.)
             cluster_tiles = ceil_div(ceil_div(geometry.rows, c.block_m), c.cluster_m) * ceil_div(spec.n, c.block_n)
             resident = min(resident, cluster_tiles)
+            if (spec.kind == GemmKind.DENSE and balanced_grid_applies(spec.k)
+                    and os.environ.get("DEEPGEMM_BALANCED_GRID") != "0"):
+                resident = balanced_grid(cluster_tiles, resident)  # every CTA the same number of tiles
         self.grid = max(resident, 1) * c.cluster_m
         self.block = c.num_threads
         self._args: dict[tuple[int, ...], PackedArgs] = {}

@@ -328,3 +328,34 @@ def test_make_config_takes_a_pipeline_depth_within_what_fits() -> None:
     for bad in (1, deepest + 1):
         with pytest.raises(ValueError, match="num_stages"):
             make_config(4096, 2112, 7168, 128, 128, 132, num_stages=bad)
+
+
+@pytest.mark.parametrize("tiles,slots,grid", [
+    (512, 132, 128),  # 4096 x 4096 with 256 x 128 tiles: four tiles per CTA instead of 116 x 4 + 16 x 3
+    (896, 132, 128),  # 4096 x 7168: seven each
+    (544, 132, 109),  # five waves either way
+    (133, 132, 67),
+    (132, 132, 132),
+    (100, 132, 100),  # fewer tiles than slots: one each
+    (1, 132, 1),
+])
+def test_balanced_grid_keeps_the_waves_and_evens_the_tiles(tiles: int, slots: int, grid: int) -> None:
+    from deepgemm.configs.heuristics import balanced_grid
+
+    assert balanced_grid(tiles, slots) == grid
+    waves = -(-tiles // slots)
+    assert -(-tiles // grid) == waves  # the same number of waves
+    assert grid <= slots and tiles <= grid * waves
+
+
+def test_balanced_grid_rejects_empty_input() -> None:
+    from deepgemm.configs.heuristics import balanced_grid
+
+    with pytest.raises(ValueError, match="positive"):
+        balanced_grid(0, 132)
+
+
+def test_balanced_grid_applies_from_k_1024() -> None:
+    from deepgemm.configs.heuristics import balanced_grid_applies
+
+    assert not balanced_grid_applies(512) and balanced_grid_applies(1024) and balanced_grid_applies(16384)

@@ -248,3 +248,28 @@ def test_capturing_a_cold_shape_raises() -> None:
     with pytest.raises(deepgemm.GraphCaptureError, match="warm|eagerly"):
         with torch.cuda.graph(graph):
             deepgemm.fp8_gemm_nt(a, b)
+
+
+def test_balanced_grid_gives_every_cta_the_same_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dense plans with K >= 1024 launch the fewest CTAs that keep the wave count (512 tiles of 256 x 128 on
+    132 SMs: 128 CTAs of four); DEEPGEMM_BALANCED_GRID=0 keeps one CTA per SM. Both compute the same."""
+    from deepgemm.configs.heuristics import make_config
+    from deepgemm.kernels.fp8_gemm import get_plan
+
+    m, n, k = 4096, 4096, 1024
+    a, b = random_operands(m, n, k, "cuda")
+    outs = []
+    for balanced, sms, grid in ((None, 132, 128), ("0", 132, 132), (None, 100, 86)):
+        if balanced is None:
+            monkeypatch.delenv("DEEPGEMM_BALANCED_GRID", raising=False)
+        else:
+            monkeypatch.setenv("DEEPGEMM_BALANCED_GRID", balanced)
+        # A config per case (num_sms differs, or a fresh stages value) so the plan cache gives a new plan.
+        config = make_config(m, n, k, 256, 128, sms, num_stages=3 if balanced is None else 2, cluster_m=1)
+        plan = get_plan(0, m, n, k, torch.bfloat16, config)
+        assert plan.grid == grid
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        plan.launch(a[0], a[1], b[0], b[1], out)
+        outs.append(out)
+    assert_close_to_reference(outs[0], reference_fp64(a, b), reference_abs_fp64(a, b))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

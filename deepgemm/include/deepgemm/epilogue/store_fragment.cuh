@@ -71,16 +71,10 @@ struct WarpgroupTileStore {
     // Every thread of the warpgroup calls it with the same arguments; one TMA bulk group per call.
     DG_DEVICE void store(const float (&values)[kBlockN / 2], const OutputDescriptors* out, u32 col, u32 row,
                          u32 thread_in_wg, u32 barrier_id) {
-        const u32 warp = thread_in_wg / 32;
-        const u32 lane = thread_in_wg % 32;
-        u8* smem_tile = buffers + (kBuffers == 1 ? 0u : count % kBuffers) * kBytes;
-        ++count;
-        // The store that last used this buffer (kBuffers bulk groups ago) must have finished reading it.
-        if (thread_in_wg == 0) {
-            ptx::tma_store_wait_read<kBuffers - 1>();
-        }
-        ptx::named_barrier_sync(barrier_id, 128);
         if constexpr (kOutputFp32) {
+            const u32 warp = thread_in_wg / 32;
+            const u32 lane = thread_in_wg % 32;
+            u8* smem_tile = begin(thread_in_wg, barrier_id);
 #pragma unroll
             for (u32 j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
@@ -91,23 +85,59 @@ struct WarpgroupTileStore {
                         make_float2(values[j * 4 + half * 2], values[j * 4 + half * 2 + 1]);
                 }
             }
+            finish(smem_tile, out, col, row, thread_in_wg, barrier_id);
         } else {
-            // BF16: one stmatrix per 16 columns (8x8 matrices (j, rows 0-7), (j, rows 8-15), (j + 1, ...), ...);
-            // lane l addresses row l % 8 of matrix l / 8, a 16-byte chunk that the swizzle keeps whole.
-            const u32 matrix = lane / 8;
-            const u32 matrix_row = warp * 16 + (matrix % 2) * 8 + lane % 8;
-#pragma unroll
-            for (u32 j = 0; j + 1 < kBlockN / 8; j += 2) {
-                const float* v = &values[j * 4];
-                ptx::stmatrix_x4(smem_tile + smem_offset(matrix_row, (j + matrix / 2) * 16), ptx::pack_bf16x2(v[0], v[1]),
-                                 ptx::pack_bf16x2(v[2], v[3]), ptx::pack_bf16x2(v[4], v[5]), ptx::pack_bf16x2(v[6], v[7]));
-            }
-            if constexpr (kBlockN % 16 != 0) {
-                constexpr u32 j = kBlockN / 8 - 1;
-                const float* v = &values[j * 4];
-                ptx::stmatrix_x2(smem_tile + smem_offset(matrix_row, j * 16), ptx::pack_bf16x2(v[0], v[1]), ptx::pack_bf16x2(v[2], v[3]));
-            }
+            u32 packed[kBlockN / 4];
+            pack_bf16(values, packed);
+            store_bf16(packed, out, col, row, thread_in_wg, barrier_id);
         }
+    }
+
+    // The BF16 pairs of an accumulator fragment (register i = values 2i, 2i + 1): half the registers, so a
+    // fragment can wait for its store while the accumulators are busy.
+    DG_DEVICE static void pack_bf16(const float (&values)[kBlockN / 2], u32 (&packed)[kBlockN / 4]) {
+#pragma unroll
+        for (u32 i = 0; i < kBlockN / 4; ++i) {
+            packed[i] = ptx::pack_bf16x2(values[2 * i], values[2 * i + 1]);
+        }
+    }
+
+    // store() of a BF16 output from its packed pairs.
+    DG_DEVICE void store_bf16(const u32 (&packed)[kBlockN / 4], const OutputDescriptors* out, u32 col, u32 row,
+                              u32 thread_in_wg, u32 barrier_id) {
+        static_assert(!kOutputFp32, "packed BF16 stores are for BF16 output");
+        const u32 warp = thread_in_wg / 32;
+        const u32 lane = thread_in_wg % 32;
+        u8* smem_tile = begin(thread_in_wg, barrier_id);
+        // One stmatrix per 16 columns (8x8 matrices (j, rows 0-7), (j, rows 8-15), (j + 1, ...), ...);
+        // lane l addresses row l % 8 of matrix l / 8, a 16-byte chunk that the swizzle keeps whole.
+        const u32 matrix = lane / 8;
+        const u32 matrix_row = warp * 16 + (matrix % 2) * 8 + lane % 8;
+#pragma unroll
+        for (u32 j = 0; j + 1 < kBlockN / 8; j += 2) {
+            ptx::stmatrix_x4(smem_tile + smem_offset(matrix_row, (j + matrix / 2) * 16), packed[j * 2], packed[j * 2 + 1],
+                             packed[j * 2 + 2], packed[j * 2 + 3]);
+        }
+        if constexpr (kBlockN % 16 != 0) {
+            constexpr u32 j = kBlockN / 8 - 1;
+            ptx::stmatrix_x2(smem_tile + smem_offset(matrix_row, j * 16), packed[j * 2], packed[j * 2 + 1]);
+        }
+        finish(smem_tile, out, col, row, thread_in_wg, barrier_id);
+    }
+
+    // The next staging buffer, once the store that last used it (kBuffers bulk groups ago) has read it.
+    DG_DEVICE u8* begin(u32 thread_in_wg, u32 barrier_id) {
+        u8* smem_tile = buffers + (kBuffers == 1 ? 0u : count % kBuffers) * kBytes;
+        ++count;
+        if (thread_in_wg == 0) {
+            ptx::tma_store_wait_read<kBuffers - 1>();
+        }
+        ptx::named_barrier_sync(barrier_id, 128);
+        return smem_tile;
+    }
+
+    // Every thread's writes to the staging buffer are done: one thread stores it with TMA.
+    DG_DEVICE static void finish(u8* smem_tile, const OutputDescriptors* out, u32 col, u32 row, u32 thread_in_wg, u32 barrier_id) {
         ptx::fence_proxy_async_smem();
         ptx::named_barrier_sync(barrier_id, 128);
         if (thread_in_wg == 0) {
