@@ -996,6 +996,7 @@ struct Sm90Fp8Gemm1D2D {
                 ptx::mbarrier_wait(slots.full(use), TileSlots::parity(use));
                 const TileSlot& slot = *slots.slot(use);
                 if (slot.done != 0) {
+                    stores.use = use;  // so the final flush stores (and releases) the last tile, use - 1
                     break;
                 }
                 run_tile(ring, stage, phase, stores, results, problem, me, slot.tile, slot.unit, slot.sfb, slots, use);
