@@ -117,12 +117,14 @@ def measure_all(implementations: Sequence[Implementation], problem: Problem, set
         group = [(index, prepared) for index, prepared, _ in ready if implementations[index].operation == operation]
         try:
             timings.update(zip((index for index, _ in group), time_interleaved([prepared.fn for _, prepared in group])))
-        except Exception:  # noqa: BLE001 - time them one by one to tell which one fails
+        except Exception as exc:  # noqa: BLE001 - time them one by one to tell which one fails
+            if len(group) == 1:
+                timings[group[0][0]] = exc
+                continue
             for index, prepared in group:
                 try:
                     timings[index] = time_interleaved([prepared.fn])[0]
-                    if len(group) > 1:
-                        alone.add(index)
+                    alone.add(index)
                 except Exception as exc:  # noqa: BLE001
                     timings[index] = exc
     for index, prepared, diff in ready:

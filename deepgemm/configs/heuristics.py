@@ -207,7 +207,10 @@ BALANCED_GRID_MIN_K = 1024
 
 def balanced_grid_applies(k: int) -> bool:
     """Whether a dense GEMM with this K runs on a balanced grid (DEEPGEMM_BALANCED_GRID=0 turns it off)."""
-    return k >= BALANCED_GRID_MIN_K
+    switch = os.environ.get("DEEPGEMM_BALANCED_GRID", "").strip()
+    if switch not in ("", "0", "1"):
+        raise ValueError(f"DEEPGEMM_BALANCED_GRID must be 0 or 1, got {switch!r}")
+    return switch != "0" and k >= BALANCED_GRID_MIN_K
 
 
 def balanced_grid(tiles: int, slots: int) -> int:

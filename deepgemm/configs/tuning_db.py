@@ -80,10 +80,12 @@ class TuningDB:
         entries = {}
         for key, value in (raw.get("entries") or {}).items():
             try:
+                stream_tail = value.get("stream_tail", False)
+                if not isinstance(stream_tail, bool):  # ("false" would read as true)
+                    continue
                 entries[key] = TunedChoice(int(value["block_m"]), int(value["block_n"]), int(value["cluster_m"]),
-                                           float(value["median_us"]), int(value["measured_m"]),
-                                           bool(value.get("stream_tail", False)))
-            except (KeyError, TypeError, ValueError):
+                                           float(value["median_us"]), int(value["measured_m"]), stream_tail)
+            except (AttributeError, KeyError, TypeError, ValueError):
                 continue
         return entries
 

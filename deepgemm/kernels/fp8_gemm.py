@@ -146,8 +146,7 @@ class Fp8GemmPlan:
             # (A split-tail grid keeps every SM: fewer tiles than SMs are then split along K.)
             cluster_tiles = ceil_div(ceil_div(geometry.rows, c.block_m), c.cluster_m) * ceil_div(spec.n, c.block_n)
             resident = min(resident, cluster_tiles)
-            if (resident > 0 and spec.kind == GemmKind.DENSE and balanced_grid_applies(spec.k)
-                    and os.environ.get("DEEPGEMM_BALANCED_GRID") != "0"):
+            if resident > 0 and spec.kind == GemmKind.DENSE and balanced_grid_applies(spec.k):
                 resident = balanced_grid(cluster_tiles, resident)  # every CTA the same number of tiles
         self.grid = max(resident, 1) * c.cluster_m
         self.block = c.num_threads

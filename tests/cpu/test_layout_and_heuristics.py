@@ -359,3 +359,13 @@ def test_balanced_grid_applies_from_k_1024() -> None:
     from deepgemm.configs.heuristics import balanced_grid_applies
 
     assert not balanced_grid_applies(512) and balanced_grid_applies(1024) and balanced_grid_applies(16384)
+
+
+def test_balanced_grid_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepgemm.configs.heuristics import balanced_grid_applies
+
+    monkeypatch.setenv("DEEPGEMM_BALANCED_GRID", "0")
+    assert not balanced_grid_applies(7168)
+    monkeypatch.setenv("DEEPGEMM_BALANCED_GRID", "off")
+    with pytest.raises(ValueError, match="DEEPGEMM_BALANCED_GRID"):
+        balanced_grid_applies(7168)

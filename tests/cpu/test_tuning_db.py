@@ -46,6 +46,7 @@ def test_round_trip_rebuilds_a_consistent_config(tmp_path: Path) -> None:
     {"block_m": 128, "block_n": 128, "cluster_m": 3},
     {"block_m": 192, "block_n": 128, "cluster_m": 2},  # three math warpgroups never run as clusters
     {"block_m": "x", "block_n": 128, "cluster_m": 1},
+    {"block_m": 256, "block_n": 128, "cluster_m": 1, "stream_tail": "false"},  # not a JSON bool
 ])
 def test_invalid_entries_are_ignored(tmp_path: Path, entry: dict) -> None:
     path = tmp_path / "t.json"

@@ -91,7 +91,7 @@ def test_split_tail_matches_float64_and_repeats_bitwise(m: int, n: int, k: int, 
     tail = -(-m // block_m) * -(-n // block_n) % plan.grid
     workspace, counters = check_launches(plan, m, n, k, out_dtype, monkeypatch)
     # The device really splits: every K range of the tail wrote its slot, and the counters are back at zero.
-    warpgroups = {64: 1, 128: 2, 192: 3, 256: 2}[block_m]  # math warpgroups: one partial each per slot
+    warpgroups = plan.spec.config.num_math_warpgroups  # one partial each per slot
     slots = workspace[: tail * splits * block_m * block_n].view(tail * splits, warpgroups, -1)
     assert slots[:, 0].isfinite().all()  # the first math warpgroup always has rows (the others may not)
     assert (counters == 0).all()
@@ -104,7 +104,7 @@ def test_stream_tail_matches_float64_and_repeats_bitwise(m: int, n: int, k: int,
     assert plan.split_count() > 1 and plan.grid == sms
     tail = -(-m // block_m) * -(-n // block_n) % sms  # tail tiles: each one's end leaves a partial in its slot
     workspace, counters = check_launches(plan, m, n, k, out_dtype, monkeypatch)
-    warpgroups = {64: 1, 128: 2, 192: 3, 256: 2}[block_m]
+    warpgroups = plan.spec.config.num_math_warpgroups
     slots = workspace.view(sms, warpgroups, -1)
     assert slots[:tail, 0].isfinite().all()  # every tail tile's end left its first math warpgroup's partial
     assert (counters == 0).all()  # every head saw its tile's end arrive and reset the count
