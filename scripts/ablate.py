@@ -128,7 +128,15 @@ def time_one(shape: str) -> None:
 
         steady_us, mhz, watts, _ = sample_while(lambda: plan.launch(a[0], a[1], b[0], b[1], out), 1.5)
         print(f"power: {steady_us:.1f} {mhz:.0f} {watts:.0f}")
-    print(f"{t.median_us:.1f} {config.label()} grid{plan.grid}")
+    check = ""
+    if os.environ.get("ABLATE_CHECK") == "1":  # the timed kernel's result against float64 (A/B of new headers)
+        from deepgemm import calc_diff
+        from tests.helpers import reference_fp64
+
+        out.fill_(float("nan"))
+        plan.launch(a[0], a[1], b[0], b[1], out)
+        check = f" diff{calc_diff(out.double(), reference_fp64(a, b)):.1e}"
+    print(f"{t.median_us:.1f} {config.label()} grid{plan.grid}{check}")
 
 
 def main() -> None:

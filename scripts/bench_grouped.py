@@ -7,6 +7,7 @@ only; GB/s counts A and D on valid rows plus the weights of every expert that ha
 from __future__ import annotations
 
 import random
+import sys
 
 import torch
 
@@ -27,11 +28,16 @@ def counts_for(groups: int, expected: int, rng: random.Random, cap: int | None =
 
 
 def main() -> None:
+    # Optional argument: run only the cases whose label contains it (token counts are drawn for every case,
+    # so a case measures the same counts with or without the filter).
+    only = sys.argv[1] if len(sys.argv) > 1 else ""
     rng = random.Random(0)
     print("| case | us | TFLOPS | GB/s | DeepGEMM |")
     print("|---|---|---|---|---|")
     for groups, expected, n, k, theirs in CONTIGUOUS:
         counts = counts_for(groups, expected, rng)
+        if only not in f"contiguous {groups}x~{expected} N={n} K={k}":
+            continue
         indices = sum(([g] * c + [-1] * (-(-c // 128) * 128 - c) for g, c in enumerate(counts)), [])
         m_indices = torch.tensor(indices, dtype=torch.int32, device="cuda")
         a = random_activations(len(indices), k, "cuda", 1)
@@ -45,6 +51,8 @@ def main() -> None:
               f"{nbytes / t.median_us / 1e3:.0f} | {theirs} TFLOPS |", flush=True)
     for groups, expected, max_m, n, k, theirs in MASKED:
         counts = counts_for(groups, expected, rng, cap=max_m)
+        if only not in f"masked {groups}x~{expected} (max_m {max_m}) N={n} K={k}":
+            continue
         a2d = random_activations(groups * max_m, k, "cuda", 3)
         a = (a2d[0].view(groups, max_m, k), a2d[1].reshape(groups, max_m, -1))
         b = random_grouped_weights(groups, n, k, "cuda", 4)

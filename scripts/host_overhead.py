@@ -41,6 +41,28 @@ def main() -> None:
                                              F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16))
     print(f"host_us fp8_gemm_nt(out=) {ours:.2f} | fp8_gemm_nt(alloc) {ours_alloc:.2f} | torch scaled_mm blockwise {cublas:.2f}")
     breakdown(a, b, out)
+    print(f"host_us split-tail plan launch {split_launch_us():.2f}")
+
+
+SPLIT_SHAPE = (128, 512, 1024, 64, 128)  # m, n, k, block_m, block_n: 8 tiles split into 8 K ranges on 132 CTAs
+
+
+def split_launch_us() -> float:
+    """Host time per warm eager launch of a split-tail plan (its workspace and counters come from the
+    per-stream scratch: no allocation or memset once warm)."""
+    from deepgemm.configs.heuristics import make_config
+    from deepgemm.kernels.device import sm_count
+    from deepgemm.kernels.fp8_gemm import get_plan
+
+    m, n, k, block_m, block_n = SPLIT_SHAPE
+    config = make_config(m, n, k, block_m, block_n, sm_count(0), 2, cluster_m=1, split_tail=True)
+    plan = get_plan(0, m, n, k, torch.bfloat16, config)
+    if plan.split_count() < 2:
+        raise SystemExit(f"{SPLIT_SHAPE} does not split on this GPU")
+    a, b = random_operands(m, n, k, "cuda", seed=2)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    args = plan.packed_args(a[0], a[1], b[0], b[1], out)
+    return per_call_us(lambda: plan.launch_packed(args), calls=500)
 
 
 def breakdown(a, b, out) -> None:

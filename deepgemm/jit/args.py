@@ -18,7 +18,8 @@ class PackedArgs:
     value to pass as `kernelParams`.
     """
 
-    __slots__ = ("_buffer", "_pointers", "_values", "address")
+    __slots__ = ("_buffer", "_derived", "_pointers", "_values", "address")
+    _DERIVED_CAPACITY = 8
 
     def __init__(self, values: Sequence[bytes | ctypes._SimpleCData]) -> None:
         self._values = tuple(values)
@@ -39,6 +40,7 @@ class PackedArgs:
             ctypes.memmove(base + offset, blob, len(blob))
         self._pointers = (ctypes.c_void_p * len(values))(*(base + offset for offset in offsets))
         self.address = ctypes.addressof(self._pointers)
+        self._derived: dict[tuple[int, int, int, int], PackedArgs] = {}
 
     def replace(self, changes: dict[int, bytes | ctypes._SimpleCData]) -> PackedArgs:
         """A new packing with the arguments at the given positions replaced (this one is never mutated:
@@ -47,3 +49,14 @@ class PackedArgs:
         for index, value in changes.items():
             values[index] = value
         return PackedArgs(values)
+
+    def with_pointers(self, first: int, first_value: int, second: int, second_value: int) -> PackedArgs:
+        """This packing with two 64-bit pointer arguments replaced, memoized per value pair (a split-tail
+        launch's per-stream workspace and counters: the same few pairs on every call)."""
+        key = (first, first_value, second, second_value)
+        derived = self._derived.get(key)
+        if derived is None:
+            if len(self._derived) >= self._DERIVED_CAPACITY:
+                self._derived.clear()
+            derived = self._derived[key] = self.replace({first: U64(first_value), second: U64(second_value)})
+        return derived

@@ -21,6 +21,7 @@ from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_dev
 from deepgemm.jit.tma import encode_2d
 from deepgemm.kernels.device import device_name, sm_count
 from deepgemm.kernels.loader import load_kernel
+from deepgemm.kernels.split_scratch import split_scratch
 from deepgemm.utils import ceil_div
 
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -211,12 +212,10 @@ class Fp8GemmPlan:
             config = self._configs[stream] = self.kernel.launch_config(
                 self.device_index, stream, self.grid, self.block, self.spec.config.cluster_m)
         if self._split_ranges > 1:
-            # Split tail: FP32 partials and arrival counters for this launch, from torch's stream-ordered
-            # caching allocator, so concurrent launches on other streams, CUDA-graph capture (the graph's
-            # pool keeps them) and freed plans never share or lose them. The kernel leaves the counters
-            # at zero; they start at zero here.
-            workspace, counters = self.split_buffers()
-            args = args.replace({self._WORKSPACE_ARG: U64(workspace.data_ptr()), self._COUNTERS_ARG: U64(counters.data_ptr())})
+            # Split tail: FP32 partials and arrival counters, per stream (split_scratch: reused across
+            # launches, since the kernel leaves the counters at zero; fresh ones during graph capture).
+            workspace, counters = self.split_buffers(stream)
+            args = args.with_pointers(self._WORKSPACE_ARG, workspace.data_ptr(), self._COUNTERS_ARG, counters.data_ptr())
         launch_on_device(self.kernel, self.device_index, stream, config, args.address)
 
     _WORKSPACE_ARG = 9  # positions of the split-tail pointers in _pack's argument list
@@ -233,14 +232,12 @@ class Fp8GemmPlan:
             return stream_tail_pieces(tiles, self.grid, ceil_div(self.spec.k, 128))
         return split_tail_ranges(tiles, self.grid, ceil_div(self.spec.k, 128))
 
-    def split_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """One launch's workspace (a block_m x block_n FP32 slot per split unit, stream tail: per tail tile;
-        at most one per CTA either way) and zeroed counters."""
+    def split_buffers(self, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Workspace (a block_m x block_n FP32 slot per split unit, stream tail: per tail tile; at most one
+        per CTA either way) and zeroed counters for a launch on `stream`."""
         c = self.spec.config
-        device = torch.device("cuda", self.device_index)
-        workspace = torch.empty(self.grid * c.block_m * c.block_n, dtype=torch.float32, device=device)
-        counters = torch.zeros(self.grid * c.num_math_warpgroups, dtype=torch.int32, device=device)
-        return workspace, counters
+        return split_scratch.get(self.device_index, stream, self.grid * c.block_m * c.block_n,
+                                 self.grid * c.num_math_warpgroups)
 
     def launch(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
                grouping: torch.Tensor | None = None) -> None:

@@ -61,8 +61,8 @@ def check_launches(plan, m: int, n: int, k: int, out_dtype: torch.dtype,  # noqa
     buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
     make_buffers = plan.split_buffers
 
-    def poisoned_buffers() -> tuple[torch.Tensor, torch.Tensor]:
-        workspace, counters = make_buffers()
+    def poisoned_buffers(stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+        workspace, counters = make_buffers(stream)
         workspace.fill_(float("nan"))
         buffers.append((workspace, counters))
         return workspace, counters
@@ -105,9 +105,61 @@ def test_stream_tail_matches_float64_and_repeats_bitwise(m: int, n: int, k: int,
     tail = -(-m // block_m) * -(-n // block_n) % sms  # tail tiles: each one's end leaves a partial in its slot
     workspace, counters = check_launches(plan, m, n, k, out_dtype, monkeypatch)
     warpgroups = plan.spec.config.num_math_warpgroups
-    slots = workspace.view(sms, warpgroups, -1)
+    slots = workspace[: sms * block_m * block_n].view(sms, warpgroups, -1)  # (the stream's buffer may be larger)
     assert slots[:tail, 0].isfinite().all()  # every tail tile's end left its first math warpgroup's partial
     assert (counters == 0).all()  # every head saw its tile's end arrive and reset the count
+
+
+def test_split_scratch_is_reused_per_stream_and_fresh_under_capture() -> None:
+    """Warm eager launches on one stream share one zeroed workspace (no allocation, no memset), which grows
+    for a bigger plan; plans of both tail kinds take turns on it; a captured launch gets its own buffers."""
+    from deepgemm.jit.runtime import current_raw_stream
+    from deepgemm.kernels.split_scratch import split_scratch
+
+    split_scratch.clear()
+    small = split_plan(129, 7168, 2048, 64, 112, 60, torch.bfloat16)  # one math warpgroup
+    big = split_plan(4096, 4096, 7168, 256, 128, 132, torch.bfloat16, stream=True)
+    stream = current_raw_stream(0)
+    first = small.split_buffers(stream)
+    assert small.split_buffers(stream)[0].data_ptr() == first[0].data_ptr()
+    grown = big.split_buffers(stream)
+    assert grown[0].numel() >= 132 * 256 * 128 and grown[0].numel() >= first[0].numel()
+    assert small.split_buffers(stream)[0].data_ptr() == grown[0].data_ptr()  # the grown buffer serves both
+
+    cases = [(small, 129, 7168, 2048), (big, 4096, 4096, 7168)]
+    inputs = [(random_operands(m, n, k, "cuda"), m, n, k) for _, m, n, k in cases]
+    for _ in range(3):  # alternate the plans on the shared buffers: each leaves the counters at zero
+        for (plan, *_), ((a, b), m, n, k) in zip(cases, inputs):
+            out = run(plan, a, b, torch.bfloat16)
+            assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b))
+    torch.cuda.synchronize()
+    assert (grown[1] == 0).all()
+
+    captured: list[int] = []
+    make_buffers = small.split_buffers
+
+    def record(stream_: int) -> tuple[torch.Tensor, torch.Tensor]:
+        buffers = make_buffers(stream_)
+        captured.append(buffers[0].data_ptr())
+        return buffers
+
+    (a, b), m, n, k = inputs[0]
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    small.split_buffers = record
+    try:
+        with torch.cuda.graph(graph):
+            small.launch(a[0], a[1], b[0], b[1], out)
+    finally:
+        del small.split_buffers
+    assert captured and captured[0] != grown[0].data_ptr()  # the graph's own pool, not the shared buffer
+    expected = run(small, a, b, torch.bfloat16)
+    for _ in range(3):  # replays and eager launches interleaved: neither disturbs the other's counters
+        out.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(out, expected)
+        assert torch.equal(run(small, a, b, torch.bfloat16), expected)
+    torch.cuda.synchronize()
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["split", "stream"])
