@@ -10,6 +10,8 @@ Variants:
   no_a_loads  only A's loads removed (dense kinds: whole-tile A boxes); no_b_loads: only B's
   no_store    epilogue store skipped (results are still reduced, so promotion stays)
   mma_only    no_promote and no_loads together
+  no_tma      no TMA loads at all (sfa too): the producer only arrives on each stage
+  handshake   no_tma and no_mma together: the stage ring, promotion and epilogue
 Usage: ablate.py [MxNxK ...]   (default: three M = 4096 shapes). Prints a table of median µs.
 ABLATE_CONFIG=bm,bn,cluster_m[,stages[,chunked_store]][;...] times those tiles (deepest pipeline unless
 stages > 0 is given; chunked_store 1: block_m 256 stores through one chunk buffer per warpgroup; an empty
@@ -65,6 +67,13 @@ VARIANTS["no_b_loads"] = [
     ("ptx::mbarrier_arrive_expect_tx(full, tx_bytes);", "ptx::mbarrier_arrive_expect_tx(full, tx_bytes - kStageBBytes);"),
 ]
 VARIANTS["mma_only"] = VARIANTS["no_promote"] + VARIANTS["no_loads"]  # the MMAs, barriers and epilogue alone
+# No TMA at all (sfa too: the producer only arrives on each stage): what the stage ring costs by itself.
+VARIANTS["no_tma"] = VARIANTS["no_loads"][:2] + [
+    ("ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, tma_sfa, full, sfa_col,",
+     "if (k_block == ~0u) ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, tma_sfa, full, sfa_col,"),
+    ("ptx::mbarrier_arrive_expect_tx(full, tx_bytes);", "ptx::mbarrier_arrive_expect_tx(full, 0u);"),
+]
+VARIANTS["handshake"] = VARIANTS["no_tma"] + VARIANTS["no_mma"]  # ring handshakes, promotion and epilogue only
 SHAPES = ["4096x7168x16384", "4096x4096x7168", "4096x2112x7168"]
 
 
