@@ -1,7 +1,7 @@
 """Split tail / stream tail / split-K against the cost model's pick, same harness, one device call.
 
 For each shape: the model's config, then explicit configs (bm, bn and a tail mode: split by default,
-stream, or whole; optionally a raster band height group_m), timed interleaved (one sample of each per round) with CUDA-graph replay, L2 flushed
+stream, or whole, with a "z" suffix (splitz, streamz) for launches without the counters' memset in the graph; optionally a raster band height group_m), timed interleaved (one sample of each per round) with CUDA-graph replay, L2 flushed
 before each call, median of 30, and checked against the model's output (calc_diff). Prints a markdown
 table: µs, TFLOPS, GB/s (A + B + D + scales once), splits.
 Usage: bench_split.py   (shapes and tiles below; SPLIT_SHAPES="MxNxK:bm,bn[,mode[,gm]];... MxNxK:..." overrides)
@@ -48,6 +48,22 @@ def launcher(plan: Any, a: Any, b: Any, out: Any) -> Callable[[], None]:
     return lambda: plan.launch(a[0], a[1], b[0], b[1], out)
 
 
+def prezeroed_plan(plan: Any) -> Any:
+    """A second plan for the same kernel whose launches, captured ones too, use one workspace and counter pair
+    zeroed up front: what a split launch costs inside a CUDA graph without the counters' memset node (mode
+    suffix "z", e.g. "splitz"). Only for timing: the graphs here replay one after another on one stream."""
+    import torch
+
+    from deepgemm.jit.runtime import current_raw_stream
+    from deepgemm.kernels.fp8_gemm import Fp8GemmPlan
+
+    twin = Fp8GemmPlan(plan.device_index, plan.geometry, plan.spec, plan.kernel)
+    buffers = plan.split_buffers(current_raw_stream(plan.device_index))
+    twin.split_buffers = lambda stream: buffers
+    torch.cuda.synchronize()
+    return twin
+
+
 def main() -> None:
     import torch
 
@@ -66,13 +82,17 @@ def main() -> None:
         m, n, k = (int(v) for v in shape.split("x"))
         a, b = random_operands(m, n, k, "cuda", seed=3)
         configs = [choose_fp8_gemm_config(m, n, k, sms)]
+        prezeroed = [False]
         for bm, bn, mode, *group_m in tiles:
-            config = make_config(m, n, k, bm, bn, sms, 2, cluster_m=1, split_tail=mode == "split", stream_tail=mode == "stream")
+            config = make_config(m, n, k, bm, bn, sms, 2, cluster_m=1, split_tail=mode.startswith("split"),
+                                 stream_tail=mode.startswith("stream"))
             configs.append(replace(config, group_m=group_m[0]) if group_m else config)
+            prezeroed.append(mode.endswith("z"))
         baseline = None
         plans, launches, diffs = [], [], []
-        for config in configs:
+        for config, zeroed in zip(configs, prezeroed):
             plan = get_plan(0, m, n, k, torch.bfloat16, config)
+            plan = prezeroed_plan(plan) if zeroed else plan
             out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
             plan.launch(a[0], a[1], b[0], b[1], out)
             torch.cuda.synchronize()
@@ -81,9 +101,10 @@ def main() -> None:
             plans.append(plan)
             launches.append(launcher(plan, a, b, out))
         timings = bench_gpu_interleaved(launches, iters=30, warmup=5)
-        for config, plan, diff, timing in zip(configs, plans, diffs, timings):
+        for config, zeroed, plan, diff, timing in zip(configs, prezeroed, plans, diffs, timings):
             us = timing.median_us
-            print(f"| {shape} | {config.label()} | {plan.split_count()} | {us:.1f} | {2 * m * n * k / us / 1e6:.0f} | "
+            label = config.label() + (" (counters zeroed up front)" if zeroed else "")
+            print(f"| {shape} | {label} | {plan.split_count()} | {us:.1f} | {2 * m * n * k / us / 1e6:.0f} | "
                   f"{fp8_blockwise_bytes(m, n, k) / us / 1e3:.0f} | {diff:.1e} |", flush=True)
 
 

@@ -305,6 +305,15 @@ def split_tail_for(block_m: int, tiles: int, num_sms: int, k_blocks: int) -> boo
     return block_m == 192 and (ranges == 1 or k_blocks >= MIN_K_BLOCKS_PER_SPLIT * ranges)
 
 
+def split_tail_applies(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> bool:
+    """Whether a split-tail build of this tile (without clusters) would split at this M, into K ranges of at
+    least MIN_K_BLOCKS_PER_SPLIT blocks (shorter ranges measured slower). At decode sizes, where the tiles fill
+    at most half of the SMs, that is split-K: the tuner times such builds next to the plain ones."""
+    k_blocks = ceil_div(k, 128)
+    ranges = split_tail_ranges(ceil_div(m, block_m) * ceil_div(n, block_n), num_sms, k_blocks)
+    return ranges > 1 and k_blocks >= MIN_K_BLOCKS_PER_SPLIT * ranges
+
+
 def stream_tail_applies(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> bool:
     """Whether a stream-tail build of this tile (without clusters) would split anything at this M: at least
     one full wave and a last wave of more than half of the grid, with a head shorter than K. The tuner

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from deepgemm.configs.config import GemmConfig
-from deepgemm.configs.heuristics import clusters_allowed, make_config, model_split_tail, ranked_candidates, stream_tail_applies
+from deepgemm.configs.heuristics import (clusters_allowed, make_config, model_split_tail, ranked_candidates, split_tail_applies,
+                                        stream_tail_applies)
 from deepgemm.configs.tuning_db import tuning_db
 from deepgemm.errors import UnsupportedError
 
@@ -29,8 +30,10 @@ class TuneResult:
 def candidate_configs(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int, top: int) -> list[GemmConfig]:
     configs: list[GemmConfig] = []
     for _, block_m, block_n in ranked_candidates(m, n, k, num_sms, out_elem_bytes)[:top]:
-        configs.append(make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes, cluster_m=1,
-                                   split_tail=model_split_tail(m, n, k, block_m, block_n, num_sms)))
+        model_split = model_split_tail(m, n, k, block_m, block_n, num_sms)
+        configs.append(make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes, cluster_m=1, split_tail=model_split))
+        if not model_split and split_tail_applies(m, n, k, block_m, block_n, num_sms):
+            configs.append(make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes, cluster_m=1, split_tail=True))
         if stream_tail_applies(m, n, k, block_m, block_n, num_sms):
             configs.append(make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes, cluster_m=1, stream_tail=True))
         if clusters_allowed(m, block_m, block_n, num_sms):

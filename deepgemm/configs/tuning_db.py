@@ -2,7 +2,7 @@
 
 One JSON file per GPU model under ``<cache dir>/tuning/``. An entry is keyed by (kernel, N, K, output
 dtype, SM count, M bucket) and stores only the tile choice (block_m, block_n, cluster_m, and whether the last
-wave ran as a stream tail) with the time
+wave ran as a stream tail or split along K) with the time
 that won; the full config (stages, shared memory, pipelining) is rebuilt by the heuristic's own rules,
 so a stale or hand-edited entry can never produce an inconsistent kernel. Unreadable files or entries
 are ignored. Writes are read-modify-write under a file lock, published by atomic rename.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from deepgemm.configs.config import GemmConfig
 from deepgemm.configs.heuristics import (candidate_tiles, clusters_allowed, make_config, max_stages, model_split_tail,
-                                        stream_tail_applies)
+                                        split_tail_applies, stream_tail_applies)
 
 FORMAT = "deepgemm-tuning"
 VERSION = 1
@@ -55,6 +55,7 @@ class TunedChoice:
     median_us: float
     measured_m: int
     stream_tail: bool = False
+    split_tail: bool = False
 
 
 def entry_key(n: int, k: int, out_elem_bytes: int, num_sms: int, m: int, kernel: str = KERNEL_FP8_GEMM_NT) -> str:
@@ -81,10 +82,11 @@ class TuningDB:
         for key, value in (raw.get("entries") or {}).items():
             try:
                 stream_tail = value.get("stream_tail", False)
-                if not isinstance(stream_tail, bool):  # ("false" would read as true)
+                split_tail = value.get("split_tail", False)
+                if not isinstance(stream_tail, bool) or not isinstance(split_tail, bool):  # ("false" would read as true)
                     continue
                 entries[key] = TunedChoice(int(value["block_m"]), int(value["block_n"]), int(value["cluster_m"]),
-                                           float(value["median_us"]), int(value["measured_m"]), stream_tail)
+                                           float(value["median_us"]), int(value["measured_m"]), stream_tail, split_tail)
             except (AttributeError, KeyError, TypeError, ValueError):
                 continue
         return entries
@@ -107,11 +109,12 @@ class TuningDB:
             return None
         if choice.cluster_m == 2 and not clusters_allowed(m, choice.block_m, choice.block_n, num_sms):
             return None
-        # A tuned stream tail stands only where it splits at this M (the bucket may hold other Ms).
+        # A tuned stream or split tail stands only where it splits at this M (the bucket may hold other Ms).
         stream_tail = (choice.stream_tail and choice.cluster_m == 1
                        and stream_tail_applies(m, n, k, choice.block_m, choice.block_n, num_sms))
         split_tail = (not stream_tail and choice.cluster_m == 1
-                      and model_split_tail(m, n, k, choice.block_m, choice.block_n, num_sms))
+                      and (model_split_tail(m, n, k, choice.block_m, choice.block_n, num_sms)
+                           or (choice.split_tail and split_tail_applies(m, n, k, choice.block_m, choice.block_n, num_sms))))
         return make_config(m, n, k, choice.block_m, choice.block_n, num_sms, out_elem_bytes, cluster_m=choice.cluster_m,
                            split_tail=split_tail, stream_tail=stream_tail)
 
@@ -124,7 +127,7 @@ class TuningDB:
             fcntl.flock(lock_file, fcntl.LOCK_EX)
             entries = self._read()
             entries[entry_key(n, k, out_elem_bytes, num_sms, m)] = TunedChoice(
-                config.block_m, config.block_n, config.cluster_m, float(median_us), m, config.stream_tail)
+                config.block_m, config.block_n, config.cluster_m, float(median_us), m, config.stream_tail, config.split_tail)
             payload = {"format": FORMAT, "version": VERSION,
                        "entries": {key: vars(choice) for key, choice in sorted(entries.items())}}
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".json")

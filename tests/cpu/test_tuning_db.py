@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from deepgemm.configs.heuristics import choose_fp8_gemm_config, fp8_gemm_smem_bytes, make_config, max_stages
+from deepgemm.configs.heuristics import (choose_fp8_gemm_config, fp8_gemm_smem_bytes, make_config, max_stages,
+                                        split_tail_applies)
 from deepgemm.configs.tuning_db import TuningDB, entry_key, gpu_slug, m_bucket, tuning_db
 from deepgemm.kernels.fp8_gemm import plan_spec
 
@@ -47,6 +48,7 @@ def test_round_trip_rebuilds_a_consistent_config(tmp_path: Path) -> None:
     {"block_m": 192, "block_n": 128, "cluster_m": 2},  # three math warpgroups never run as clusters
     {"block_m": "x", "block_n": 128, "cluster_m": 1},
     {"block_m": 256, "block_n": 128, "cluster_m": 1, "stream_tail": "false"},  # not a JSON bool
+    {"block_m": 256, "block_n": 128, "cluster_m": 1, "split_tail": 1},  # not a JSON bool
 ])
 def test_invalid_entries_are_ignored(tmp_path: Path, entry: dict) -> None:
     path = tmp_path / "t.json"
@@ -68,7 +70,25 @@ def test_block_m_192_entries_and_tuner_candidates_follow_the_model(tmp_path: Pat
     candidates = candidate_configs(4096, 2112, 7168, 132, 2, top=6)
     assert any(c.block_m == 192 for c in candidates)
     assert all(c.cluster_m == 1 and (c.split_tail or c.stream_tail) for c in candidates if c.block_m == 192)
-    assert not any(c.split_tail for c in candidates if c.block_m != 192)  # (the tuner adds stream-tail variants)
+    # Other tiles get a split-tail variant next to the plain build only where it splits at this M.
+    assert all(split_tail_applies(4096, 2112, 7168, c.block_m, c.block_n, 132)
+               for c in candidates if c.block_m != 192 and c.split_tail)
+
+
+def test_split_tail_choices_round_trip_and_the_tuner_times_split_k_at_decode_sizes(tmp_path: Path) -> None:
+    from deepgemm.configs.tuner import candidate_configs
+
+    path = tmp_path / "t.json"
+    split = make_config(64, 2112, 7168, 64, 32, 132, 2, cluster_m=1, split_tail=True)
+    TuningDB(path).record(64, 2112, 7168, 132, split, 13.9)
+    for m in (33, 64):  # one bucket; 66 tiles of 64 x 32 either way: two K ranges of 28 blocks
+        config = TuningDB(path).lookup(m, 2112, 7168, 132)
+        assert config == make_config(m, 2112, 7168, 64, 32, 132, 2, cluster_m=1, split_tail=True)
+    assert json.loads(path.read_text())["entries"][entry_key(2112, 7168, 2, 132, 64)]["split_tail"] is True
+    candidates = candidate_configs(64, 2112, 7168, 132, 2, top=6)
+    splits = [c for c in candidates if c.split_tail]
+    assert splits and all(split_tail_applies(64, 2112, 7168, c.block_m, c.block_n, 132) for c in splits)
+    assert all(any(p.block_n == c.block_n and not p.split_tail for p in candidates) for c in splits)  # with its plain build
 
 
 def test_corrupt_file_is_ignored_and_rewritten(tmp_path: Path) -> None:
@@ -133,6 +153,7 @@ def test_shipped_choices_are_valid_and_rebuild() -> None:
             assert config is not None, f"{path}: {key} is rejected by the rebuild checks"
             assert (config.block_m, config.block_n, config.cluster_m) == (choice.block_m, choice.block_n, choice.cluster_m)
             assert config.stream_tail == choice.stream_tail, f"{path}: {key}'s stream tail does not split at its M"
+            assert config.split_tail == choice.split_tail, f"{path}: {key}'s split tail does not split at its M"
 
 
 def test_shipped_choice_backs_the_users_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,6 +165,11 @@ def test_shipped_choice_backs_the_users_file(tmp_path: Path, monkeypatch: pytest
     assert (shipped.block_m, shipped.block_n, shipped.stream_tail) == (128, 192, True) and shipped != model
     assert plan_spec(4096, 2112, 7168, torch.bfloat16, 114, "NVIDIA H200").config == choose_fp8_gemm_config(
         4096, 2112, 7168, 114)  # another SM count: the model
+    # Decode sizes of the same N and K: split-K (the model's 64 x 16 tiles ran 15.6 us; 64 x 32 split into two
+    # K ranges 13.9, and for M in 65..128, 64 x 64 split in two 14.4 against 15.8, in CUDA graphs).
+    for m, block_n in ((64, 32), (128, 64)):
+        decode = plan_spec(m, 2112, 7168, torch.bfloat16, 132, "NVIDIA H200").config
+        assert (decode.block_m, decode.block_n, decode.split_tail) == (64, block_n, True)
     # The user's own measurement wins over the shipped one, and is written to the user's file only.
     own = make_config(4096, 2112, 7168, 128, 128, 132)
     tuning_db("NVIDIA H200").record(4096, 2112, 7168, 132, own, 90.0)

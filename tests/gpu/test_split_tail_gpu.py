@@ -112,8 +112,10 @@ def test_stream_tail_matches_float64_and_repeats_bitwise(m: int, n: int, k: int,
 
 def test_split_scratch_is_reused_per_stream_and_fresh_under_capture() -> None:
     """Warm eager launches on one stream share one zeroed workspace (no allocation, no memset), which grows
-    for a bigger plan; plans of both tail kinds take turns on it; a captured launch gets its own buffers."""
+    for a bigger plan; plans of both tail kinds take turns on it. Captured launches take zeroed counters of
+    their own from the arena (no memset node), or, with the arena spent, zero fresh ones in the graph."""
     from deepgemm.jit.runtime import current_raw_stream
+    from deepgemm.kernels import split_scratch as scratch_module
     from deepgemm.kernels.split_scratch import split_scratch
 
     split_scratch.clear()
@@ -135,31 +137,48 @@ def test_split_scratch_is_reused_per_stream_and_fresh_under_capture() -> None:
     torch.cuda.synchronize()
     assert (grown[1] == 0).all()
 
-    captured: list[int] = []
-    make_buffers = small.split_buffers
+    def capture(plan, a, b, out):  # noqa: ANN001, ANN202
+        seen: list[torch.Tensor] = []
+        make_buffers = plan.split_buffers
 
-    def record(stream_: int) -> tuple[torch.Tensor, torch.Tensor]:
-        buffers = make_buffers(stream_)
-        captured.append(buffers[0].data_ptr())
-        return buffers
+        def record(stream_: int) -> tuple[torch.Tensor, torch.Tensor]:
+            buffers = make_buffers(stream_)
+            seen.append(buffers[1])
+            return buffers
+
+        graph = torch.cuda.CUDAGraph()
+        plan.split_buffers = record
+        try:
+            with torch.cuda.graph(graph):
+                plan.launch(a[0], a[1], b[0], b[1], out)
+        finally:
+            del plan.split_buffers
+        return graph, seen[0]
 
     (a, b), m, n, k = inputs[0]
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    small.split_buffers = record
-    try:
-        with torch.cuda.graph(graph):
-            small.launch(a[0], a[1], b[0], b[1], out)
-    finally:
-        del small.split_buffers
-    assert captured and captured[0] != grown[0].data_ptr()  # the graph's own pool, not the shared buffer
     expected = run(small, a, b, torch.bfloat16)
-    for _ in range(3):  # replays and eager launches interleaved: neither disturbs the other's counters
-        out.fill_(float("nan"))
-        graph.replay()
-        assert torch.equal(out, expected)
+    counters = small.grid * small.spec.config.num_math_warpgroups
+    left = split_scratch.captured_counters_left(0)
+    outs = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+    graph0, counters0 = capture(small, a, b, outs[0])
+    graph1, counters1 = capture(small, a, b, outs[1])
+    assert split_scratch.captured_counters_left(0) == left - 2 * counters  # two slices of the arena
+    assert counters0.data_ptr() != counters1.data_ptr() != grown[1].data_ptr()
+    # An arena with no room left: the captured launch zeroes counters from the graph's pool instead.
+    used = split_scratch._arena_used[0]
+    split_scratch._arena_used[0] = scratch_module.ARENA_COUNTERS
+    try:
+        graph2, _ = capture(small, a, b, outs[2])
+    finally:
+        split_scratch._arena_used[0] = used
+    for _ in range(3):  # replays of all three and eager launches interleaved: none disturbs another's counters
+        for graph, out in zip((graph0, graph1, graph2), outs):
+            out.fill_(float("nan"))
+            graph.replay()
+            assert torch.equal(out, expected)
         assert torch.equal(run(small, a, b, torch.bfloat16), expected)
     torch.cuda.synchronize()
+    assert (counters0 == 0).all() and (counters1 == 0).all()
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["split", "stream"])
