@@ -214,8 +214,8 @@ class Fp8GemmPlan:
             config = self._configs[stream] = self.kernel.launch_config(
                 self.device_index, stream, self.grid, self.block, self.spec.config.cluster_m)
         if self._split_ranges > 1:
-            # Split tail: FP32 partials and arrival counters, per stream (split_scratch: reused across
-            # launches, since the kernel leaves the counters at zero; fresh ones during graph capture).
+            # Split tail: FP32 partials and arrival counters (split_scratch: per stream and reused, since the
+            # kernel leaves the counters at zero; under graph capture, counters of the launch's own).
             workspace, counters = self.split_buffers(stream)
             args = args.with_pointers(self._WORKSPACE_ARG, workspace.data_ptr(), self._COUNTERS_ARG, counters.data_ptr())
         launch_on_device(self.kernel, self.device_index, stream, config, args.address)
