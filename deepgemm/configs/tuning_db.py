@@ -85,6 +85,8 @@ class TuningDB:
                 split_tail = value.get("split_tail", False)
                 if not isinstance(stream_tail, bool) or not isinstance(split_tail, bool):  # ("false" would read as true)
                     continue
+                if stream_tail and split_tail:  # two ways to run the last wave: not an entry the tuner writes
+                    continue
                 entries[key] = TunedChoice(int(value["block_m"]), int(value["block_n"]), int(value["cluster_m"]),
                                            float(value["median_us"]), int(value["measured_m"]), stream_tail, split_tail)
             except (AttributeError, KeyError, TypeError, ValueError):

@@ -28,6 +28,15 @@ def launch_on_device(kernel: "LoadedKernel", device_index: int, stream: int, con
         kernel.launch(config, args_address)
 
 
+def stream_capturing(device_index: int) -> bool:
+    """Whether the current stream of `device_index` (the one a launch for that device runs on) is being
+    captured into a CUDA graph; torch's own check looks at the current device's stream only."""
+    if torch.cuda.current_device() == device_index:
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(device_index):
+        return torch.cuda.is_current_stream_capturing()
+
+
 def refuse_during_capture(what: str) -> None:
     """Compiling or loading a module cannot be captured into a CUDA graph."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():

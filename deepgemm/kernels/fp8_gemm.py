@@ -157,8 +157,6 @@ class Fp8GemmPlan:
             raise ValueError(f"split_tail and stream_tail need a dense GEMM without clusters, got {spec.label()}")
         # K ranges per tail tile, fixed per plan (dense plans have a fixed M): launches only test it.
         self._split_ranges = self.split_count()
-        if self._split_ranges > 1:
-            split_scratch.prepare_captures(device_index)  # zeroed counters for captured launches (no memset node)
 
     def _pack(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
               grouping: torch.Tensor | None) -> PackedArgs:

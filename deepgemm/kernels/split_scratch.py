@@ -5,22 +5,50 @@ The kernel leaves every counter it touched at zero (the last arrival, or the wai
 counters need zeroing once, not per launch:
 - eager launches share one workspace and one counter buffer per (device, stream): launches on a stream run
   in order. The buffers grow to the largest plan seen and are then reused, so a warm eager call allocates
-  nothing and launches no memset.
-- a launch captured in a CUDA graph takes its counters from a per-device arena zeroed when a split plan is
-  built (before any capture), a slice no other launch or graph ever uses (a replay of one graph never
-  overlaps another replay of it), so the graph needs no memset node (measured ~1.6 us per replay on the H200);
-  its workspace comes from the graph's own pool (written before it is read in every launch). If the arena is
-  spent, the counters come from the pool too, zeroed by a memset the graph replays.
+  nothing and launches no memset. At most MAX_STREAMS buffer pairs are kept per device (least recently used
+  first out: a dropped pair goes back to torch's caching allocator, which reuses it in that stream's order).
+- a launch captured in a CUDA graph takes its counters from a per-device arena, zeroed by an eager launch
+  before (on a side stream, waited for), a slice no other launch or graph ever uses (a replay of one graph
+  never overlaps another replay of it), so the graph needs no memset node (measured ~1.6 us per replay on the
+  H200); its workspace comes from the graph's own pool (written before it is read in every launch). Without
+  room in the arena (no eager split launch yet on that device, or many captures since), the counters come from
+  the pool too, zeroed by a memset the graph replays.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 import torch
 
-# Counters per arena: 1 MiB, enough for ~650 captured launches of the widest split grid (132 CTAs x 3 warpgroups).
+from deepgemm.jit.runtime import stream_capturing
+
+# Counters per arena: 1 MiB, enough for ~650 captured launches of the widest split grid (132 CTAs x 3 warpgroups);
+# an eager split launch makes a new one once half of it is handed out.
 ARENA_COUNTERS = 1 << 18
+MAX_STREAMS = 8  # eager buffer pairs kept per device
+
+
+def _empty_floats(device_index: int, count: int) -> torch.Tensor:
+    return torch.empty(count, dtype=torch.float32, device=torch.device("cuda", device_index))
+
+
+def _zero_counters(device_index: int, count: int) -> torch.Tensor:
+    return torch.zeros(count, dtype=torch.int32, device=torch.device("cuda", device_index))
+
+
+def _zeroed_arena(device_index: int) -> torch.Tensor:
+    """ARENA_COUNTERS zeros, written on a side stream and waited for (only that memset, not the caller's
+    stream): any graph, on any stream, may read them afterwards."""
+    with torch.cuda.device(device_index):
+        side = torch.cuda.Stream(device_index)
+        with torch.cuda.stream(side):
+            arena = torch.zeros(ARENA_COUNTERS, dtype=torch.int32, device=torch.device("cuda", device_index))
+            done = torch.cuda.Event()
+            done.record(side)
+        done.synchronize()
+    return arena
 
 
 class SplitScratch:
@@ -28,50 +56,40 @@ class SplitScratch:
     captured ones."""
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._buffers: OrderedDict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
         self._arenas: dict[int, list[torch.Tensor]] = {}  # every arena ever made stays alive (graphs use slices)
         self._arena_used: dict[int, int] = {}  # counters handed out of the device's newest arena
         self._lock = threading.Lock()
 
     def get(self, device_index: int, stream: int, workspace_floats: int, counters: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(workspace, counters) with at least these sizes, for a launch on `stream` (the current stream of
-        `device_index`): ready in stream order, counters at zero."""
-        if torch.cuda.is_current_stream_capturing():
-            device = torch.device("cuda", device_index)
-            workspace = torch.empty(workspace_floats, dtype=torch.float32, device=device)  # the graph's pool
+        """(workspace, counters) with at least these sizes, for a launch on `stream`, which must be the current
+        stream of `device_index` (new buffers are allocated on it): ready in stream order, counters at zero."""
+        if stream_capturing(device_index):
+            workspace = _empty_floats(device_index, workspace_floats)  # the graph's pool
             slice_ = self._take_captured_counters(device_index, counters)
             if slice_ is None:
-                slice_ = torch.zeros(counters, dtype=torch.int32, device=device)
+                slice_ = _zero_counters(device_index, counters)
             return workspace, slice_
         key = (device_index, stream)
-        entry = self._buffers.get(key)
-        if entry is None or entry[0].numel() < workspace_floats or entry[1].numel() < counters:
-            with self._lock:
-                entry = self._buffers.get(key)
-                if entry is None or entry[0].numel() < workspace_floats or entry[1].numel() < counters:
-                    if entry is not None:  # grow to cover both the old and the new need
-                        workspace_floats = max(workspace_floats, entry[0].numel())
-                        counters = max(counters, entry[1].numel())
-                    device = torch.device("cuda", device_index)
-                    entry = self._buffers[key] = (torch.empty(workspace_floats, dtype=torch.float32, device=device),
-                                                  torch.zeros(counters, dtype=torch.int32, device=device))
-        return entry
-
-    def prepare_captures(self, device_index: int) -> None:
-        """Make sure the device has a zeroed counter arena with room left, outside any capture (a split plan
-        calls this when it is built). Synchronizes the current stream when it makes one, so the zeros are in
-        memory before any graph on any stream reads them."""
-        if torch.cuda.is_current_stream_capturing():
-            return  # (a plan built during a capture: its captured launches zero their own counters)
         with self._lock:
-            arenas = self._arenas.get(device_index)
-            if arenas and self._arena_used[device_index] < ARENA_COUNTERS // 2:
-                return
-            with torch.cuda.device(device_index):
-                arena = torch.zeros(ARENA_COUNTERS, dtype=torch.int32, device=torch.device("cuda", device_index))
-                torch.cuda.current_stream(device_index).synchronize()
-            self._arenas.setdefault(device_index, []).append(arena)
-            self._arena_used[device_index] = 0
+            entry = self._buffers.get(key)
+            if entry is None or entry[0].numel() < workspace_floats or entry[1].numel() < counters:
+                if entry is not None:  # grow to cover both the old and the new need
+                    workspace_floats = max(workspace_floats, entry[0].numel())
+                    counters = max(counters, entry[1].numel())
+                entry = self._buffers[key] = (_empty_floats(device_index, workspace_floats),
+                                              _zero_counters(device_index, counters))
+                same_device = [k for k in self._buffers if k[0] == device_index]
+                for stale in same_device[:-MAX_STREAMS]:  # least recently used first
+                    del self._buffers[stale]
+            self._buffers.move_to_end(key)
+            refill = self._arena_used.get(device_index, ARENA_COUNTERS) > ARENA_COUNTERS // 2
+        if refill:
+            arena = _zeroed_arena(device_index)  # outside the lock: it waits for the GPU
+            with self._lock:
+                self._arenas.setdefault(device_index, []).append(arena)
+                self._arena_used[device_index] = 0
+        return entry
 
     def _take_captured_counters(self, device_index: int, counters: int) -> torch.Tensor | None:
         with self._lock:

@@ -49,6 +49,7 @@ def test_round_trip_rebuilds_a_consistent_config(tmp_path: Path) -> None:
     {"block_m": "x", "block_n": 128, "cluster_m": 1},
     {"block_m": 256, "block_n": 128, "cluster_m": 1, "stream_tail": "false"},  # not a JSON bool
     {"block_m": 256, "block_n": 128, "cluster_m": 1, "split_tail": 1},  # not a JSON bool
+    {"block_m": 256, "block_n": 128, "cluster_m": 1, "split_tail": True, "stream_tail": True},  # both tails
 ])
 def test_invalid_entries_are_ignored(tmp_path: Path, entry: dict) -> None:
     path = tmp_path / "t.json"
@@ -85,6 +86,11 @@ def test_split_tail_choices_round_trip_and_the_tuner_times_split_k_at_decode_siz
         config = TuningDB(path).lookup(m, 2112, 7168, 132)
         assert config == make_config(m, 2112, 7168, 64, 32, 132, 2, cluster_m=1, split_tail=True)
     assert json.loads(path.read_text())["entries"][entry_key(2112, 7168, 2, 132, 64)]["split_tail"] is True
+    # In the 129..256 bucket 64 x 32 tiles split at M <= 192 (198 tiles: a last wave of 66) but not above
+    # (264 tiles: two whole waves): there the entry gives the plain build of its tile.
+    TuningDB(path).record(150, 2112, 7168, 132, make_config(150, 2112, 7168, 64, 32, 132, 2, cluster_m=1, split_tail=True), 20.0)
+    assert TuningDB(path).lookup(192, 2112, 7168, 132).split_tail
+    assert TuningDB(path).lookup(200, 2112, 7168, 132) == make_config(200, 2112, 7168, 64, 32, 132, 2, cluster_m=1)
     candidates = candidate_configs(64, 2112, 7168, 132, 2, top=6)
     splits = [c for c in candidates if c.split_tail]
     assert splits and all(split_tail_applies(64, 2112, 7168, c.block_m, c.block_n, 132) for c in splits)

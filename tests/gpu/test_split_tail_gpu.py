@@ -163,14 +163,17 @@ def test_split_scratch_is_reused_per_stream_and_fresh_under_capture() -> None:
     graph0, counters0 = capture(small, a, b, outs[0])
     graph1, counters1 = capture(small, a, b, outs[1])
     assert split_scratch.captured_counters_left(0) == left - 2 * counters  # two slices of the arena
-    assert counters0.data_ptr() != counters1.data_ptr() != grown[1].data_ptr()
+    assert len({counters0.data_ptr(), counters1.data_ptr(), grown[1].data_ptr()}) == 3
     # An arena with no room left: the captured launch zeroes counters from the graph's pool instead.
     used = split_scratch._arena_used[0]
     split_scratch._arena_used[0] = scratch_module.ARENA_COUNTERS
     try:
-        graph2, _ = capture(small, a, b, outs[2])
+        graph2, counters2 = capture(small, a, b, outs[2])
     finally:
         split_scratch._arena_used[0] = used
+    arena = split_scratch._arenas[0][-1]
+    assert not arena.data_ptr() <= counters2.data_ptr() < arena.data_ptr() + arena.numel() * 4
+    assert split_scratch.captured_counters_left(0) == left - 2 * counters
     for _ in range(3):  # replays of all three and eager launches interleaved: none disturbs another's counters
         for graph, out in zip((graph0, graph1, graph2), outs):
             out.fill_(float("nan"))
@@ -208,6 +211,11 @@ def test_split_tail_graph_replay_and_two_streams(stream: bool) -> None:
 
     # The same plan on two streams at once, with different inputs: each launch has its own partials.
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    pairs = []
+    for stream in streams:  # (each stream's pair is allocated on that stream, as a launch on it would)
+        with torch.cuda.stream(stream):
+            pairs.append(plan.split_buffers(stream.cuda_stream))
+    assert pairs[0][0].data_ptr() != pairs[1][0].data_ptr() and pairs[0][1].data_ptr() != pairs[1][1].data_ptr()
     for _ in range(5):
         outs = [torch.full_like(expected[0], float("nan")) for _ in streams]
         for stream, (a, b), target in zip(streams, inputs, outs):
