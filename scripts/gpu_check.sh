@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: scripts/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench grouped kgrouped ablate clusters ncu power overlap split trace tail flush (default:
+# Steps: install smoke tests sanitize host sass bench grouped kgrouped ablate clusters ncu power overlap split decode trace tail flush (default:
 # the first seven). ablate times the FP8 GEMM with one part removed at a time (scripts/ablate.py); power compares
 # steady-state clock and TFLOPS/GHz with cuBLAS (scripts/power_probe.py); overlap asks whether FFMAs overlap wgmma
 # (scripts/overlap_probe.py); split tests and times the split tail / split-K (scripts/bench_split.py); trace stamps
@@ -66,6 +66,9 @@ if has ablate; then
 fi
 if has power; then
   timeout 300 python3 scripts/power_probe.py ${POWER_SHAPES:-4096x7168x16384} 2>&1 | tee "$OUT/power.md" | tail -8
+fi
+if has decode; then  # split-K against the model's pick at decode sizes (build first: decode_split_sweep.py --compile-only)
+  timeout 400 python3 scripts/decode_split_sweep.py 2>&1 | tee "$OUT/decode_split.md" | tail -40
 fi
 if has trace; then
   timeout 300 scripts/trace_run.sh 2>&1 | grep -v "^cta [1-9]" | cut -c1-1200

@@ -1,0 +1,108 @@
+"""Split-K at decode sizes: the cost model's pick against every split build the tuner would time, over a grid of
+(M, N, K) (one device call). Data for a cost-model rule: split-K won 9-19% at N = 2112, K = 7168 and lost 10% at
+64 x 4096 x 7168 (docs/perf-notes.md, session 9), too few points to say where the line is.
+
+For each shape: the model's config and, for each of the model's top candidate tiles that split there
+(split_tail_applies), its split build, timed interleaved (CUDA graph, L2 flushed, median of 30) and checked
+against the model's output. Prints a markdown table and, last, the tuned entries the winners would make.
+Usage: decode_split_sweep.py [--compile-only]   (--compile-only: build every kernel here, no GPU, 132 SMs)
+DECODE_SWEEP="M,N,K ..." overrides the grid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+MS = (1, 16, 64, 128)
+NKS = ((2112, 7168), (4096, 7168), (7168, 2048), (24576, 1536), (1536, 7168), (3072, 1536), (4096, 512), (2048, 7168))
+TOP = 6
+
+
+def grid() -> list[tuple[int, int, int]]:
+    override = os.environ.get("DECODE_SWEEP")
+    if override:
+        return [tuple(int(v) for v in item.split(",")) for item in override.split()]  # type: ignore[misc]
+    return [(m, n, k) for n, k in NKS for m in MS]
+
+
+def configs_for(m: int, n: int, k: int, num_sms: int) -> list:  # noqa: ANN201 - GemmConfigs, imported lazily
+    from deepgemm.configs.heuristics import choose_fp8_gemm_config, make_config, ranked_candidates, split_tail_applies
+
+    configs = [choose_fp8_gemm_config(m, n, k, num_sms)]
+    for _, block_m, block_n in ranked_candidates(m, n, k, num_sms, 2)[:TOP]:
+        if split_tail_applies(m, n, k, block_m, block_n, num_sms):
+            configs.append(make_config(m, n, k, block_m, block_n, num_sms, 2, cluster_m=1, split_tail=True))
+    return list(dict.fromkeys(configs))
+
+
+def compile_only() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec
+
+    specs = list(dict.fromkeys(Fp8GemmSpec(n, k, torch.bfloat16, c) for m, n, k in grid() for c in configs_for(m, n, k, 132)))
+    with ThreadPoolExecutor(8) as pool:
+        for result in pool.map(compile_spec, specs):
+            resources = result.resources
+            if resources is not None and (resources.spill_stores or resources.stack_frame):
+                print(f"spills: {result}")
+    print(f"{len(specs)} kernels built")
+
+
+def main() -> None:
+    if "--compile-only" in sys.argv[1:]:
+        compile_only()
+        return
+    import torch
+
+    import deepgemm
+    from deepgemm.bench.peers import fp8_blockwise_bytes
+    from deepgemm.bench.timing import bench_gpu_interleaved
+    from deepgemm.configs.tuning_db import entry_key
+    from deepgemm.kernels.device import sm_count
+    from deepgemm.kernels.fp8_gemm import get_plan
+    from tests.helpers import random_operands
+
+    sms = sm_count(0)
+    winners = {}
+    print("| M×N×K | config | splits | µs | GB/s | vs model | calc_diff vs model |")
+    print("|---|---|---|---|---|---|---|")
+    for m, n, k in grid():
+        a, b = random_operands(m, n, k, "cuda", seed=5)
+        configs = configs_for(m, n, k, sms)
+        plans, launches, diffs, baseline = [], [], [], None
+        for config in configs:
+            plan = get_plan(0, m, n, k, torch.bfloat16, config)
+            out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            plan.launch(a[0], a[1], b[0], b[1], out)  # eager first: the capture arena exists before the graphs
+            torch.cuda.synchronize()
+            baseline = out.clone() if baseline is None else baseline
+            diffs.append(deepgemm.calc_diff(out, baseline))
+            plans.append(plan)
+            launches.append(lambda plan=plan, out=out: plan.launch(a[0], a[1], b[0], b[1], out))
+        timings = bench_gpu_interleaved(launches, iters=30, warmup=5)
+        model_us = timings[0].median_us
+        for config, plan, diff, timing in zip(configs, plans, diffs, timings):
+            us = timing.median_us
+            print(f"| {m}×{n}×{k} | {config.label()} | {plan.split_count()} | {us:.1f} | "
+                  f"{fp8_blockwise_bytes(m, n, k) / us / 1e3:.0f} | {us / model_us:.3f} | {diff:.1e} |", flush=True)
+        best = min(range(len(configs)), key=lambda i: timings[i].median_us)
+        if best and timings[best].median_us < 0.97 * model_us:  # a split build that wins by more than noise
+            c = configs[best]
+            winners[entry_key(n, k, 2, sms, m)] = {"block_m": c.block_m, "block_n": c.block_n, "cluster_m": 1,
+                                                   "median_us": round(timings[best].median_us, 1), "measured_m": m,
+                                                   "split_tail": True}
+    print("\ntuned entries the split winners would make (>3% faster than the model's pick):")
+    for key, value in winners.items():
+        print(f"  {json.dumps(key)}: {json.dumps(value)},")
+
+
+if __name__ == "__main__":
+    main()
