@@ -1,7 +1,7 @@
 """Split tail / stream tail / split-K against the cost model's pick, same harness, one device call.
 
 For each shape: the model's config, then explicit configs (bm, bn and a tail mode: split by default,
-stream, or whole, with a "z" suffix (splitz, streamz) for launches without the counters' memset in the graph; optionally a raster band height group_m), timed interleaved (one sample of each per round) with CUDA-graph replay, L2 flushed
+stream, or whole; optionally a raster band height group_m), timed interleaved (one sample of each per round) with CUDA-graph replay, L2 flushed
 before each call, median of 30, and checked against the model's output (calc_diff). Prints a markdown
 table: µs, TFLOPS, GB/s (A + B + D + scales once), splits.
 Usage: bench_split.py   (shapes and tiles below; SPLIT_SHAPES="MxNxK:bm,bn[,mode[,gm]];... MxNxK:..." overrides)
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,67 +43,49 @@ def shapes() -> dict[str, list[tuple[int, int, str] | tuple[int, int, str, int]]
     return parsed
 
 
-def launcher(plan: Any, a: Any, b: Any, out: Any) -> Callable[[], None]:
-    return lambda: plan.launch(a[0], a[1], b[0], b[1], out)
-
-
-def prezeroed_plan(plan: Any) -> Any:
-    """A second plan for the same kernel whose launches, captured ones too, use one workspace and counter pair
-    zeroed up front: what a split launch costs inside a CUDA graph without the counters' memset node (mode
-    suffix "z", e.g. "splitz"). Only for timing: the graphs here replay one after another on one stream."""
-    import torch
-
-    from deepgemm.jit.runtime import current_raw_stream
-    from deepgemm.kernels.fp8_gemm import Fp8GemmPlan
-
-    twin = Fp8GemmPlan(plan.device_index, plan.geometry, plan.spec, plan.kernel)
-    buffers = plan.split_buffers(current_raw_stream(plan.device_index))
-    twin.split_buffers = lambda stream: buffers
-    torch.cuda.synchronize()
-    return twin
-
-
-def main() -> None:
+def time_configs(m: int, n: int, k: int, configs: list, seed: int) -> list[tuple[Any, Any, float, Any]]:
+    """(config, plan, calc_diff against the first config's output, timing) for each config on one fresh random
+    input, timed interleaved (CUDA graph, L2 flushed, median of 30). Each plan runs eagerly first, so a split
+    plan's captured launches take counters from the zeroed arena (no memset node), as a warmed-up user's do."""
     import torch
 
     import deepgemm
-    from deepgemm.bench.peers import fp8_blockwise_bytes
     from deepgemm.bench.timing import bench_gpu_interleaved
-    from deepgemm.configs.heuristics import choose_fp8_gemm_config, make_config
-    from deepgemm.kernels.device import sm_count
     from deepgemm.kernels.fp8_gemm import get_plan
     from tests.helpers import random_operands
+
+    a, b = random_operands(m, n, k, "cuda", seed=seed)
+    plans, launches, diffs, baseline = [], [], [], None
+    for config in configs:
+        plan = get_plan(0, m, n, k, torch.bfloat16, config)
+        out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+        plan.launch(a[0], a[1], b[0], b[1], out)
+        torch.cuda.synchronize()
+        baseline = out.clone() if baseline is None else baseline
+        diffs.append(deepgemm.calc_diff(out, baseline))
+        plans.append(plan)
+        launches.append(lambda plan=plan, out=out: plan.launch(a[0], a[1], b[0], b[1], out))
+    timings = bench_gpu_interleaved(launches, iters=30, warmup=5)
+    return list(zip(configs, plans, diffs, timings))
+
+
+def main() -> None:
+    from deepgemm.bench.peers import fp8_blockwise_bytes
+    from deepgemm.configs.heuristics import choose_fp8_gemm_config, make_config
+    from deepgemm.kernels.device import sm_count
 
     sms = sm_count(0)
     print("| shape | config | splits | µs | TFLOPS | GB/s | calc_diff vs model |")
     print("|---|---|---|---|---|---|---|")
     for shape, tiles in shapes().items():
         m, n, k = (int(v) for v in shape.split("x"))
-        a, b = random_operands(m, n, k, "cuda", seed=3)
         configs = [choose_fp8_gemm_config(m, n, k, sms)]
-        prezeroed = [False]
         for bm, bn, mode, *group_m in tiles:
-            config = make_config(m, n, k, bm, bn, sms, 2, cluster_m=1, split_tail=mode.startswith("split"),
-                                 stream_tail=mode.startswith("stream"))
+            config = make_config(m, n, k, bm, bn, sms, 2, cluster_m=1, split_tail=mode == "split", stream_tail=mode == "stream")
             configs.append(replace(config, group_m=group_m[0]) if group_m else config)
-            prezeroed.append(mode.endswith("z"))
-        baseline = None
-        plans, launches, diffs = [], [], []
-        for config, zeroed in zip(configs, prezeroed):
-            plan = get_plan(0, m, n, k, torch.bfloat16, config)
-            plan = prezeroed_plan(plan) if zeroed else plan
-            out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-            plan.launch(a[0], a[1], b[0], b[1], out)
-            torch.cuda.synchronize()
-            baseline = out.clone() if baseline is None else baseline
-            diffs.append(deepgemm.calc_diff(out, baseline))
-            plans.append(plan)
-            launches.append(launcher(plan, a, b, out))
-        timings = bench_gpu_interleaved(launches, iters=30, warmup=5)
-        for config, zeroed, plan, diff, timing in zip(configs, prezeroed, plans, diffs, timings):
+        for config, plan, diff, timing in time_configs(m, n, k, configs, seed=3):
             us = timing.median_us
-            label = config.label() + (" (counters zeroed up front)" if zeroed else "")
-            print(f"| {shape} | {label} | {plan.split_count()} | {us:.1f} | {2 * m * n * k / us / 1e6:.0f} | "
+            print(f"| {shape} | {config.label()} | {plan.split_count()} | {us:.1f} | {2 * m * n * k / us / 1e6:.0f} | "
                   f"{fp8_blockwise_bytes(m, n, k) / us / 1e3:.0f} | {diff:.1e} |", flush=True)
 
 

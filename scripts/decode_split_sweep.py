@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_split's timing loop
 
 MS = (1, 16, 64, 128)
 NKS = ((2112, 7168), (4096, 7168), (7168, 2048), (24576, 1536), (1536, 7168), (3072, 1536), (4096, 512), (2048, 7168))
@@ -60,45 +61,28 @@ def main() -> None:
     if "--compile-only" in sys.argv[1:]:
         compile_only()
         return
-    import torch
+    from bench_split import time_configs
 
-    import deepgemm
     from deepgemm.bench.peers import fp8_blockwise_bytes
-    from deepgemm.bench.timing import bench_gpu_interleaved
     from deepgemm.configs.tuning_db import entry_key
     from deepgemm.kernels.device import sm_count
-    from deepgemm.kernels.fp8_gemm import get_plan
-    from tests.helpers import random_operands
 
     sms = sm_count(0)
     winners = {}
     print("| M×N×K | config | splits | µs | GB/s | vs model | calc_diff vs model |")
     print("|---|---|---|---|---|---|---|")
     for m, n, k in grid():
-        a, b = random_operands(m, n, k, "cuda", seed=5)
-        configs = configs_for(m, n, k, sms)
-        plans, launches, diffs, baseline = [], [], [], None
-        for config in configs:
-            plan = get_plan(0, m, n, k, torch.bfloat16, config)
-            out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-            plan.launch(a[0], a[1], b[0], b[1], out)  # eager first: the capture arena exists before the graphs
-            torch.cuda.synchronize()
-            baseline = out.clone() if baseline is None else baseline
-            diffs.append(deepgemm.calc_diff(out, baseline))
-            plans.append(plan)
-            launches.append(lambda plan=plan, out=out: plan.launch(a[0], a[1], b[0], b[1], out))
-        timings = bench_gpu_interleaved(launches, iters=30, warmup=5)
-        model_us = timings[0].median_us
-        for config, plan, diff, timing in zip(configs, plans, diffs, timings):
+        results = time_configs(m, n, k, configs_for(m, n, k, sms), seed=5)
+        model_us = results[0][3].median_us
+        for config, plan, diff, timing in results:
             us = timing.median_us
             print(f"| {m}×{n}×{k} | {config.label()} | {plan.split_count()} | {us:.1f} | "
                   f"{fp8_blockwise_bytes(m, n, k) / us / 1e3:.0f} | {us / model_us:.3f} | {diff:.1e} |", flush=True)
-        best = min(range(len(configs)), key=lambda i: timings[i].median_us)
-        if best and timings[best].median_us < 0.97 * model_us:  # a split build that wins by more than noise
-            c = configs[best]
-            winners[entry_key(n, k, 2, sms, m)] = {"block_m": c.block_m, "block_n": c.block_n, "cluster_m": 1,
-                                                   "median_us": round(timings[best].median_us, 1), "measured_m": m,
-                                                   "split_tail": True}
+        best_config, _, _, best = min(results, key=lambda result: result[3].median_us)
+        if best_config.split_tail and best.median_us < 0.97 * model_us:  # a split build that wins beyond noise
+            winners[entry_key(n, k, 2, sms, m)] = {"block_m": best_config.block_m, "block_n": best_config.block_n,
+                                                   "cluster_m": 1, "median_us": round(best.median_us, 1),
+                                                   "measured_m": m, "split_tail": True}
     print("\ntuned entries the split winners would make (>3% faster than the model's pick):")
     for key, value in winners.items():
         print(f"  {json.dumps(key)}: {json.dumps(value)},")

@@ -38,6 +38,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     import deepgemm
+    from deepgemm.bench.peers import fp8_blockwise_bytes
     from deepgemm.bench.timing import FLUSH_BYTES
     from tests.helpers import random_operands
 
@@ -57,7 +58,7 @@ def main() -> None:
         m, n, k = (int(v) for v in shape.split("x"))
         a, b = random_operands(m, n, k, "cuda", seed=1)
         out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-        nbytes = m * k + n * k + 2 * m * n + a[1].numel() * 4 + b[1].numel() * 4
+        nbytes = fp8_blockwise_bytes(m, n, k)
         impls: list[tuple[str, Callable[[], Any]]] = [("deepgemm", lambda: deepgemm.fp8_gemm_nt(a, b, out))]
         if shape != FLOOR_SHAPE:  # (cuBLAS block-wise rejects the one-tile floor shape's scale layout)
             sfa = a[1].t().contiguous().t()
