@@ -13,8 +13,9 @@ Variants:
   no_tma      no TMA loads at all (sfa too): the producer only arrives on each stage
   handshake   no_tma and no_mma together: the stage ring, promotion and epilogue
 Usage: ablate.py [MxNxK ...]   (default: three M = 4096 shapes). Prints a table of median µs.
-ABLATE_CONFIG=bm,bn,cluster_m[,stages[,chunked_store]][;...] times those tiles (deepest pipeline unless
-stages > 0 is given; chunked_store 1: block_m 256 stores through one chunk buffer per warpgroup; an empty
+ABLATE_CONFIG=bm,bn,cluster_m[,stages[,chunked_store[,split_tail]]][;...] times those tiles (deepest pipeline unless
+stages > 0 is given; chunked_store 1: block_m 256 stores through one chunk buffer per warpgroup; split_tail 1: the
+split-tail build, split-K at decode sizes; an empty
 entry: the cost model's pick) instead of the cost model's pick (one row per shape and tile);
 ABLATE_VARIANTS=base,no_mma,... limits the variants (ABLATE_VARIANTS=base ABLATE_CONFIG=";128,192,1" compares
 the model's pick with other tiles). ABLATE_POWER=1 also runs
@@ -106,17 +107,25 @@ def chosen_config(m: int, n: int, k: int):  # noqa: ANN201 - GemmConfig, importe
         return choose_fp8_gemm_config(m, n, k, sm_count(0))
     bm, bn, cm, *rest = (int(v) for v in override.split(","))
     stages = rest[0] if rest and rest[0] > 0 else None
-    chunked_store = bool(rest[1]) if len(rest) > 1 else None
-    return make_config(m, n, k, bm, bn, sm_count(0), 2, cluster_m=cm, num_stages=stages, chunked_store=chunked_store)
+    chunked_store = bool(rest[1]) if len(rest) > 1 and bm == 256 else None
+    split_tail = len(rest) > 2 and bool(rest[2])
+    return make_config(m, n, k, bm, bn, sm_count(0), 2, cluster_m=cm, num_stages=stages, chunked_store=chunked_store,
+                       split_tail=split_tail)
 
 
 def compile_one(shape: str) -> None:
+    """Build one cell's kernel ahead (no GPU needed: the grid is taken as the H200's 132 SMs)."""
+    from unittest import mock
+
     import torch
 
     from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec
 
     m, n, k = (int(v) for v in shape.split("x"))
-    compile_spec(Fp8GemmSpec(n, k, torch.bfloat16, chosen_config(m, n, k)))
+    with mock.patch("deepgemm.kernels.device.sm_count", lambda _: 132):
+        config = chosen_config(m, n, k)
+    result = compile_spec(Fp8GemmSpec(n, k, torch.bfloat16, config))
+    print(f"{shape} {config.label()}: {result.resources}")
 
 
 def time_one(shape: str) -> None:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_split's timing loop
 
 MS = (1, 16, 64, 128)
-NKS = ((2112, 7168), (4096, 7168), (7168, 2048), (24576, 1536), (1536, 7168), (3072, 1536), (4096, 512), (2048, 7168))
+NKS = ((2112, 7168), (4096, 7168), (1536, 7168), (576, 7168), (256, 7168), (7168, 2048))
 TOP = 6
 
 
@@ -34,7 +34,8 @@ def grid() -> list[tuple[int, int, int]]:
 def configs_for(m: int, n: int, k: int, num_sms: int) -> list:  # noqa: ANN201 - GemmConfigs, imported lazily
     from deepgemm.configs.heuristics import choose_fp8_gemm_config, make_config, ranked_candidates, split_tail_applies
 
-    configs = [choose_fp8_gemm_config(m, n, k, num_sms)]
+    # first the plain pick (the cost model without its decode split-K rule), then the model's own pick
+    configs = [choose_fp8_gemm_config(m, n, k, num_sms, decode_split=False), choose_fp8_gemm_config(m, n, k, num_sms)]
     for _, block_m, block_n in ranked_candidates(m, n, k, num_sms, 2)[:TOP]:
         if split_tail_applies(m, n, k, block_m, block_n, num_sms):
             configs.append(make_config(m, n, k, block_m, block_n, num_sms, 2, cluster_m=1, split_tail=True))
@@ -69,14 +70,17 @@ def main() -> None:
 
     sms = sm_count(0)
     winners = {}
-    print("| M×N×K | config | splits | µs | GB/s | vs model | calc_diff vs model |")
+    from deepgemm.configs.heuristics import choose_fp8_gemm_config
+
+    print("| M×N×K | config (*: the model's pick) | splits | µs | GB/s | vs plain | calc_diff vs plain |")
     print("|---|---|---|---|---|---|---|")
     for m, n, k in grid():
         results = time_configs(m, n, k, configs_for(m, n, k, sms), seed=5)
         model_us = results[0][3].median_us
+        model = choose_fp8_gemm_config(m, n, k, sms)
         for config, plan, diff, timing in results:
             us = timing.median_us
-            print(f"| {m}×{n}×{k} | {config.label()} | {plan.split_count()} | {us:.1f} | "
+            print(f"| {m}×{n}×{k} | {config.label()}{' *' if config == model else ''} | {plan.split_count()} | {us:.1f} | "
                   f"{fp8_blockwise_bytes(m, n, k) / us / 1e3:.0f} | {us / model_us:.3f} | {diff:.1e} |", flush=True)
         best_config, _, _, best = min(results, key=lambda result: result[3].median_us)
         if best_config.split_tail and best.median_us < 0.97 * model_us:  # a split build that wins beyond noise

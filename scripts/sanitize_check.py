@@ -23,6 +23,8 @@ TILES = [
     (1300, 2048, 2048, 256, 128, 16, "whole", True),
     (129, 2112, 7168, 128, 192, 132, "whole", None),
     (65, 4032, 1536, 64, 96, 132, "whole", None),
+    (1, 2112, 7168, 64, 32, 132, "split", None),  # split-K at decode sizes (the shipped N = 2112 entries)
+    (128, 2112, 7168, 64, 64, 132, "split", None),
 ]
 
 
@@ -50,8 +52,32 @@ def main() -> None:
         splits = plan.split_count()
         print(f"sanitize m={m} n={n} k={k} {plan.spec.label()} splits={splits}: calc_diff={diff:.2e}")
         assert diff < 1e-3 and (splits > 1) == (tail != "whole")
+    captured_split()
     contiguous()
     masked()
+
+
+def captured_split() -> None:
+    """A split-K decode GEMM (the shipped tuned entry for 64 x 2112 x 7168) warmed eagerly, then captured in a CUDA
+    graph (counters from the capture arena) and replayed on new inputs."""
+    m, n, k = 64, 2112, 7168
+    a, b = random_operands(m, n, k, "cuda", seed=11)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.fp8_gemm_nt(a, b, out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deepgemm.fp8_gemm_nt(a, b, out)
+    for seed in (12, 13):
+        fresh, _ = random_operands(m, n, k, "cuda", seed=seed)
+        a[0].copy_(fresh[0])
+        a[1].copy_(fresh[1])
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        diff = deepgemm.calc_diff(out.double(), reference_fp64(a, b))
+        print(f"sanitize captured split m={m} n={n} k={k} replay seed={seed}: calc_diff={diff:.2e}")
+        assert diff < 1e-3
 
 
 def masked() -> None:

@@ -271,17 +271,22 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
 
 
 def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
-                           allow_block_m_256: bool = True, allow_block_m_192: bool = True) -> GemmConfig:
+                           allow_block_m_256: bool = True, allow_block_m_192: bool = True,
+                           decode_split: bool = True) -> GemmConfig:
     """Pick block sizes and stages for D[m, n] = A[m, k] B[n, k]^T on `num_sms` SMs.
 
     Grouped GEMMs allow it only for long contiguous expert segments (contiguous_allows_block_m_256) and for
-    masked groups with long K (masked_allows_block_m_256)."""
+    masked groups with long K (masked_allows_block_m_256). `decode_split` False: never the split-K decode
+    tile (decode_split_block_n), so the plain pick can be timed against it."""
     if min(m, n, k) <= 0 or num_sms <= 0:
         raise ValueError(f"choose_fp8_gemm_config needs positive m, n, k, num_sms; got {m}, {n}, {k}, {num_sms}")
     ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes, allow_block_m_256, allow_block_m_192)
     if not ranked:
         raise UnsupportedError(f"no FP8 GEMM tile for m={m} n={n} k={k} fits in shared memory")
     _, block_m, block_n = ranked[0]
+    split_n = decode_split_block_n(m, n, k, block_m, block_n, num_sms) if decode_split else None
+    if split_n is not None:
+        return make_config(m, n, k, block_m, split_n, num_sms, out_elem_bytes, split_tail=True)
     # block_m 192 runs as the split-tail kernel: before the tile loader that build measured 6% faster than
     # the plain one on 4096x2112x7168 where nothing splits (106.5-109.2 vs 113.7-116.5 us, same main-loop
     # SASS). Session 6 showed that was a code-layout effect, gone with the tile loader (118 us); plain vs
@@ -292,6 +297,25 @@ def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes:
     # 200 vs 188 us) and ~1% faster for 128 x 192 (4096x2112x7168 105.3 vs 106.1), so only the tuner tries it.
     return make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes,
                        split_tail=model_split_tail(m, n, k, block_m, block_n, num_sms))
+
+
+# Split-K at decode sizes (H200 sweeps, docs/perf-notes.md session 10): where the model's pick is a narrow
+# one-wave tile over a long K, the same work as twice-as-wide tiles cut into K ranges (split_tail_ranges: two
+# where the tile count halves) ran 9-16% faster at M = 1-128 for N = 1536, 2048 and 2112 with K = 7168 (block_n
+# 16 and 24 picks, and 32 with two M-blocks), and 11% slower where the pick was already 32 wide with one M-block
+# (64 x 4096 x 7168) or K was short (16 K blocks: 20-23% slower).
+DECODE_SPLIT_MIN_K_BLOCKS = 28
+
+
+def decode_split_block_n(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> int | None:
+    """block_n of the split-K tile that replaces the model's plain decode pick (block_m, block_n), or None."""
+    narrow = block_n <= 24 or (ceil_div(m, block_m) >= 2 and block_n <= 32)
+    if block_m != 64 or m > 128 or ceil_div(k, 128) < DECODE_SPLIT_MIN_K_BLOCKS or not narrow:
+        return None
+    split_n = 2 * block_n
+    if not spans_at_most_two_scale_blocks(split_n) or not split_tail_applies(m, n, k, block_m, split_n, num_sms):
+        return None
+    return split_n
 
 
 def model_split_tail(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> bool:

@@ -22,7 +22,7 @@ from deepgemm.jit.tma import encode_2d
 from deepgemm.kernels.device import device_name, sm_count
 from deepgemm.kernels.loader import load_kernel
 from deepgemm.kernels.split_scratch import split_scratch
-from deepgemm.utils import ceil_div
+from deepgemm.utils import align_up, ceil_div
 
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -78,6 +78,12 @@ def a_box_rows(kind: GemmKind, block_m: int) -> int:
     if kind == GemmKind.GROUPED_MASKED:
         return 16 if block_m == 64 else 64
     return block_m
+
+
+def dense_a_box_rows(block_m: int, rows: int) -> int:
+    """Rows per TMA box of A and sfa for a dense GEMM of `rows` rows; mirrors dense_box_rows: M rounded up to 8
+    when it is below one block (decode), else block_m."""
+    return block_m if rows >= block_m else align_up(max(rows, 1), 8)
 
 
 def render_source(spec: Fp8GemmSpec) -> KernelSource:
@@ -172,14 +178,18 @@ class Fp8GemmPlan:
         )
         a_stride = a.stride(-2) if a.dim() == 3 else tma_row_stride(a)
         b_stride = b.stride(-2) if b.dim() == 3 else tma_row_stride(b)
+        a_rows_per_box = a_box_rows(self.spec.kind, c.block_m)
         if self.spec.kind == GemmKind.GROUPED_MASKED:
             # sfa [G, max_m, K/128] stored M-major per group: rows are (group, K block), columns M.
             sfa_desc = encode_2d(sfa.data_ptr(), torch.float32, g.groups * k_blocks, g.max_m, sfa.stride(-1), 1, c.block_m, 0)
         else:
-            sfa_desc = encode_2d(sfa.data_ptr(), torch.float32, k_blocks, rows, mn_major_row_stride(sfa), 1, c.block_m, 0)
+            sfa_rows_per_box = c.block_m
+            if self.spec.kind == GemmKind.DENSE:
+                a_rows_per_box = sfa_rows_per_box = dense_a_box_rows(c.block_m, rows)
+            sfa_desc = encode_2d(sfa.data_ptr(), torch.float32, k_blocks, rows, mn_major_row_stride(sfa), 1, sfa_rows_per_box, 0)
         return PackedArgs(
             [
-                encode_2d(a.data_ptr(), fp8, rows, k, a_stride, a_box_rows(self.spec.kind, c.block_m), c.block_k, 128),
+                encode_2d(a.data_ptr(), fp8, rows, k, a_stride, a_rows_per_box, c.block_k, 128),
                 encode_2d(b.data_ptr(), fp8, g.groups * n, k, b_stride, c.block_n // c.cluster_m, c.block_k, 128),
                 sfa_desc,
                 output_descriptors,

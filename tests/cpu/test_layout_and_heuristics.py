@@ -12,7 +12,8 @@ import torch
 import deepgemm
 from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
-from deepgemm.configs.heuristics import SMEM_CAPACITY, fp8_gemm_smem_bytes
+from deepgemm.configs.heuristics import SMEM_CAPACITY, fp8_gemm_smem_bytes, split_tail_applies
+from deepgemm.kernels.fp8_gemm import dense_a_box_rows
 
 # ---------------------------------------------------------------- layouts
 
@@ -245,6 +246,34 @@ def test_config_block_m_192_where_it_fills_waves() -> None:
     assert choose_fp8_gemm_config(4096, 7168, 16384, 132).block_m == 256
     for m in (512, 1000, 4096, 8192):
         assert choose_fp8_gemm_config(m, 2112, 7168, 132, allow_block_m_192=False).block_m != 192
+
+
+@pytest.mark.parametrize("m,n,k,plain_n,split_n", [
+    (1, 2112, 7168, 16, 32), (16, 1536, 7168, 16, 32), (64, 2112, 7168, 16, 32), (1, 576, 7168, 8, 16),
+    (128, 2112, 7168, 32, 64),  # two M-blocks: 32 wide still splits
+    (64, 4096, 7168, 32, None),  # one M-block 32 wide: split measured 10% slower
+    (64, 7168, 2048, 64, None),  # 16 K blocks: too short
+    (128, 7168, 16384, 128, None), (4096, 2112, 7168, None, None),
+])
+def test_config_decode_split_k(m: int, n: int, k: int, plain_n: int | None, split_n: int | None) -> None:
+    """Narrow one-wave decode tiles over a long K run as twice-as-wide split-K tiles (H200 sweeps, session 10)."""
+    plain = choose_fp8_gemm_config(m, n, k, 132, decode_split=False)
+    chosen = choose_fp8_gemm_config(m, n, k, 132)
+    assert not plain.split_tail or plain.block_m == 192
+    if plain_n is not None:
+        assert (plain.block_m, plain.block_n) == (64, plain_n)
+    if split_n is None:
+        assert chosen == plain
+    else:
+        assert (chosen.block_m, chosen.block_n, chosen.split_tail) == (64, split_n, True)
+        assert split_tail_applies(m, n, k, 64, split_n, 132)  # the launch really splits K
+
+
+@pytest.mark.parametrize("block_m,rows,box", [(64, 1, 8), (64, 8, 8), (64, 9, 16), (64, 17, 24), (64, 63, 64), (64, 64, 64),
+                                              (64, 4096, 64), (128, 100, 104), (256, 300, 256), (64, 0, 8)])
+def test_dense_a_box_rows(block_m: int, rows: int, box: int) -> None:
+    """Dense launches with fewer rows than a block load A and sfa in boxes of M rounded up to 8 rows."""
+    assert dense_a_box_rows(block_m, rows) == box
 
 
 def test_config_is_deterministic() -> None:

@@ -93,7 +93,10 @@ def test_split_tail_matches_float64_and_repeats_bitwise(m: int, n: int, k: int, 
     # The device really splits: every K range of the tail wrote its slot, and the counters are back at zero.
     warpgroups = plan.spec.config.num_math_warpgroups  # one partial each per slot
     slots = workspace[: tail * splits * block_m * block_n].view(tail * splits, warpgroups, -1)
-    assert slots[:, 0].isfinite().all()  # the first math warpgroup always has rows (the others may not)
+    # The first math warpgroup always has rows (the others may not). With fewer rows than a block, A is loaded
+    # only for them (dense_box_rows): the partials of the rows past M come from stale shared memory, any bits.
+    valid_rows = min(m, 64)
+    assert (slots[:, 0].isfinite().sum(-1) >= valid_rows * block_n).all()
     assert (counters == 0).all()
 
 

@@ -212,6 +212,11 @@ struct Sm90Fp8Gemm1D2D {
     // tiles in one box (TMA zero-fills rows past the tensor).
     static constexpr u32 kLoadRowsA = kKind == GemmKind::kGroupedMasked ? (kBlockM == 64 ? 16u : 64u) : kBlockM;
     static_assert(kBlockM % kLoadRowsA == 0, "A boxes must tile block_m");
+    // A dense GEMM with fewer rows than one block (decode) loads A and sfa in boxes of M rounded up to 8 rows,
+    // not kBlockM: boxes that overhang the tensor by most of their rows measured slow (M = 1 with 64-row boxes:
+    // ~0.18 us more per K block than M = 64). The rows past the box are stale shared memory; their outputs lie
+    // past M and are never stored. The host encodes the same box (dense_a_box_rows in fp8_gemm.py).
+    DG_DEVICE static u32 dense_box_rows(u32 m) { return m >= kBlockM ? kBlockM : align_up(max(m, 1u), 8u); }
     using Mma = ptx::WgmmaFp8<kBlockN>;
 
     // Shared memory map. A/B stages first: each is a multiple of 1024 bytes, so every stage stays
@@ -264,10 +269,14 @@ struct Sm90Fp8Gemm1D2D {
             const i32 sfa_col = static_cast<i32>(tile.m_block * kBlockM + (kKind == GemmKind::kGroupedMasked ? 0 : tile.row_begin));
             const u32 sfa_row0 = kKind == GemmKind::kGroupedMasked ? tile.group * kNumKBlocks : 0;
             u32 a_boxes = 1;
+            u32 tx_bytes = kStageTxBytes;
             if constexpr (kLoadRowsA != kBlockM) {
                 a_boxes = ceil_div(min(tile.rows - tile.m_block * kBlockM, kBlockM), kLoadRowsA);
+                tx_bytes = kStageTxBytes - kStageABytes + a_boxes * kLoadRowsA * kBlockK;
+            } else if constexpr (kKind == GemmKind::kDense) {
+                const u32 box_rows = dense_box_rows(problem.m);
+                tx_bytes = kStageBBytes + box_rows * (kBlockK + 4);
             }
-            const u32 tx_bytes = kStageTxBytes - kStageABytes + a_boxes * kLoadRowsA * kBlockK;
             for (u32 k_block = k_begin; k_block < k_end; ++k_block) {
                 ptx::mbarrier_wait(&ring.empty[stage], phase ^ 1);
                 u64* full = &ring.full[stage];
