@@ -60,6 +60,9 @@ class SplitScratch:
         self._arenas: dict[int, list[torch.Tensor]] = {}  # every arena ever made stays alive (graphs use slices)
         self._arena_used: dict[int, int] = {}  # counters handed out of the device's newest arena
         self._lock = threading.Lock()
+        # Bumped whenever an eager pair is made or dropped, or the arena changes: a caller that saw the same
+        # generation before and after get() may reuse that pair without calling get() again until it moves.
+        self.generation = 0
 
     def get(self, device_index: int, stream: int, workspace_floats: int, counters: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(workspace, counters) with at least these sizes, for a launch on `stream`, which must be the current
@@ -79,6 +82,7 @@ class SplitScratch:
                     counters = max(counters, entry[1].numel())
                 entry = self._buffers[key] = (_empty_floats(device_index, workspace_floats),
                                               _zero_counters(device_index, counters))
+                self.generation += 1
                 same_device = [k for k in self._buffers if k[0] == device_index]
                 for stale in same_device[:-MAX_STREAMS]:  # least recently used first
                     del self._buffers[stale]
@@ -89,6 +93,7 @@ class SplitScratch:
             with self._lock:
                 self._arenas.setdefault(device_index, []).append(arena)
                 self._arena_used[device_index] = 0
+                self.generation += 1
         return entry
 
     def _take_captured_counters(self, device_index: int, counters: int) -> torch.Tensor | None:
@@ -98,6 +103,7 @@ class SplitScratch:
             if not arenas or used + counters > ARENA_COUNTERS:
                 return None
             self._arena_used[device_index] = used + counters
+            self.generation += 1  # the next eager launch checks whether the arena needs a refill
             return arenas[-1][used:used + counters]
 
     def captured_counters_left(self, device_index: int) -> int:
@@ -110,6 +116,7 @@ class SplitScratch:
         captured graphs may still use them."""
         with self._lock:
             self._buffers.clear()
+            self.generation += 1
 
 
 split_scratch = SplitScratch()

@@ -76,3 +76,27 @@ def test_no_arena_before_an_eager_launch(scratch) -> None:  # noqa: ANN001
     state["capturing"] = True
     _, counters = cache.get(0, 7, 10, 4)  # a plan first launched under capture: memset path
     assert counters.numel() == 4 and state["arenas"] == 0 and cache.captured_counters_left(0) == 0
+
+
+def test_generation_moves_whenever_a_pair_or_the_arena_changes(scratch) -> None:  # noqa: ANN001
+    """Plans reuse their last eager pointers while the generation holds: it must move on every change."""
+    cache, state = scratch
+    before = cache.generation
+    first = cache.get(0, 7, 100, 10)  # a new pair and a fresh arena
+    settled = cache.generation
+    assert settled > before
+    assert cache.get(0, 7, 50, 5) == first and cache.generation == settled  # reuse: nothing moved
+    cache.get(0, 7, 200, 10)  # grown: the old pair is dropped
+    assert cache.generation > settled
+    settled = cache.generation
+    for stream in range(100, 100 + module.MAX_STREAMS):  # other streams push stream 7's pair out
+        cache.get(0, stream, 10, 1)
+    assert cache.generation > settled
+    settled = cache.generation
+    state["capturing"] = True
+    cache.get(0, 7, 10, 1)  # a captured launch takes an arena slice
+    assert cache.generation > settled
+    settled = cache.generation
+    state["capturing"] = False
+    cache.clear()
+    assert cache.generation > settled
