@@ -23,7 +23,7 @@ TILES = [
     (1300, 2048, 2048, 256, 128, 16, "whole", True),
     (129, 2112, 7168, 128, 192, 132, "whole", None),
     (65, 4032, 1536, 64, 96, 132, "whole", None),
-    (1, 2112, 7168, 64, 32, 132, "split", None),  # split-K at decode sizes (the shipped N = 2112 entries)
+    (1, 2112, 7168, 64, 32, 132, "split", None),  # split-K at decode sizes (the cost model's N = 2112 picks)
     (128, 2112, 7168, 64, 64, 132, "split", None),
 ]
 
@@ -58,7 +58,7 @@ def main() -> None:
 
 
 def captured_split() -> None:
-    """A split-K decode GEMM (the shipped tuned entry for 64 x 2112 x 7168) warmed eagerly, then captured in a CUDA
+    """A split-K decode GEMM (the cost model's pick for 64 x 2112 x 7168) warmed eagerly, then captured in a CUDA
     graph (counters from the capture arena) and replayed on new inputs."""
     m, n, k = 64, 2112, 7168
     a, b = random_operands(m, n, k, "cuda", seed=11)
