@@ -44,7 +44,7 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     )],
     "no_mma": [("        ptx::mma_k128_block<Mma>(desc_a, desc_b, partial);\n", "")],
     "no_loads": [
-        ("                    ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes, tma_a, full, k, row_a);\n", ""),
+        ("                    ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes, desc_a, full, k, row_a);\n", ""),
         ("                    ptx::tma_load_2d(ring.smem + kOffsetB + stage * kStageBBytes, tma_b, full, k, row_b);\n", ""),
         ("ptx::mbarrier_arrive_expect_tx(full, tx_bytes);", "ptx::mbarrier_arrive_expect_tx(full, kStageSfaBytes);"),
     ],
@@ -70,8 +70,8 @@ VARIANTS["no_b_loads"] = [
 VARIANTS["mma_only"] = VARIANTS["no_promote"] + VARIANTS["no_loads"]  # the MMAs, barriers and epilogue alone
 # No TMA at all (sfa too: the producer only arrives on each stage): what the stage ring costs by itself.
 VARIANTS["no_tma"] = VARIANTS["no_loads"][:2] + [
-    ("ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, tma_sfa, full, sfa_col,",
-     "if (k_block == ~0u) ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, tma_sfa, full, sfa_col,"),
+    ("ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, desc_sfa, full, sfa_col,",
+     "if (k_block == ~0u) ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, desc_sfa, full, sfa_col,"),
     ("ptx::mbarrier_arrive_expect_tx(full, tx_bytes);", "ptx::mbarrier_arrive_expect_tx(full, 0u);"),
 ]
 VARIANTS["handshake"] = VARIANTS["no_tma"] + VARIANTS["no_mma"]  # ring handshakes, promotion and epilogue only

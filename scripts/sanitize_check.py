@@ -25,6 +25,7 @@ TILES = [
     (65, 4032, 1536, 64, 96, 132, "whole", None),
     (1, 2112, 7168, 64, 32, 132, "split", None),  # split-K at decode sizes (the cost model's N = 2112 picks)
     (128, 2112, 7168, 64, 64, 132, "split", None),
+    (100, 2112, 7168, 64, 64, 132, "split", None),  # a 36-row last M-block in its own A box, split along K
 ]
 
 

@@ -80,10 +80,11 @@ def a_box_rows(kind: GemmKind, block_m: int) -> int:
     return block_m
 
 
-def dense_a_box_rows(block_m: int, rows: int) -> int:
-    """Rows per TMA box of A and sfa for a dense GEMM of `rows` rows; mirrors dense_box_rows: M rounded up to 8
-    when it is below one block (decode), else block_m."""
-    return block_m if rows >= block_m else align_up(max(rows, 1), 8)
+def dense_last_box_rows(block_m: int, rows: int) -> int:
+    """Rows per TMA box of A and sfa for the last M-block of a dense GEMM of `rows` rows; mirrors
+    dense_last_box_rows in the kernel: the block's rows rounded up to 8 (block_m when M fills it)."""
+    rows = max(rows, 1)
+    return align_up(rows - (ceil_div(rows, block_m) - 1) * block_m, 8)
 
 
 def render_source(spec: Fp8GemmSpec) -> KernelSource:
@@ -101,10 +102,11 @@ static_assert(Kernel::kLoadRowsA == {a_box_rows(spec.kind, c.block_m)}u, "host a
 
 extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
 deepgemm_fp8_gemm_1d2d(const __grid_constant__ deepgemm::TmaDescriptor tma_a, const __grid_constant__ deepgemm::TmaDescriptor tma_b,
-                const __grid_constant__ deepgemm::TmaDescriptor tma_sfa, const __grid_constant__ deepgemm::OutputDescriptors tma_d,
+                const __grid_constant__ deepgemm::TmaDescriptor tma_sfa, const __grid_constant__ deepgemm::TmaDescriptor tma_a_last,
+                const __grid_constant__ deepgemm::TmaDescriptor tma_sfa_last, const __grid_constant__ deepgemm::OutputDescriptors tma_d,
                 const float* sfb, deepgemm::u32 m, const int* grouping, deepgemm::u32 num_groups, deepgemm::u32 max_m,
                 float* workspace, deepgemm::u32* counters) {{
-    Kernel::run(&tma_a, &tma_b, &tma_sfa, &tma_d, sfb, deepgemm::GemmProblem{{m, grouping, num_groups, max_m, workspace, counters}});
+    Kernel::run(&tma_a, &tma_b, &tma_sfa, &tma_a_last, &tma_sfa_last, &tma_d, sfb, deepgemm::GemmProblem{{m, grouping, num_groups, max_m, workspace, counters}});
 }}
 """
     return KernelSource(code=code, entry="deepgemm_fp8_gemm_1d2d", label=spec.label())
@@ -182,19 +184,27 @@ class Fp8GemmPlan:
         a_stride = a.stride(-2) if a.dim() == 3 else tma_row_stride(a)
         b_stride = b.stride(-2) if b.dim() == 3 else tma_row_stride(b)
         a_rows_per_box = a_box_rows(self.spec.kind, c.block_m)
+        a_desc = encode_2d(a.data_ptr(), fp8, rows, k, a_stride, a_rows_per_box, c.block_k, 128)
         if self.spec.kind == GemmKind.GROUPED_MASKED:
             # sfa [G, max_m, K/128] stored M-major per group: rows are (group, K block), columns M.
             sfa_desc = encode_2d(sfa.data_ptr(), torch.float32, g.groups * k_blocks, g.max_m, sfa.stride(-1), 1, c.block_m, 0)
         else:
-            sfa_rows_per_box = c.block_m
-            if self.spec.kind == GemmKind.DENSE:
-                a_rows_per_box = sfa_rows_per_box = dense_a_box_rows(c.block_m, rows)
-            sfa_desc = encode_2d(sfa.data_ptr(), torch.float32, k_blocks, rows, mn_major_row_stride(sfa), 1, sfa_rows_per_box, 0)
+            sfa_desc = encode_2d(sfa.data_ptr(), torch.float32, k_blocks, rows, mn_major_row_stride(sfa), 1, c.block_m, 0)
+        # The last M-block's A and sfa boxes (dense only: other kinds pass the main descriptors, never read).
+        a_last_desc, sfa_last_desc = a_desc, sfa_desc
+        if self.spec.kind == GemmKind.DENSE:
+            last_rows = dense_last_box_rows(c.block_m, rows)
+            if last_rows != c.block_m:
+                a_last_desc = encode_2d(a.data_ptr(), fp8, rows, k, a_stride, last_rows, c.block_k, 128)
+                sfa_last_desc = encode_2d(sfa.data_ptr(), torch.float32, k_blocks, rows, mn_major_row_stride(sfa), 1,
+                                          last_rows, 0)
         return PackedArgs(
             [
-                encode_2d(a.data_ptr(), fp8, rows, k, a_stride, a_rows_per_box, c.block_k, 128),
+                a_desc,
                 encode_2d(b.data_ptr(), fp8, g.groups * n, k, b_stride, c.block_n // c.cluster_m, c.block_k, 128),
                 sfa_desc,
+                a_last_desc,
+                sfa_last_desc,
                 output_descriptors,
                 U64(sfb.data_ptr()),
                 U32(rows),
@@ -248,8 +258,8 @@ class Fp8GemmPlan:
             self._split_args[stream] = (generation, args, derived, workspace, counters)
         return derived
 
-    _WORKSPACE_ARG = 9  # positions of the split-tail pointers in _pack's argument list
-    _COUNTERS_ARG = 10
+    _WORKSPACE_ARG = 11  # positions of the split-tail pointers in _pack's argument list
+    _COUNTERS_ARG = 12
 
     def split_count(self) -> int:
         """K ranges per tail tile for this plan's M (stream tail: 2, a head and an end; 1: no split); mirrors

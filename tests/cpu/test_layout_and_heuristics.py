@@ -13,7 +13,7 @@ import deepgemm
 from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
 from deepgemm.configs.heuristics import SMEM_CAPACITY, fp8_gemm_smem_bytes, split_tail_applies
-from deepgemm.kernels.fp8_gemm import dense_a_box_rows
+from deepgemm.kernels.fp8_gemm import dense_last_box_rows
 
 # ---------------------------------------------------------------- layouts
 
@@ -270,10 +270,11 @@ def test_config_decode_split_k(m: int, n: int, k: int, plain_n: int | None, spli
 
 
 @pytest.mark.parametrize("block_m,rows,box", [(64, 1, 8), (64, 8, 8), (64, 9, 16), (64, 17, 24), (64, 63, 64), (64, 64, 64),
-                                              (64, 4096, 64), (128, 100, 104), (256, 300, 256), (64, 0, 8)])
-def test_dense_a_box_rows(block_m: int, rows: int, box: int) -> None:
-    """Dense launches with fewer rows than a block load A and sfa in boxes of M rounded up to 8 rows."""
-    assert dense_a_box_rows(block_m, rows) == box
+                                              (64, 4096, 64), (128, 100, 104), (64, 65, 8), (64, 72, 8), (64, 73, 16),
+                                              (64, 127, 64), (128, 129, 8), (256, 300, 48), (256, 512, 256), (64, 0, 8)])
+def test_dense_last_box_rows(block_m: int, rows: int, box: int) -> None:
+    """A dense launch loads its last M-block's A and sfa in boxes of that block's rows rounded up to 8."""
+    assert dense_last_box_rows(block_m, rows) == box
 
 
 def test_config_is_deterministic() -> None:

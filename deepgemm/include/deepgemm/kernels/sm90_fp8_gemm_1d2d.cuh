@@ -212,11 +212,17 @@ struct Sm90Fp8Gemm1D2D {
     // tiles in one box (TMA zero-fills rows past the tensor).
     static constexpr u32 kLoadRowsA = kKind == GemmKind::kGroupedMasked ? (kBlockM == 64 ? 16u : 64u) : kBlockM;
     static_assert(kBlockM % kLoadRowsA == 0, "A boxes must tile block_m");
-    // A dense GEMM with fewer rows than one block (decode) loads A and sfa in boxes of M rounded up to 8 rows,
+    // A dense GEMM's last M-block, when M does not fill it, loads A and sfa through a second pair of
+    // descriptors whose box is that block's rows rounded up to 8 (M itself when M is below one block: decode),
     // not kBlockM: boxes that overhang the tensor by most of their rows measured slow (M = 1 with 64-row boxes:
-    // ~0.18 us more per K block than M = 64). The rows past the box are stale shared memory; their outputs lie
-    // past M and are never stored. The host encodes the same box (dense_a_box_rows in fp8_gemm.py).
-    DG_DEVICE static u32 dense_box_rows(u32 m) { return m >= kBlockM ? kBlockM : align_up(max(m, 1u), 8u); }
+    // ~0.18 us more per K block than M = 64; M = 65 with 64-row blocks ran 25% slower than M = 128). One box
+    // per stage either way (v32's quarter-block boxes, a loop in the producer, measured slower). The rows past
+    // the box are stale shared memory; their outputs lie past M and are never stored. The host encodes the
+    // same box (dense_last_box_rows in fp8_gemm.py).
+    DG_DEVICE static u32 dense_last_box_rows(u32 m) {
+        const u32 rows = m - (ceil_div(max(m, 1u), kBlockM) - 1) * kBlockM;
+        return align_up(max(rows, 1u), 8u);
+    }
     using Mma = ptx::WgmmaFp8<kBlockN>;
 
     // Shared memory map. A/B stages first: each is a multiple of 1024 bytes, so every stage stays
@@ -251,12 +257,16 @@ struct Sm90Fp8Gemm1D2D {
     using Ring = StageRing<kNumStages>;
 
     DG_DEVICE static void producer(const Ring& ring, const TmaDescriptor* tma_a, const TmaDescriptor* tma_b,
-                                   const TmaDescriptor* tma_sfa, const GemmProblem& problem, u32 cta_rank) {
+                                   const TmaDescriptor* tma_sfa, const TmaDescriptor* tma_a_last,
+                                   const TmaDescriptor* tma_sfa_last, const GemmProblem& problem, u32 cta_rank) {
         Tiles tiles(problem, cta_rank);
         GroupedTile tile;
         SplitUnit unit{0, kNumKBlocks, 1, 0, 0};
         u32 stage = 0;
         u32 phase = 0;
+        // Dense: the last M-block and its stage bytes (kBlockM rows when M fills it).
+        const u32 last_m_block = ceil_div(max(problem.m, 1u), kBlockM) - 1;
+        const u32 last_tx_bytes = kStageBBytes + dense_last_box_rows(problem.m) * (kBlockK + 4);
         while (tiles.next(tile, unit)) {
             if (tile.padding) {
                 continue;  // a block of padding rows: nothing to load (the consumers skip it too)
@@ -270,12 +280,17 @@ struct Sm90Fp8Gemm1D2D {
             const u32 sfa_row0 = kKind == GemmKind::kGroupedMasked ? tile.group * kNumKBlocks : 0;
             u32 a_boxes = 1;
             u32 tx_bytes = kStageTxBytes;
+            const TmaDescriptor* desc_a = tma_a;
+            const TmaDescriptor* desc_sfa = tma_sfa;
             if constexpr (kLoadRowsA != kBlockM) {
                 a_boxes = ceil_div(min(tile.rows - tile.m_block * kBlockM, kBlockM), kLoadRowsA);
                 tx_bytes = kStageTxBytes - kStageABytes + a_boxes * kLoadRowsA * kBlockK;
             } else if constexpr (kKind == GemmKind::kDense) {
-                const u32 box_rows = dense_box_rows(problem.m);
-                tx_bytes = kStageBBytes + box_rows * (kBlockK + 4);
+                if (tile.m_block == last_m_block) {
+                    desc_a = tma_a_last;
+                    desc_sfa = tma_sfa_last;
+                    tx_bytes = last_tx_bytes;
+                }
             }
             for (u32 k_block = k_begin; k_block < k_end; ++k_block) {
                 ptx::mbarrier_wait(&ring.empty[stage], phase ^ 1);
@@ -283,7 +298,7 @@ struct Sm90Fp8Gemm1D2D {
                 const i32 k = static_cast<i32>(k_block * kBlockK);
                 ptx::mbarrier_arrive_expect_tx(full, tx_bytes);
                 if constexpr (kLoadRowsA == kBlockM) {
-                    ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes, tma_a, full, k, row_a);
+                    ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes, desc_a, full, k, row_a);
                 } else {
                     for (u32 box = 0; box < a_boxes; ++box) {
                         ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes + box * kLoadRowsA * kBlockK, tma_a, full,
@@ -298,7 +313,7 @@ struct Sm90Fp8Gemm1D2D {
                     ptx::tma_load_2d_multicast(ring.smem + kOffsetB + stage * kStageBBytes + half * kBlockK, tma_b, full, k,
                                                row_b + static_cast<i32>(half), (1u << kClusterM) - 1);
                 }
-                ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, tma_sfa, full, sfa_col,
+                ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, desc_sfa, full, sfa_col,
                                  static_cast<i32>(sfa_row0 + k_block));
                 Ring::advance(stage, phase);
             }
@@ -1033,7 +1048,9 @@ struct Sm90Fp8Gemm1D2D {
         Store::drain(me.thread_in_wg);
     }
 
+    // tma_a_last / tma_sfa_last: a dense GEMM's last M-block (see dense_last_box_rows); other kinds never read them.
     DG_DEVICE static void run(const TmaDescriptor* tma_a, const TmaDescriptor* tma_b, const TmaDescriptor* tma_sfa,
+                              const TmaDescriptor* tma_a_last, const TmaDescriptor* tma_sfa_last,
                               const OutputDescriptors* tma_d, const float* sfb, const GemmProblem& problem) {
         extern __shared__ __align__(1024) u8 smem[];
         const Ring ring = Ring::at(smem, kOffsetBarriers);
@@ -1043,6 +1060,10 @@ struct Sm90Fp8Gemm1D2D {
             ptx::tma_prefetch_descriptor(tma_a);
             ptx::tma_prefetch_descriptor(tma_b);
             ptx::tma_prefetch_descriptor(tma_sfa);
+            if constexpr (kKind == GemmKind::kDense) {
+                ptx::tma_prefetch_descriptor(tma_a_last);
+                ptx::tma_prefetch_descriptor(tma_sfa_last);
+            }
             ptx::tma_prefetch_descriptor(&tma_d->width128);
             tile_slots.init();
             ring.init(kClusterM * kNumMathThreads / 32);  // (its fence also covers the tile-slot barriers)
@@ -1057,7 +1078,7 @@ struct Sm90Fp8Gemm1D2D {
         if (threadIdx.x < 128) {
             ptx::setmaxnreg_dec<kProducerRegisters>();
             if (threadIdx.x == 0) {
-                producer(ring, tma_a, tma_b, tma_sfa, problem, cta_rank);
+                producer(ring, tma_a, tma_b, tma_sfa, tma_a_last, tma_sfa_last, problem, cta_rank);
             } else if (kTileLoader && threadIdx.x / 32 == 1) {
                 tile_loader(tile_slots, sfb, problem, cta_rank, threadIdx.x % 32);
             }
