@@ -3,9 +3,11 @@
 For each candidate (block_m, block_n) the model estimates
     time = max(waves * tile_time, hbm_bytes / hbm_bandwidth)
 where waves = ceil(tiles / num_sms) and tile_time = max(MMA time, time to stream the tile's
-A and B rows from L2 into one SM). Small block_n pays a per-instruction overhead in the MMA
-term. The fastest estimate wins; ties go to fewer tiles (less redundant operand traffic).
-The pipeline depth is the most stages that fit in shared memory.
+A and B rows from L2 into one SM), plus above decode sizes a fixed cost per tile. Small block_n
+pays a per-instruction overhead in the MMA term. Decode sizes (M <= 128) and larger M have their
+own constants, each fitted to H200 timings of that regime. The fastest estimate wins; ties go to
+fewer tiles (less redundant operand traffic). The pipeline depth is the most stages that fit in
+shared memory.
 """
 
 from __future__ import annotations
@@ -41,6 +43,22 @@ PIPELINED_MMA_SHARE = {64: 0.7, 128: 0.9}
 # them makes the model choose unmeasured block_n 96 tiles, so it stays until they are measured.)
 STRADDLE_SHARE = 0.7
 MAX_PIPELINED_BLOCK_N = 128  # 3 x block_n/2 accumulator registers must fit next to ~40 others
+
+# Above decode sizes (M > DECODE_MAX_M) the same terms are fitted to measurements instead
+# (benchmarks/h200-mid-m-tune.md: 7 tiles x 42 shapes, M = 160-3072 on the six DeepSeek-V3 (N, K) pairs, H200):
+# t = c0 + waves x (K blocks x per-K-block MMA time + per-tile cost), rms error 6% (the decode constants were off by
+# 0.6-3x there: they ranked 128 x 192 tiles, a compile-time straddle, 30% too slow, and the picks ran up to 1.4x the
+# best measured tile). The launch constant c0 (~6.7 us with the harness's floor) ranks nothing and is left out.
+# The decode regime keeps the constants above: its picks were measured with them (sessions 9-10).
+DECODE_MAX_M = 128
+PREFILL_MMA_OVERHEAD_COLUMNS = 54
+PREFILL_PIPELINED_MMA_SHARE = {64: 0.70, 128: 0.99}
+# (block_m 64 unpipelined: one warpgroup cannot overlap its promotion; not measured, scaled as in the decode model.)
+PREFILL_UNPIPELINED_MMA_SHARE = {64: 0.40, 128: 0.955, 192: 0.87, 256: 1.065}
+PREFILL_TILE_SECONDS = 0.68e-6  # per tile: tile start and epilogue ...
+# ... and with one or two unpipelined math warpgroups the last K block's MMAs and promotion, which nothing
+# overlaps, in K blocks' MMA time (block_m 192's three warpgroups overlap it).
+PREFILL_EXPOSED_K_BLOCKS = 1.25
 
 
 def output_tile_bytes(block_n: int, out_elem_bytes: int) -> int:
@@ -126,19 +144,40 @@ def hbm_seconds(m: int, n: int, k: int, out_elem_bytes: int) -> float:
 
 
 def tile_schedule_seconds(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> float:
-    """waves x per-tile time, the per-tile time being the slower of MMA and streaming operands from L2."""
+    """waves x per-tile time, the per-tile time being the slower of MMA and streaming operands from L2, plus (above
+    decode sizes) a fixed cost per tile."""
     k_padded = align_up(max(k, 1), 128)
     cluster_m = cluster_m_for(m, block_m, block_n, num_sms)
     tiles = align_up(ceil_div(m, block_m), cluster_m) * ceil_div(n, block_n)
     waves = ceil_div(tiles, num_sms)
-    mma_efficiency = block_n / (block_n + MMA_OVERHEAD_COLUMNS)
-    shares = PIPELINED_MMA_SHARE if pipelined_for(block_m, block_n) else UNPIPELINED_MMA_SHARE
-    mma_efficiency *= shares[block_m]
-    if 128 % block_n != 0:
-        mma_efficiency *= STRADDLE_SHARE
-    mma = 2 * block_m * block_n * k_padded / (FP8_DENSE_FLOPS / num_sms * mma_efficiency)
+    mma_per_k_block = 2 * block_m * block_n * 128 / (FP8_DENSE_FLOPS / num_sms * mma_efficiency(m, block_m, block_n))
+    mma = mma_per_k_block * k_padded / 128
     stream = (block_m + block_n / cluster_m) * k_padded / L2_TO_SM_BYTES_PER_S
-    return waves * max(mma, stream)
+    tile_fixed = 0.0
+    if m > DECODE_MAX_M:
+        exposed_tail = not pipelined_for(block_m, block_n) and math_warpgroups(block_m) < 3
+        tile_fixed = PREFILL_TILE_SECONDS + (PREFILL_EXPOSED_K_BLOCKS * mma_per_k_block if exposed_tail else 0.0)
+    return waves * (max(mma, stream) + tile_fixed)
+
+
+def mma_efficiency(m: int, block_m: int, block_n: int) -> float:
+    """Share of the tensor peak a tile's K loop runs at: the decode constants up to DECODE_MAX_M rows, the fitted
+    prefill ones above."""
+    pipelined = pipelined_for(block_m, block_n)
+    if m <= DECODE_MAX_M:
+        efficiency = block_n / (block_n + MMA_OVERHEAD_COLUMNS)
+        efficiency *= (PIPELINED_MMA_SHARE if pipelined else UNPIPELINED_MMA_SHARE)[block_m]
+        return efficiency * (STRADDLE_SHARE if 128 % block_n != 0 else 1.0)
+    efficiency = block_n / (block_n + PREFILL_MMA_OVERHEAD_COLUMNS)
+    efficiency *= (PREFILL_PIPELINED_MMA_SHARE if pipelined else PREFILL_UNPIPELINED_MMA_SHARE)[block_m]
+    return efficiency * (1.0 if static_straddle(block_n) else STRADDLE_SHARE)
+
+
+def static_straddle(block_n: int) -> bool:
+    """Whether the kernel resolves a tile's switch to the next 128-column scale block at compile time (no straddle,
+    or at most four possible switch columns); mirrors kStaticStraddle. Other widths select scales per 8 columns
+    at run time."""
+    return 128 % block_n == 0 or 128 // math.gcd(block_n, 128) <= 4
 
 
 def spans_at_most_two_scale_blocks(block_n: int) -> bool:
@@ -253,7 +292,7 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
 
 
 def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
-                      allow_block_m_256: bool = True, allow_block_m_192: bool = True) -> list[tuple[float, int, int]]:
+                      allow_block_m_256: bool = True, allow_block_m_192: bool = False) -> list[tuple[float, int, int]]:
     """(estimated seconds, block_m, block_n) for every feasible tile, fastest first.
 
     Ties (several tiles at the HBM floor) go to the faster tile schedule, then to fewer tiles.
@@ -271,13 +310,14 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
 
 
 def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
-                           allow_block_m_256: bool = True, allow_block_m_192: bool = True,
+                           allow_block_m_256: bool = True, allow_block_m_192: bool = False,
                            decode_split: bool = True) -> GemmConfig:
     """Pick block sizes and stages for D[m, n] = A[m, k] B[n, k]^T on `num_sms` SMs.
 
-    Grouped GEMMs allow it only for long contiguous expert segments (contiguous_allows_block_m_256) and for
-    masked groups with long K (masked_allows_block_m_256). `decode_split` False: never the split-K decode
-    tile (decode_split_block_n), so the plain pick can be timed against it."""
+    Grouped GEMMs allow block_m 256 only for long contiguous expert segments (contiguous_allows_block_m_256) and
+    for masked groups with long K (masked_allows_block_m_256). block_m 192 only on request: in the mid-M sweep
+    (benchmarks/h200-mid-m-tune.md) it was never the fastest tile at M >= 512. `decode_split` False: never the
+    split-K decode tile (decode_split_block_n), so the plain pick can be timed against it."""
     if min(m, n, k) <= 0 or num_sms <= 0:
         raise ValueError(f"choose_fp8_gemm_config needs positive m, n, k, num_sms; got {m}, {n}, {k}, {num_sms}")
     ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes, allow_block_m_256, allow_block_m_192)

@@ -29,7 +29,8 @@ class TuneResult:
 
 def candidate_configs(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int, top: int) -> list[GemmConfig]:
     configs: list[GemmConfig] = []
-    for _, block_m, block_n in ranked_candidates(m, n, k, num_sms, out_elem_bytes)[:top]:
+    # block_m 192 too, which the cost model leaves out (it was never the fastest tile in its sweep).
+    for _, block_m, block_n in ranked_candidates(m, n, k, num_sms, out_elem_bytes, allow_block_m_192=True)[:top]:
         model_split = model_split_tail(m, n, k, block_m, block_n, num_sms)
         configs.append(make_config(m, n, k, block_m, block_n, num_sms, out_elem_bytes, cluster_m=1, split_tail=model_split))
         if not model_split and split_tail_applies(m, n, k, block_m, block_n, num_sms):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepgemm.configs.heuristics import make_config
+from deepgemm.configs.heuristics import make_config, model_split_tail
 from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec, plan_spec
 
 
@@ -36,7 +36,7 @@ def test_split_tail_is_opt_in_except_for_block_m_192(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("DEEPGEMM_CLUSTER_M", raising=False)
     plain = plan_spec(4096, 7168, 2048, torch.bfloat16, 132).config
     assert plain.block_m == 256 and not plain.split_tail and not plain.stream_tail
-    assert plan_spec(768, 3072, 7168, torch.bfloat16, 132).config.split_tail  # block_m 192: the model's choice
+    assert model_split_tail(768, 3072, 7168, 192, 128, 132)  # block_m 192 (on request) builds as the split-tail kernel
     monkeypatch.setenv("DEEPGEMM_SPLIT_TAIL", "1")
     forced = plan_spec(4096, 7168, 16384, torch.bfloat16, 132).config
     assert forced.split_tail and not forced.stream_tail
@@ -52,7 +52,8 @@ def test_block_m_192_split_tail_only_with_long_ranges() -> None:
     assert split_tail_for(192, 176, 132, 56)  # 3 ranges of >= 18 K blocks
     assert not split_tail_for(192, 176, 132, 12)  # 3 ranges of 4 K blocks: short ranges measured slower
     assert not split_tail_for(256, 374, 132, 56) and not split_tail_for(128, 544, 132, 56)
-    assert choose_fp8_gemm_config(768, 3072, 7168, 132).split_tail
+    assert choose_fp8_gemm_config(768, 3072, 7168, 132, allow_block_m_192=True).split_tail == (
+        choose_fp8_gemm_config(768, 3072, 7168, 132, allow_block_m_192=True).block_m == 192)
 
 
 def stream_schedule(tiles: int, grid: int, k_blocks: int, split: int) -> list[list[tuple[int, int, int]]]:

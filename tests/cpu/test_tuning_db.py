@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from deepgemm.configs.heuristics import (choose_fp8_gemm_config, fp8_gemm_smem_bytes, make_config, max_stages,
-                                        split_tail_applies)
+                                        model_split_tail, split_tail_applies)
 from deepgemm.configs.tuning_db import TuningDB, entry_key, gpu_slug, m_bucket, tuning_db
 from deepgemm.kernels.fp8_gemm import plan_spec
 
@@ -67,7 +67,7 @@ def test_block_m_192_entries_and_tuner_candidates_follow_the_model(tmp_path: Pat
     config = TuningDB(path).lookup(4096, 2112, 7168, 132)
     assert config is not None and config.block_m == 192 and config.cluster_m == 1
     assert config.split_tail  # block_m 192 is built as the split-tail kernel, as the model builds it
-    assert choose_fp8_gemm_config(768, 3072, 7168, 132).split_tail
+    assert model_split_tail(768, 3072, 7168, 192, 128, 132)
     candidates = candidate_configs(4096, 2112, 7168, 132, 2, top=6)
     assert any(c.block_m == 192 for c in candidates)
     assert all(c.cluster_m == 1 and (c.split_tail or c.stream_tail) for c in candidates if c.block_m == 192)

@@ -1,0 +1,91 @@
+"""Candidate tiles at mid-size M (prefill chunks, 160-3072 rows) timed against the cost model's pick, one device call.
+
+scripts/m_sweep.py found the model's pick below cuBLAS block-wise by up to 9% at M = 160-3072 on the DeepSeek-V3
+(N, K) pairs. For each shape this times the model's config and a fixed set of alternatives (block_m 64/128/192/256,
+block_m 192 as the cost model builds it), interleaved (CUDA graph, L2 flushed, median of 30: bench_split's
+time_configs), and prints the model's pick, the best and each config's time relative to the best; all timings go
+to $OUT/mid_m_tune.json.
+Usage: mid_m_tune.py [--compile-only] [--m 160,256,...] [--nk 2112x7168,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from deepgemm.bench.suites import DEEPSEEK_V3_NK  # noqa: E402
+from deepgemm.configs.config import GemmConfig  # noqa: E402
+from deepgemm.configs.heuristics import (choose_fp8_gemm_config, make_config, max_stages,  # noqa: E402
+                                        model_split_tail)
+
+DEFAULT_M = (160, 256, 384, 768, 1536, 2048, 3072)
+TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 192), (192, 128), (256, 128))
+SMS = 132
+
+
+def candidates(m: int, n: int, k: int) -> list[GemmConfig]:
+    """The model's pick first, then every fixed tile that fits (block_m 192 with the model's split-tail choice)."""
+    model = choose_fp8_gemm_config(m, n, k, SMS)
+    configs = [model]
+    for bm, bn in TILES:
+        if bn > max(n, 16) + 64 or bm > 2 * m or max_stages(bm, bn, k, 2) < 2:
+            continue
+        config = make_config(m, n, k, bm, bn, SMS, 2, cluster_m=1, split_tail=model_split_tail(m, n, k, bm, bn, SMS))
+        if config not in configs:
+            configs.append(config)
+    return configs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--m", default=",".join(map(str, DEFAULT_M)))
+    parser.add_argument("--nk", default=",".join(f"{n}x{k}" for n, k in DEEPSEEK_V3_NK))
+    args = parser.parse_args()
+    pairs = [tuple(int(v) for v in pair.split("x")) for pair in args.nk.split(",")]
+    shapes = [(m, n, k) for n, k in pairs for m in map(int, args.m.split(","))]
+    jobs = {shape: candidates(*shape) for shape in shapes}
+    if args.compile_only:
+        from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec
+
+        specs = list(dict.fromkeys(Fp8GemmSpec(n, k, torch.bfloat16, c) for (_, n, k), cs in jobs.items() for c in cs))
+        with ThreadPoolExecutor(8) as pool:
+            for spec, built in zip(specs, pool.map(compile_spec, specs)):
+                res = built.resources
+                if res is not None and (res.spill_stores or res.stack_frame):
+                    print(f"SPILLS {spec.label()}: {res}")
+        print(f"{len(specs)} kernels built")
+        return
+
+    from scripts.bench_split import time_configs
+
+    results = []
+    print("| shape | model's pick | model µs | best | best µs | model / best | others (µs / best) |")
+    print("|---|---|---|---|---|---|---|")
+    for (m, n, k), configs in jobs.items():
+        timed = [(timing.median_us, config, diff) for config, _, diff, timing in time_configs(m, n, k, configs, seed=5)]
+        bad = [config.label() for _, config, diff in timed if diff > 1e-3]
+        model_us = timed[0][0]
+        ranked = sorted(timed, key=lambda item: item[0])
+        best_us, best, _ = ranked[0]
+        short = lambda c: f"{c.block_m}x{c.block_n}{' sk' if c.split_tail else ''}"  # noqa: E731
+        others = ", ".join(f"{short(c)} {us:.1f} ({us / best_us:.2f})" for us, c, _ in ranked[1:])
+        print(f"| {m}×{n}×{k} | {short(configs[0])} | {model_us:.1f} | {short(best)} | {best_us:.1f} | "
+              f"{model_us / best_us:.3f} | {others}{' MISMATCH ' + str(bad) if bad else ''} |", flush=True)
+        results.append({"shape": [m, n, k], "model": configs[0].label(),
+                        "timed": [[us, c.label(), c.block_m, c.block_n, c.split_tail] for us, c, _ in ranked]})
+    path = os.path.join(os.environ.get("OUT", "."), "mid_m_tune.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
