@@ -12,7 +12,7 @@ import torch
 
 from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
-from deepgemm.configs.heuristics import (balanced_grid, balanced_grid_applies, contiguous_allows_block_m_256,
+from deepgemm.configs.heuristics import (balanced_grid, balanced_grid_applies, contiguous_tile,
                                         make_config, masked_allows_block_m_256, spans_at_most_two_scale_blocks,
                                         split_tail_ranges, stream_tail_pieces)
 from deepgemm.jit.args import U32, U64, PackedArgs
@@ -347,11 +347,8 @@ def get_grouped_plan(device_index: int, kind: GemmKind, geometry: Geometry, n: i
         config = make_config(max(work_m, 1), n, k, base.block_m, block_n, sms,
                              4 if out_dtype == torch.float32 else 2, cluster_m=1)
     else:
-        base = choose_fp8_gemm_config(max(work_m, 1), n, k, sms, 4 if out_dtype == torch.float32 else 2,
-                                      allow_block_m_256=contiguous_allows_block_m_256(work_m, geometry.groups),
-                                      allow_block_m_192=False)
-        config = make_config(max(work_m, 1), n, k, base.block_m, base.block_n, sms,
-                             4 if out_dtype == torch.float32 else 2, cluster_m=1)
+        block_m, block_n = contiguous_tile(work_m, geometry.groups, n, k, sms, 4 if out_dtype == torch.float32 else 2)
+        config = make_config(max(work_m, 1), n, k, block_m, block_n, sms, 4 if out_dtype == torch.float32 else 2, cluster_m=1)
     spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config, kind=kind)
     if os.environ.get("DEEPGEMM_PRINT_CONFIGS"):
         print(f"deepgemm: {geometry} {spec.label()}", file=sys.stderr)

@@ -164,6 +164,20 @@ def test_contiguous_block_m_256_needs_long_expert_segments() -> None:
         assert choose_fp8_gemm_config(32768, n, k, 132, allow_block_m_256=True).block_m == 256
 
 
+def test_contiguous_layouts_take_128x192_tiles_where_they_pay() -> None:
+    """128 x 192 tiles for the issue-5 layouts (measured 6-9% faster than 256 x 128), not where wave quantization
+    or narrow N makes them lose: 8 x 128 rows at N = 4096 (two waves of them against one of 256 x 128), N = 256."""
+    from deepgemm.configs.heuristics import contiguous_tile
+
+    for m_total, groups, n, k in ((34152, 4, 4096, 7168), (32784, 4, 7168, 2048), (33696, 8, 4096, 7168),
+                                  (38240, 8, 7168, 2048)):
+        assert contiguous_tile(m_total, groups, n, k, 132, 2) == (128, 192)
+        assert contiguous_tile(m_total, groups, n, k, 132, 4) == (128, 192)  # FP32 output: three stages still fit
+    assert contiguous_tile(1024, 8, 4096, 7168, 132, 2) != (128, 192)
+    assert contiguous_tile(4096, 2, 256, 7168, 132, 2)[1] <= 128
+    assert contiguous_tile(64, 1, 4096, 7168, 132, 2)[0] == 64  # decode-sized: the model's pick
+
+
 def test_masked_block_m_256_compiles_without_spills() -> None:
     from deepgemm.configs.heuristics import make_config
     from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, compile_spec
