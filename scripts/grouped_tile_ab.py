@@ -1,7 +1,7 @@
 """Contiguous MoE grouped GEMM with other tiles than the cost model's (one device call).
 
-For each issue-5 contiguous case (same token counts as scripts/bench_grouped.py), each tile's plan is built from
-a swapped-in config and the plans are timed interleaved (one sample of each per round; CUDA graph, L2 flushed,
+For each issue-5 contiguous case (same token counts as scripts/bench_grouped.py), each tile's plan is built with
+a swapped-in tile and the plans are timed interleaved (one sample of each per round; CUDA graph, L2 flushed,
 median of 30), each output checked against the first tile's. Usage: grouped_tile_ab.py [--compile-only] [--tiles 256x128,128x192,...]
 """
 
@@ -47,7 +47,7 @@ def main() -> None:
     from deepgemm.bench.timing import bench_gpu_interleaved
     from tests.helpers import random_activations, random_grouped_weights
 
-    original = fp8_gemm.choose_fp8_gemm_config
+    original = fp8_gemm.contiguous_tile
     print("| case | tile | µs | TFLOPS | calc_diff vs the first tile | DeepGEMM TFLOPS |")
     print("|---|---|---|---|---|---|")
     for groups, counts, n, k, theirs in cases:
@@ -60,17 +60,17 @@ def main() -> None:
         launches, outs = [], []
         for bm, bn in tiles:
             # Each tile's own plan (the plan cache is keyed by shape, so it is cleared around each build).
-            def chosen(m, n_, k_, sms, out_bytes, bm=bm, bn=bn, **_: object):  # noqa: ANN001, ANN202
-                return make_config(m, n_, k_, bm, bn, sms, out_bytes, cluster_m=1)
-            fp8_gemm.choose_fp8_gemm_config = chosen
+            fp8_gemm.contiguous_tile = lambda *_, tile=(bm, bn): tile
             fp8_gemm._grouped_plans.clear()
             plan = fp8_gemm.get_grouped_plan(0, fp8_gemm.GemmKind.GROUPED_CONTIGUOUS, fp8_gemm.Geometry(rows=m_total, groups=groups),
                                              n, k, torch.bfloat16, m_total)
+            if (plan.spec.config.block_m, plan.spec.config.block_n) != (bm, bn):
+                raise SystemExit(f"asked for {bm}x{bn}, the plan has {plan.spec.label()}")
             out = torch.full((m_total, n), float("nan"), dtype=torch.bfloat16, device="cuda")
             plan.launch(a[0], sfa, b[0], sfb, out, m_indices)
             outs.append(out)
             launches.append(lambda plan=plan, out=out: plan.launch(a[0], sfa, b[0], sfb, out, m_indices))
-        fp8_gemm.choose_fp8_gemm_config = original
+        fp8_gemm.contiguous_tile = original
         fp8_gemm._grouped_plans.clear()
         torch.cuda.synchronize()
         timings = bench_gpu_interleaved(launches, iters=30, warmup=5)

@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from deepgemm.configs.config import GemmConfig  # noqa: E402
+
 DEEPSEEK_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 DEEPSEEK_M = [160, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192]
 OTHER_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (6144, 4096), (28672, 8192), (8192, 28672), (10240, 8192),
@@ -40,9 +42,7 @@ def dump(path: str) -> None:
     Path(path).write_text(json.dumps(picks, indent=1))
 
 
-def differing(old_path: str, new_path: str) -> list[tuple[tuple[int, int, int], object, object]]:
-    from deepgemm.configs.config import GemmConfig
-
+def differing(old_path: str, new_path: str) -> list[tuple[tuple[int, int, int], GemmConfig, GemmConfig]]:
     old, new = json.loads(Path(old_path).read_text()), json.loads(Path(new_path).read_text())
     cells = []
     for key in new:
@@ -65,7 +65,7 @@ def main() -> None:
     if args.compile:
         from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec
 
-        specs = list(dict.fromkeys(Fp8GemmSpec(n, k, torch.bfloat16, c) for (_, n, k), *cs in cells for c in cs))
+        specs = list(dict.fromkeys(Fp8GemmSpec(n, k, torch.bfloat16, c) for (_, n, k), old, new in cells for c in (old, new)))
         with ThreadPoolExecutor(8) as pool:
             for spec, built in zip(specs, pool.map(compile_spec, specs)):
                 res = built.resources

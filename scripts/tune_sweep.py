@@ -26,7 +26,7 @@ SHAPES = [(m, n, k) for m in (64, 128, 4096) for n, k in NK]
 
 
 def candidates(m: int, n: int, k: int, sms: int) -> list:
-    ranked = ranked_candidates(m, n, k, sms)
+    ranked = ranked_candidates(m, n, k, sms, allow_block_m_192=True)
     picks = {(bm, bn) for _, bm, bn in ranked[:6]}
     for bm, bn in ((64, 64), (64, 128), (128, 128), (128, 112), (128, 144), (128, 160), (128, 192), (64, 192), (64, 32)):
         if (bm, bn) in candidate_tiles(m, n) and max_stages(bm, bn, k, 2) >= 2:

@@ -39,8 +39,9 @@ UNPIPELINED_MMA_SHARE = {64: 0.4, 128: 0.8, 192: 0.77, 256: 0.95}
 PIPELINED_MMA_SHARE = {64: 0.7, 128: 0.9}
 # Tiles whose block_n does not divide 128 straddle two sfb blocks: per-column scale selects in the
 # promotion. Fitted on the H200 sweep (benchmarks/h200-tune-sweep.json): such tiles ran ~30% slower.
-# (Since session 5, block_n 96/160/192 pick each column's scale at compile time; lifting the penalty for
-# them makes the model choose unmeasured block_n 96 tiles, so it stays until they are measured.)
+# (Since session 5, block_n 96/160/192 pick each column's scale at compile time: the decode constants keep
+# the penalty for them, the prefill ones below apply it only to run-time straddles, which still measured slow:
+# 128 x 112 ran 256x7168x16384 in 70.7 us against 58.6 for 128 x 128, session 11.)
 STRADDLE_SHARE = 0.7
 MAX_PIPELINED_BLOCK_N = 128  # 3 x block_n/2 accumulator registers must fit next to ~40 others
 
@@ -212,6 +213,33 @@ def masked_config_m(expected_m: int, max_m: int) -> int:
 def contiguous_allows_block_m_256(m_total: int, groups: int) -> bool:
     """block_m 256 for the contiguous MoE layout only when the average expert segment is long."""
     return m_total >= MIN_M_FOR_BLOCK_M_256 and m_total >= MIN_ROWS_PER_GROUP_FOR_BLOCK_M_256 * max(groups, 1)
+
+
+def max_block_n_for(n: int, cap: int) -> int:
+    """Widest block_n <= cap that covers N columns without waste and never spans three scale blocks."""
+    limit = min(cap, max(16, -(-n // 8) * 8))
+    return max(bn for bn in range(8, limit + 1, 8) if spans_at_most_two_scale_blocks(bn))
+
+
+# Masked grouped GEMMs: the model sees N x groups columns (the same tile count and weight bytes as one GEMM that
+# wide) with block_m 256 (block_n 128) only when one group's N fills it. Tiles stay at most MASKED_MAX_BLOCK_N wide:
+# the groups' rows vary around expected_m, so the wave count a wider tile would be chosen for is a guess (128 x 160
+# measured 13% slower on 2 x ~512 rows at N = 7168, K = 2048, and 1.5-3% faster on 1 x ~1024 and 4 x ~256).
+MASKED_MAX_BLOCK_N = 128
+
+
+def masked_tile(expected_rows: int, groups: int, n: int, k: int, num_sms: int, out_elem_bytes: int) -> tuple[int, int]:
+    """(block_m, block_n) for masked groups sized for `expected_rows` each: the model's pick, its width capped at
+    MASKED_MAX_BLOCK_N and narrowed to cover N without waste (block_m 256 keeps its 128 columns). The cap applies
+    after ranking, so where the model preferred a wider tile the capped one was not itself ranked (e.g. 2 x ~512
+    rows at N = K = 7168: 128 x 160 becomes 128 x 128, which the model estimates 7% slower than 256 x 128); ranking
+    only narrow tiles changes the tiles of other layouts too (1 x ~1100 rows, N = 4096: 128 x 96), not yet run on a
+    GPU."""
+    base = choose_fp8_gemm_config(max(expected_rows, 1), n * groups, k, num_sms, out_elem_bytes,
+                                  allow_block_m_256=masked_allows_block_m_256(k) and n >= 128)
+    if base.block_m == 256:
+        return 256, base.block_n
+    return base.block_m, max_block_n_for(n, min(base.block_n, MASKED_MAX_BLOCK_N))
 
 
 # Contiguous grouped GEMMs (session 11, scripts/grouped_tile_ab.py: the four issue-5 cases, tiles timed interleaved,

@@ -105,7 +105,7 @@ class TuningDB:
         choice = self.entries().get(entry_key(n, k, out_elem_bytes, num_sms, m))
         if choice is None:
             return self.fallback.lookup(m, n, k, num_sms, out_elem_bytes) if self.fallback is not None else None
-        if (choice.block_m, choice.block_n) not in candidate_tiles(m, n):
+        if (choice.block_m, choice.block_n) not in candidate_tiles(m, n, allow_block_m_192=True):
             return None
         if choice.cluster_m not in (1, 2) or max_stages(choice.block_m, choice.block_n, k, out_elem_bytes) < 2:
             return None

@@ -13,7 +13,7 @@ import torch
 from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
 from deepgemm.configs.heuristics import (balanced_grid, balanced_grid_applies, contiguous_tile,
-                                        make_config, masked_allows_block_m_256, spans_at_most_two_scale_blocks,
+                                        make_config, masked_tile, max_block_n_for, spans_at_most_two_scale_blocks,
                                         split_tail_ranges, stream_tail_pieces)
 from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
@@ -336,16 +336,8 @@ def get_grouped_plan(device_index: int, kind: GemmKind, geometry: Geometry, n: i
         return plan
     sms = sm_count(device_index)
     if kind == GemmKind.GROUPED_MASKED:
-        # Same tile count and weight bytes as one GEMM of N x groups columns.
-        # The model sees N x groups columns; block_m 256 (block_n 128) only when one group's N fills it.
-        base = choose_fp8_gemm_config(max(work_m, 1), n * geometry.groups, k, sms, 4 if out_dtype == torch.float32 else 2,
-                                      allow_block_m_256=masked_allows_block_m_256(k) and n >= 128, allow_block_m_192=False)
-        # block_m 256 needs block_n dividing 128: it keeps the model's 128 columns. Other tiles stay at most 128 wide:
-        # the groups' rows vary around expected_m, so the wave count a wider tile was chosen for is a guess (128 x 160
-        # measured 13% slower on 2 x ~512 rows at N = 7168, K = 2048, and 1.5-3% faster on 1 x ~1024 and 4 x ~256).
-        block_n = base.block_n if base.block_m == 256 else max_block_n_for(n, min(base.block_n, 128))
-        config = make_config(max(work_m, 1), n, k, base.block_m, block_n, sms,
-                             4 if out_dtype == torch.float32 else 2, cluster_m=1)
+        block_m, block_n = masked_tile(work_m, geometry.groups, n, k, sms, 4 if out_dtype == torch.float32 else 2)
+        config = make_config(max(work_m, 1), n, k, block_m, block_n, sms, 4 if out_dtype == torch.float32 else 2, cluster_m=1)
     else:
         block_m, block_n = contiguous_tile(work_m, geometry.groups, n, k, sms, 4 if out_dtype == torch.float32 else 2)
         config = make_config(max(work_m, 1), n, k, block_m, block_n, sms, 4 if out_dtype == torch.float32 else 2, cluster_m=1)
@@ -358,11 +350,5 @@ def get_grouped_plan(device_index: int, kind: GemmKind, geometry: Geometry, n: i
             _grouped_plans.clear()
         plan = _grouped_plans.setdefault(key, Fp8GemmPlan(device_index, geometry, spec, kernel))
     return plan
-
-
-def max_block_n_for(n: int, cap: int) -> int:
-    """Widest block_n <= cap that covers N columns without waste and never spans three scale blocks."""
-    limit = min(cap, max(16, -(-n // 8) * 8))
-    return max(bn for bn in range(8, limit + 1, 8) if spans_at_most_two_scale_blocks(bn))
 
 

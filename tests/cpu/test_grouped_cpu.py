@@ -178,6 +178,18 @@ def test_contiguous_layouts_take_128x192_tiles_where_they_pay() -> None:
     assert contiguous_tile(64, 1, 4096, 7168, 132, 2)[0] == 64  # decode-sized: the model's pick
 
 
+def test_masked_tiles_stay_at_most_128_wide() -> None:
+    """Masked groups never get tiles wider than 128 (their rows vary, so wave counts are guesses)."""
+    from deepgemm.configs.heuristics import choose_fp8_gemm_config, masked_config_m, masked_tile
+
+    # The model alone goes wider here (block_m 256 is not allowed for masked groups at K = 2048).
+    assert choose_fp8_gemm_config(512, 2 * 7168, 2048, 132, allow_block_m_256=False).block_n > 128
+    assert masked_tile(512, 2, 7168, 2048, 132, 2) == (128, 128)
+    for groups, expected, n, k in ((1, 1024, 4096, 7168), (4, 256, 7168, 2048), (32, 16, 4096, 7168), (256, 8, 2048, 7168)):
+        block_m, block_n = masked_tile(masked_config_m(expected, 4096 if expected > 128 else 128), groups, n, k, 132, 2)
+        assert block_n <= 128 and block_m in (64, 128, 256)
+
+
 def test_masked_block_m_256_compiles_without_spills() -> None:
     from deepgemm.configs.heuristics import make_config
     from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, compile_spec

@@ -43,7 +43,7 @@ def test_split_tail_is_opt_in_except_for_block_m_192(monkeypatch: pytest.MonkeyP
 
 
 def test_block_m_192_split_tail_only_with_long_ranges() -> None:
-    from deepgemm.configs.heuristics import choose_fp8_gemm_config, split_tail_for, split_tail_ranges
+    from deepgemm.configs.heuristics import split_tail_for, split_tail_ranges
 
     assert split_tail_ranges(544, 132, 56) == 8 and split_tail_ranges(374, 132, 56) == 1
     assert split_tail_ranges(176, 132, 12) == 3 and split_tail_ranges(132, 132, 56) == 1
@@ -52,8 +52,9 @@ def test_block_m_192_split_tail_only_with_long_ranges() -> None:
     assert split_tail_for(192, 176, 132, 56)  # 3 ranges of >= 18 K blocks
     assert not split_tail_for(192, 176, 132, 12)  # 3 ranges of 4 K blocks: short ranges measured slower
     assert not split_tail_for(256, 374, 132, 56) and not split_tail_for(128, 544, 132, 56)
-    assert choose_fp8_gemm_config(768, 3072, 7168, 132, allow_block_m_192=True).split_tail == (
-        choose_fp8_gemm_config(768, 3072, 7168, 132, allow_block_m_192=True).block_m == 192)
+    # A block_m 192 tile, asked for, is built as the split-tail kernel (96 tiles: one wave, nothing splits).
+    assert model_split_tail(768, 3072, 7168, 192, 128, 132)
+    assert not model_split_tail(768, 3072, 7168, 128, 160, 132)  # other tiles only where it splits (tuner)
 
 
 def stream_schedule(tiles: int, grid: int, k_blocks: int, split: int) -> list[list[tuple[int, int, int]]]:

@@ -208,8 +208,8 @@ struct Sm90Fp8Gemm1D2D {
     static constexpr u32 kMulticastRowsB = kBlockN / kClusterM;
     // Masked groups hold few valid rows at decode sizes: their A tiles are loaded in boxes of kLoadRowsA rows,
     // only as many as the tile's valid rows need (a 64-row wave reads stale shared memory in the rows past
-    // them; those output rows lie past masked_m, where the result is unspecified). Other kinds load whole
-    // tiles in one box (TMA zero-fills rows past the tensor).
+    // them; those output rows lie past masked_m, where the result is unspecified). Other kinds load a tile in
+    // one box (TMA zero-fills rows past the tensor), a dense GEMM's partial last M-block in a smaller one (below).
     static constexpr u32 kLoadRowsA = kKind == GemmKind::kGroupedMasked ? (kBlockM == 64 ? 16u : 64u) : kBlockM;
     static_assert(kBlockM % kLoadRowsA == 0, "A boxes must tile block_m");
     // A dense GEMM's last M-block, when M does not fill it, loads A and sfa through a second pair of
