@@ -43,18 +43,12 @@ def configs_for(m: int, n: int, k: int, num_sms: int) -> list:  # noqa: ANN201 -
 
 
 def compile_only() -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
     import torch
 
-    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec
+    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec
+    from scripts.sweep_tools import build_kernels
 
-    specs = list(dict.fromkeys(Fp8GemmSpec(n, k, torch.bfloat16, c) for m, n, k in grid() for c in configs_for(m, n, k, 132)))
-    with ThreadPoolExecutor(8) as pool:
-        for result in pool.map(compile_spec, specs):
-            resources = result.resources
-            if resources is not None and (resources.spill_stores or resources.stack_frame):
-                print(f"spills: {result}")
+    specs = build_kernels(Fp8GemmSpec(n, k, torch.bfloat16, c) for m, n, k in grid() for c in configs_for(m, n, k, 132))
     print(f"{len(specs)} kernels built")
 
 

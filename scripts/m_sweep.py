@@ -11,32 +11,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from deepgemm.bench.suites import DEEPSEEK_V3_NK  # noqa: E402
+from scripts.sweep_tools import add_shape_grid, build_kernels, shape_grid  # noqa: E402
 
 DEFAULT_M = (16, 48, 80, 96, 112, 160, 192, 256, 320, 384, 512, 768, 1024, 1536, 2048, 3072)
 GPU_NAME = "NVIDIA H200"
 
 
-def parse_pairs(text: str) -> list[tuple[int, int]]:
-    return [tuple(int(v) for v in pair.split("x")) for pair in text.split(",")]  # type: ignore[misc]
-
-
 def compile_all(shapes: list[tuple[int, int, int]]) -> None:
-    from deepgemm.kernels.fp8_gemm import compile_spec, plan_spec
+    from deepgemm.kernels.fp8_gemm import plan_spec
 
-    specs = list(dict.fromkeys(plan_spec(m, n, k, torch.bfloat16, 132, GPU_NAME) for m, n, k in shapes))
-    with ThreadPoolExecutor(8) as pool:
-        for spec, built in zip(specs, pool.map(compile_spec, specs)):
-            res = built.resources
-            spilled = res is not None and (res.spill_stores or res.stack_frame)
-            print(f"{spec.label()}: {'SPILLS ' if spilled else ''}{res}")
+    build_kernels((plan_spec(m, n, k, torch.bfloat16, 132, GPU_NAME) for m, n, k in shapes), print_each=True)
 
 
 def time_all(shapes: list[tuple[int, int, int]]) -> None:
@@ -66,10 +56,9 @@ def time_all(shapes: list[tuple[int, int, int]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compile-only", action="store_true")
-    parser.add_argument("--m", default=",".join(map(str, DEFAULT_M)))
-    parser.add_argument("--nk", default=",".join(f"{n}x{k}" for n, k in DEEPSEEK_V3_NK))
+    add_shape_grid(parser, DEFAULT_M)
     args = parser.parse_args()
-    shapes = [(m, n, k) for n, k in parse_pairs(args.nk) for m in map(int, args.m.split(","))]
+    shapes = shape_grid(args)
     if args.compile_only:
         compile_all(shapes)
     else:

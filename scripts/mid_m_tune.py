@@ -14,17 +14,16 @@ import argparse
 import json
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from deepgemm.bench.suites import DEEPSEEK_V3_NK  # noqa: E402
 from deepgemm.configs.config import GemmConfig  # noqa: E402
 from deepgemm.configs.heuristics import (choose_fp8_gemm_config, make_config, max_stages,  # noqa: E402
                                         model_split_tail)
+from scripts.sweep_tools import add_shape_grid, build_kernels, shape_grid  # noqa: E402
 
 DEFAULT_M = (160, 256, 384, 768, 1536, 2048, 3072)
 TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 192), (192, 128), (256, 128))
@@ -47,21 +46,13 @@ def candidates(m: int, n: int, k: int) -> list[GemmConfig]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compile-only", action="store_true")
-    parser.add_argument("--m", default=",".join(map(str, DEFAULT_M)))
-    parser.add_argument("--nk", default=",".join(f"{n}x{k}" for n, k in DEEPSEEK_V3_NK))
+    add_shape_grid(parser, DEFAULT_M)
     args = parser.parse_args()
-    pairs = [tuple(int(v) for v in pair.split("x")) for pair in args.nk.split(",")]
-    shapes = [(m, n, k) for n, k in pairs for m in map(int, args.m.split(","))]
-    jobs = {shape: candidates(*shape) for shape in shapes}
+    jobs = {shape: candidates(*shape) for shape in shape_grid(args)}
     if args.compile_only:
-        from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec
+        from deepgemm.kernels.fp8_gemm import Fp8GemmSpec
 
-        specs = list(dict.fromkeys(Fp8GemmSpec(n, k, torch.bfloat16, c) for (_, n, k), cs in jobs.items() for c in cs))
-        with ThreadPoolExecutor(8) as pool:
-            for spec, built in zip(specs, pool.map(compile_spec, specs)):
-                res = built.resources
-                if res is not None and (res.spill_stores or res.stack_frame):
-                    print(f"SPILLS {spec.label()}: {res}")
+        specs = build_kernels(Fp8GemmSpec(n, k, torch.bfloat16, c) for (_, n, k), cs in jobs.items() for c in cs)
         print(f"{len(specs)} kernels built")
         return
 

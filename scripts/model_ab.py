@@ -14,7 +14,6 @@ import dataclasses
 import json
 import math
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -22,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from deepgemm.configs.config import GemmConfig  # noqa: E402
+from scripts.sweep_tools import build_kernels  # noqa: E402
 
 DEEPSEEK_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 DEEPSEEK_M = [160, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192]
@@ -63,14 +63,9 @@ def main() -> None:
         return
     cells = differing(*args.picks)
     if args.compile:
-        from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec
+        from deepgemm.kernels.fp8_gemm import Fp8GemmSpec
 
-        specs = list(dict.fromkeys(Fp8GemmSpec(n, k, torch.bfloat16, c) for (_, n, k), old, new in cells for c in (old, new)))
-        with ThreadPoolExecutor(8) as pool:
-            for spec, built in zip(specs, pool.map(compile_spec, specs)):
-                res = built.resources
-                if res is not None and (res.spill_stores or res.stack_frame):
-                    print(f"SPILLS {spec.label()}: {res}")
+        specs = build_kernels(Fp8GemmSpec(n, k, torch.bfloat16, c) for (_, n, k), old, new in cells for c in (old, new))
         print(f"{len(cells)} shapes differ, {len(specs)} kernels built")
         return
 
