@@ -28,6 +28,32 @@ def per_call_us(fn, calls: int = 3000) -> float:
     return best
 
 
+BUSY_CALLS = 400  # stays below the launch queue's depth, so a launch never waits for a free slot
+BUSY_SLEEP_CYCLES = 60_000_000  # ~30 ms at the H200's clocks: longer than 400 calls of any path here
+
+
+def busy_gpu_per_call_us(fn) -> float:
+    """Host time per call while the GPU is held busy by a sleep kernel queued first, so the loop can
+    never wait for the GPU to retire earlier launches: pure CPU-side cost (Python + driver submission).
+    A batch counts only if the GPU was still busy when its last call returned."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(7):
+        torch.cuda._sleep(BUSY_SLEEP_CYCLES)
+        start = time.perf_counter()
+        for _ in range(BUSY_CALLS):
+            fn()
+        elapsed = time.perf_counter() - start
+        done = torch.cuda.Event()
+        done.record()
+        if not done.query():  # the queue had not drained: every call ran against a busy GPU
+            best = min(best, elapsed / BUSY_CALLS * 1e6)
+        torch.cuda.synchronize()
+    return best
+
+
 def main() -> None:
     m, n, k = 16, 512, 512
     a, b = random_operands(m, n, k, "cuda", seed=1)
@@ -40,8 +66,37 @@ def main() -> None:
     cublas = per_call_us(lambda: F.scaled_mm(a[0], bt, sfa_cublas, F.ScalingType.BlockWise1x128, sfb_t,
                                              F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16))
     print(f"host_us fp8_gemm_nt(out=) {ours:.2f} | fp8_gemm_nt(alloc) {ours_alloc:.2f} | torch scaled_mm blockwise {cublas:.2f}")
+    busy = [busy_gpu_per_call_us(lambda: deepgemm.fp8_gemm_nt(a, b, out)),
+            busy_gpu_per_call_us(lambda: deepgemm.fp8_gemm_nt(a, b)),
+            busy_gpu_per_call_us(lambda: F.scaled_mm(a[0], bt, sfa_cublas, F.ScalingType.BlockWise1x128, sfb_t,
+                                                     F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16))]
+    print("host_us_gpu_busy fp8_gemm_nt(out=) {:.2f} | fp8_gemm_nt(alloc) {:.2f} | torch scaled_mm blockwise {:.2f}"
+          .format(*busy))
     breakdown(a, b, out)
     print(f"host_us split-tail plan launch {split_launch_us():.2f}")
+    grouped_host_us()
+
+
+def grouped_host_us() -> None:
+    """Host time per warm eager call of the grouped GEMMs (tiny shapes, GPU held busy)."""
+    from deepgemm.api.grouped import _masked_sfa_layout
+    from tests.helpers import random_activations, random_grouped_weights
+
+    groups, max_m, n, k = 8, 128, 512, 512
+    a2d = random_activations(groups * max_m, k, "cuda", 3)
+    a_view = (a2d[0].view(groups, max_m, k), a2d[1].reshape(groups, max_m, -1))  # scales copied per call
+    a = (a_view[0], _masked_sfa_layout(a_view[1]))  # the kernel's scale layout: used as is
+    b = random_grouped_weights(groups, n, k, "cuda", 4)
+    masked_m = torch.full((groups,), 64, dtype=torch.int32, device="cuda")
+    out = torch.empty(groups, max_m, n, dtype=torch.bfloat16, device="cuda")
+    masked = busy_gpu_per_call_us(lambda: deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, 64))
+    masked_copy = busy_gpu_per_call_us(lambda: deepgemm.m_grouped_fp8_gemm_nt_masked(a_view, b, out, masked_m, 64))
+    m_indices = torch.arange(groups, dtype=torch.int32, device="cuda").repeat_interleave(max_m)
+    flat = (a2d[0], a2d[1])
+    out2d = out.view(groups * max_m, n)
+    contiguous = busy_gpu_per_call_us(lambda: deepgemm.m_grouped_fp8_gemm_nt_contiguous(flat, b, out2d, m_indices))
+    print(f"host_us_gpu_busy m_grouped masked {masked:.2f} | masked, scales copied {masked_copy:.2f} | "
+          f"m_grouped contiguous {contiguous:.2f}")
 
 
 SPLIT_SHAPE = (128, 512, 1024, 64, 128)  # m, n, k, block_m, block_n: 8 tiles split into 8 K ranges on 132 CTAs
@@ -102,6 +157,7 @@ def breakdown(a, b, out) -> None:
         parts["ctypes launch"] = lambda: launch(raw_address, function, args.address, None)
     # 500 calls: launches faster than the GPU runs the kernels must not fill the launch queue.
     print("breakdown_us " + " | ".join(f"{name} {per_call_us(fn, calls=500):.2f}" for name, fn in parts.items()))
+    print("breakdown_us_gpu_busy " + " | ".join(f"{name} {busy_gpu_per_call_us(fn):.2f}" for name, fn in parts.items()))
 
 
 if __name__ == "__main__":

@@ -46,10 +46,11 @@ _READY_CAPACITY = 4096
 
 def _metadata_key(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor,
                   out: torch.Tensor) -> tuple:
-    # Data pointers are unique across devices (unified addressing), so they also pin the device.
+    # Data pointers are unique across devices and host memory (unified addressing), so they also pin
+    # each tensor's device: no device reads (one attribute read costs ~0.1-0.2 us on this path).
     return (a_q.data_ptr(), a_q.shape, a_q.stride(), a_q.dtype, sfa.data_ptr(), sfa.shape, sfa.stride(), sfa.dtype,
             b_q.data_ptr(), b_q.shape, b_q.stride(), b_q.dtype, sfb.data_ptr(), sfb.shape, sfb.stride(), sfb.dtype,
-            out.data_ptr(), out.shape, out.stride(), out.dtype, a_q.device)
+            out.data_ptr(), out.shape, out.stride(), out.dtype)
 
 
 def fp8_gemm_nt(

@@ -58,8 +58,14 @@ PREFILL_PIPELINED_MMA_SHARE = {64: 0.70, 128: 0.99}
 PREFILL_UNPIPELINED_MMA_SHARE = {64: 0.40, 128: 0.955, 192: 0.87, 256: 1.065}
 PREFILL_TILE_SECONDS = 0.68e-6  # per tile: tile start and epilogue ...
 # ... and with one or two unpipelined math warpgroups the last K block's MMAs and promotion, which nothing
-# overlaps, in K blocks' MMA time (block_m 192's three warpgroups overlap it).
+# overlaps, in K blocks' MMA time (block_m 192's three warpgroups overlap it). 128 x 192 tiles get more: a fit per
+# tile type (session 12) put their per-tile cost at 1.6 us against 1.4 in the shared form, and with 2.0 K blocks the
+# picks at short K (24576 x 1536 at M = 160-768, 7168 x 2048 at M = 768) move to 128 x 128, which measured 3-5%
+# faster (scripts/model_ab.py); on the 42 tuned shapes the picks then run 0.4% behind the best measured tile on
+# average (max 4.7%) against 0.9% (max 6.5%). Applied to 128 x 160 as well, it lost 4-11% at K = 7168-8192.
 PREFILL_EXPOSED_K_BLOCKS = 1.25
+PREFILL_EXPOSED_K_BLOCKS_WIDE = 2.0  # block_n >= PREFILL_WIDE_BLOCK_N with block_m 128
+PREFILL_WIDE_BLOCK_N = 192
 
 
 def output_tile_bytes(block_n: int, out_elem_bytes: int) -> int:
@@ -157,7 +163,8 @@ def tile_schedule_seconds(m: int, n: int, k: int, block_m: int, block_n: int, nu
     tile_fixed = 0.0
     if m > DECODE_MAX_M:
         exposed_tail = not pipelined_for(block_m, block_n) and math_warpgroups(block_m) < 3
-        tile_fixed = PREFILL_TILE_SECONDS + (PREFILL_EXPOSED_K_BLOCKS * mma_per_k_block if exposed_tail else 0.0)
+        exposed = PREFILL_EXPOSED_K_BLOCKS_WIDE if block_m == 128 and block_n >= PREFILL_WIDE_BLOCK_N else PREFILL_EXPOSED_K_BLOCKS
+        tile_fixed = PREFILL_TILE_SECONDS + (exposed * mma_per_k_block if exposed_tail else 0.0)
     return waves * (max(mma, stream) + tile_fixed)
 
 

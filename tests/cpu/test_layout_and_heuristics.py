@@ -244,6 +244,11 @@ def test_config_large_compute_bound_shape_uses_block_m_256() -> None:
     (1536, 2112, 7168, (128, 192)),  # 132 tiles: 39.3 against 48.2 for 256 x 128
     (768, 4096, 7168, (128, 192)),  # 39.3 against 45.9 for block_m 192
     (2048, 32768, 512, (128, 128)),  # K = 512: 71.8 against 75.6 for 256 x 128
+    # Short K, where 128 x 192's per-tile cost shows (session 12's per-block_m exposed tail):
+    (160, 24576, 1536, (128, 128)),  # 23.8 against 25.0 for 128 x 192
+    (256, 24576, 1536, (128, 128)),  # 25.2 against 26.9 for 128 x 192 (was a tuned entry)
+    (768, 24576, 1536, (128, 128)),  # 55.2 against 57.8 for 128 x 192
+    (768, 7168, 2048, (128, 128)),  # 27.4 against 28.9 for 128 x 192
     (4096, 7168, 16384, (256, 128)), (4096, 4096, 7168, (256, 128)), (4096, 7168, 2048, (256, 128)),
 ])
 def test_config_mid_m_picks_measured_fastest_tiles(m: int, n: int, k: int, tile: tuple[int, int]) -> None:

@@ -93,11 +93,12 @@ def block_m_256(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     """Contiguous plans built with 256 x 128 tiles (the layout's own choice is 128 x 192 wherever those are faster),
     so the half-tile path runs; grouped plans built before or with it are dropped."""
     import deepgemm.kernels.fp8_gemm as fp8_gemm
+    from deepgemm.api.grouped import clear_grouped_plans
 
-    fp8_gemm._grouped_plans.clear()
+    clear_grouped_plans()
     monkeypatch.setattr(fp8_gemm, "contiguous_tile", lambda *args: (256, 128))
     yield
-    fp8_gemm._grouped_plans.clear()
+    clear_grouped_plans()
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
@@ -337,3 +338,77 @@ def test_masked_loads_only_the_a_rows_a_tile_needs(block_m: int, expected_m: int
     out = torch.full((groups, max_m, n), float("nan"), dtype=out_dtype, device="cuda")
     deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=expected_m)
     check_masked(out, a, b, masked_m.cpu())
+
+
+def test_masked_warm_calls_read_current_counts_and_operands() -> None:
+    """A repeated argument set launches through the remembered plan and arguments (no validation), and still
+    reads masked_m, A and its scales as they are now; scales that need a layout copy are never remembered, so
+    their new values reach the kernel too. Bad arguments after a warm call are still rejected."""
+    from deepgemm.api import grouped
+    from deepgemm.api.grouped import _masked_sfa_layout
+
+    groups, max_m, n, k = 4, 128, 256, 512
+    a, b = masked_inputs(groups, max_m, n, k, seed=31)
+    a_kernel = (a[0], _masked_sfa_layout(a[1]))  # the kernel's layout: used as is
+    assert a_kernel[1] is not a[1]
+    masked_m = torch.tensor([5, 128, 0, 64], dtype=torch.int32, device="cuda")
+    out = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.m_grouped_fp8_gemm_nt_masked(a_kernel, b, out, masked_m, expected_m=48)
+    check_masked(out, a_kernel, b, masked_m.cpu())
+    remembered = len(grouped._ready)
+    assert remembered >= 1
+    fresh, _ = masked_inputs(groups, max_m, n, k, seed=32)
+    a_kernel[0].copy_(fresh[0])
+    a_kernel[1].copy_(fresh[1])
+    masked_m.copy_(torch.tensor([128, 1, 65, 0], dtype=torch.int32))
+    out.fill_(float("nan"))
+    deepgemm.m_grouped_fp8_gemm_nt_masked(a_kernel, b, out, masked_m, expected_m=48)
+    assert len(grouped._ready) == remembered
+    check_masked(out, a_kernel, b, masked_m.cpu())
+
+    # The row-major-inside-each-group scales (a view of one 2-D M-major tensor) are copied per call.
+    deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=48)
+    assert len(grouped._ready) == remembered
+    a[1].mul_(2.0)
+    out.fill_(float("nan"))
+    deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=48)
+    check_masked(out, a, b, masked_m.cpu())
+
+    with pytest.raises(ValueError, match="expected_m"):
+        deepgemm.m_grouped_fp8_gemm_nt_masked(a_kernel, b, out, masked_m, expected_m=48.0)
+    with pytest.raises(TypeError, match="out"):
+        deepgemm.m_grouped_fp8_gemm_nt_masked(a_kernel, b, out.view(torch.float16), masked_m, expected_m=48)
+
+
+def test_contiguous_warm_calls_read_current_expert_indices() -> None:
+    """Warm contiguous calls (m_indices and psum forms) take the remembered launch and read the grouping tensor's
+    current contents: experts reassigned in place are computed with their new weights."""
+    from deepgemm.api import grouped
+
+    counts, n, k = [200, 56, 300], 384, 1024
+    m_indices = contiguous_layout(counts).cuda()
+    a = random_activations(m_indices.numel(), k, "cuda", 41)
+    b = random_grouped_weights(len(counts), n, k, "cuda", 42)
+    out = torch.full((m_indices.numel(), n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices)
+    remembered = len(grouped._ready)
+    reassigned = torch.where(m_indices >= 0, (m_indices + 1) % len(counts), m_indices)
+    m_indices.copy_(reassigned)
+    out.fill_(float("nan"))
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices)
+    assert len(grouped._ready) == remembered
+    ref = m_grouped_contiguous_reference(a[0], a[1], b[0], b[1], m_indices, torch.float64)
+    ref_abs = m_grouped_contiguous_reference(a[0].float().abs(), a[1].abs(), b[0].float().abs(), b[1].abs(), m_indices,
+                                             torch.float64)
+    valid = m_indices >= 0
+    assert (out[~valid] == 0).all()
+    assert_close_to_reference(out[valid], ref[valid], ref_abs[valid])
+
+    psum = psum_of(counts).cuda()
+    by_psum = torch.full_like(out, float("nan"))
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, by_psum, psum)
+    by_psum.fill_(float("nan"))
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, by_psum, psum)
+    by_index = torch.full_like(out, float("nan"))
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, by_index, contiguous_layout(counts).cuda())
+    assert torch.equal(by_psum, by_index)
