@@ -216,11 +216,13 @@ def _run_contiguous(where: str, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch
 
 
 def _masked_sfa_layout(sfa: torch.Tensor) -> torch.Tensor:
-    """[G, max_m, K/128] scales, M-major inside each group: strides (K/128 * s, 1, s), s >= max_m, s % 4 == 0."""
+    """[G, max_m, K/128] scales with M contiguous and the other two strides multiples of 4 elements (16 bytes, TMA's
+    rule), 16-byte aligned: used as is. That covers M-major scales per group (strides (K/128 * s, 1, s)) and a view
+    of one M-major [G * max_m, K/128] tensor, as quantize_per_token_group returns for A viewed as [G * max_m, K]
+    (strides (max_m, 1, s)). Anything else is copied into the per-group form."""
     groups, max_m, k_groups = sfa.shape
-    s = sfa.stride(2)
-    if (max_m <= 1 or sfa.stride(1) == 1) and s >= max_m and s % 4 == 0 and sfa.stride(0) == k_groups * s \
-            and sfa.data_ptr() % 16 == 0:
+    if (max_m <= 1 or sfa.stride(1) == 1) and sfa.stride(2) % 4 == 0 and sfa.stride(0) % 4 == 0 \
+            and min(sfa.stride(0), sfa.stride(2)) > 0 and sfa.data_ptr() % 16 == 0:
         return sfa
     storage = torch.empty((groups, k_groups, align_up(max(max_m, 1), 4)), dtype=torch.float32, device=sfa.device)
     view = storage[:, :, :max_m]

@@ -1,4 +1,4 @@
-"""TMA descriptors (CUtensorMap) for 2-D row-major tensors, encoded once and cached."""
+"""TMA descriptors (CUtensorMap) for 2-D row-major and 3-D strided tensors, encoded once and cached."""
 
 from __future__ import annotations
 
@@ -41,7 +41,20 @@ def encode_2d(
     swizzle_bytes is 0 (none), 32, 64 or 128 (box rows of that many bytes, 16-byte chunks XOR-permuted).
     Boxes that overhang the tensor read zeros and write nothing outside it.
     """
-    key = (ptr, dtype, rows, cols, row_stride_elems, box_rows, box_cols, swizzle_bytes)
+    return _encode(ptr, dtype, (cols, rows), (row_stride_elems,), (box_cols, box_rows), swizzle_bytes)
+
+
+def encode_3d(ptr: int, dtype: torch.dtype, sizes: tuple[int, int, int], strides_elems: tuple[int, int],
+              box: tuple[int, int, int]) -> bytes:
+    """Descriptor of a 3-D tensor, innermost dimension first: sizes (d0, d1, d2) with d0 contiguous and
+    strides_elems the element strides of d1 and d2 (each a multiple of 16 bytes); boxes of `box`, no swizzle.
+    Boxes that overhang a dimension read zeros there (never the neighbouring slice)."""
+    return _encode(ptr, dtype, sizes, strides_elems, box, 0)
+
+
+def _encode(ptr: int, dtype: torch.dtype, sizes: tuple[int, ...], strides_elems: tuple[int, ...], box: tuple[int, ...],
+            swizzle_bytes: int) -> bytes:
+    key = (ptr, dtype, sizes, strides_elems, box, swizzle_bytes)
     cached = _cache.get(key)
     if cached is not None:
         return cached
@@ -51,18 +64,18 @@ def encode_2d(
     tensor_map = check(
         cu.cuTensorMapEncodeTiled(
             _data_type(dtype),
-            2,
+            len(sizes),
             ptr,
-            [cu.cuuint64_t(cols), cu.cuuint64_t(rows)],
-            [cu.cuuint64_t(row_stride_elems * elem)],
-            [cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows)],
-            [cu.cuuint32_t(1), cu.cuuint32_t(1)],
+            [cu.cuuint64_t(size) for size in sizes],
+            [cu.cuuint64_t(stride * elem) for stride in strides_elems],
+            [cu.cuuint32_t(edge) for edge in box],
+            [cu.cuuint32_t(1)] * len(sizes),
             cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             _SWIZZLES[swizzle_bytes](swizzle),
             cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         ),
-        f"cuTensorMapEncodeTiled(rows={rows}, cols={cols}, stride={row_stride_elems}, box={box_rows}x{box_cols})",
+        f"cuTensorMapEncodeTiled(sizes={sizes}, strides={strides_elems}, box={box})",
     )
     raw = ctypes.string_at(tensor_map.getPtr(), DESCRIPTOR_BYTES)
     if len(_cache) >= _CACHE_CAPACITY:

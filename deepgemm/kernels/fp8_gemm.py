@@ -18,7 +18,7 @@ from deepgemm.configs.heuristics import (balanced_grid, balanced_grid_applies, c
 from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device, stream_capturing
-from deepgemm.jit.tma import encode_2d
+from deepgemm.jit.tma import encode_2d, encode_3d
 from deepgemm.kernels.device import device_name, sm_count
 from deepgemm.kernels.loader import load_kernel
 from deepgemm.kernels.split_scratch import split_scratch
@@ -186,8 +186,10 @@ class Fp8GemmPlan:
         a_rows_per_box = a_box_rows(self.spec.kind, c.block_m)
         a_desc = encode_2d(a.data_ptr(), fp8, rows, k, a_stride, a_rows_per_box, c.block_k, 128)
         if self.spec.kind == GemmKind.GROUPED_MASKED:
-            # sfa [G, max_m, K/128] stored M-major per group: rows are (group, K block), columns M.
-            sfa_desc = encode_2d(sfa.data_ptr(), torch.float32, g.groups * k_blocks, g.max_m, sfa.stride(-1), 1, c.block_m, 0)
+            # sfa [G, max_m, K/128], M contiguous: a 3-D box (M, K block, group), so any group stride works (M-major
+            # per group, or a view of one M-major [G * max_m, K/128] tensor); a box never reads the next group.
+            sfa_desc = encode_3d(sfa.data_ptr(), torch.float32, (g.max_m, k_blocks, g.groups), (sfa.stride(2), sfa.stride(0)),
+                                 (c.block_m, 1, 1))
         else:
             sfa_desc = encode_2d(sfa.data_ptr(), torch.float32, k_blocks, rows, mn_major_row_stride(sfa), 1, c.block_m, 0)
         # The last M-block's A and sfa boxes (dense only: other kinds pass the main descriptors, never read).
@@ -219,7 +221,7 @@ class Fp8GemmPlan:
     def packed_args(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
                     d: torch.Tensor, grouping: torch.Tensor | None = None) -> PackedArgs:
         """Kernel arguments (TMA descriptors + scalars) for these tensors, packed once per pointer set."""
-        key = (a.data_ptr(), a.stride(-2), sfa.data_ptr(), sfa.stride(-1), b.data_ptr(), b.stride(-2), sfb.data_ptr(),
+        key = (a.data_ptr(), a.stride(-2), sfa.data_ptr(), sfa.stride(-1), sfa.stride(0), b.data_ptr(), b.stride(-2), sfb.data_ptr(),
                d.data_ptr(), d.stride(-2), grouping.data_ptr() if grouping is not None else 0)
         args = self._args.get(key)
         if args is None:

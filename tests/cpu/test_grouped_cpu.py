@@ -270,3 +270,24 @@ def test_grouped_launch_cache_keys_and_reference_path(monkeypatch: pytest.Monkey
     with pytest.raises(TypeError, match="'masked_m'"):
         deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, [3, 64], 1)
     assert launched == ["args"]
+
+
+def test_masked_scale_layouts_used_in_place() -> None:
+    """Masked scales are read through a 3-D descriptor (M, K block, group): M-major per group, a view of one
+    M-major [G * max_m, K/128] tensor (what quantize_per_token_group returns for A viewed 2-D) and padded group
+    strides are used as is; K-major scales and strides TMA cannot take are copied into the per-group form."""
+    from deepgemm.api.grouped import _masked_sfa_layout
+
+    groups, max_m, k_groups = 3, 128, 5
+    one_m_major = torch.randn(k_groups, groups * max_m).t().reshape(groups, max_m, k_groups)
+    assert one_m_major.stride() == (max_m, 1, groups * max_m)
+    per_group = torch.randn(groups, k_groups, max_m).transpose(1, 2)
+    padded = torch.randn(k_groups, groups, max_m + 64)[:, :, :max_m].permute(1, 2, 0)
+    for sfa in (one_m_major, per_group, padded):
+        assert _masked_sfa_layout(sfa) is sfa, sfa.stride()
+    k_major = one_m_major.contiguous()
+    odd_stride = torch.randn(k_groups, groups * max_m + 2)[:, : groups * max_m].t().reshape(groups, max_m, k_groups)
+    for sfa in (k_major, odd_stride):
+        copied = _masked_sfa_layout(sfa)
+        assert copied is not sfa and torch.equal(copied, sfa)
+        assert copied.stride(1) == 1 and copied.stride(2) % 4 == 0 and copied.stride(0) % 4 == 0

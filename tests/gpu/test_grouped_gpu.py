@@ -342,42 +342,70 @@ def test_masked_loads_only_the_a_rows_a_tile_needs(block_m: int, expected_m: int
 
 def test_masked_warm_calls_read_current_counts_and_operands() -> None:
     """A repeated argument set launches through the remembered plan and arguments (no validation), and still
-    reads masked_m, A and its scales as they are now; scales that need a layout copy are never remembered, so
-    their new values reach the kernel too. Bad arguments after a warm call are still rejected."""
+    reads masked_m, A and its scales as they are now; scales that need a layout copy (K-major) are never
+    remembered, so their new values reach the kernel too. Bad arguments after a warm call are still rejected."""
     from deepgemm.api import grouped
-    from deepgemm.api.grouped import _masked_sfa_layout
 
     groups, max_m, n, k = 4, 128, 256, 512
-    a, b = masked_inputs(groups, max_m, n, k, seed=31)
-    a_kernel = (a[0], _masked_sfa_layout(a[1]))  # the kernel's layout: used as is
-    assert a_kernel[1] is not a[1]
+    a, b = masked_inputs(groups, max_m, n, k, seed=31)  # scales: a view of one M-major [G * max_m, K/128] tensor
     masked_m = torch.tensor([5, 128, 0, 64], dtype=torch.int32, device="cuda")
     out = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    deepgemm.m_grouped_fp8_gemm_nt_masked(a_kernel, b, out, masked_m, expected_m=48)
-    check_masked(out, a_kernel, b, masked_m.cpu())
+    deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=48)
+    check_masked(out, a, b, masked_m.cpu())
     remembered = len(grouped._ready)
     assert remembered >= 1
     fresh, _ = masked_inputs(groups, max_m, n, k, seed=32)
-    a_kernel[0].copy_(fresh[0])
-    a_kernel[1].copy_(fresh[1])
+    a[0].copy_(fresh[0])
+    a[1].copy_(fresh[1])
     masked_m.copy_(torch.tensor([128, 1, 65, 0], dtype=torch.int32))
     out.fill_(float("nan"))
-    deepgemm.m_grouped_fp8_gemm_nt_masked(a_kernel, b, out, masked_m, expected_m=48)
-    assert len(grouped._ready) == remembered
-    check_masked(out, a_kernel, b, masked_m.cpu())
-
-    # The row-major-inside-each-group scales (a view of one 2-D M-major tensor) are copied per call.
     deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=48)
     assert len(grouped._ready) == remembered
-    a[1].mul_(2.0)
-    out.fill_(float("nan"))
-    deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=48)
     check_masked(out, a, b, masked_m.cpu())
 
+    # K-major scales are copied into the kernel's layout on every call, and never remembered.
+    a_k_major = (a[0], a[1].contiguous())
+    deepgemm.m_grouped_fp8_gemm_nt_masked(a_k_major, b, out, masked_m, expected_m=48)
+    assert len(grouped._ready) == remembered
+    a_k_major[1].mul_(2.0)
+    out.fill_(float("nan"))
+    deepgemm.m_grouped_fp8_gemm_nt_masked(a_k_major, b, out, masked_m, expected_m=48)
+    check_masked(out, a_k_major, b, masked_m.cpu())
+
     with pytest.raises(ValueError, match="expected_m"):
-        deepgemm.m_grouped_fp8_gemm_nt_masked(a_kernel, b, out, masked_m, expected_m=48.0)
+        deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=48.0)
     with pytest.raises(TypeError, match="out"):
-        deepgemm.m_grouped_fp8_gemm_nt_masked(a_kernel, b, out.view(torch.float16), masked_m, expected_m=48)
+        deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out.view(torch.float16), masked_m, expected_m=48)
+
+
+@pytest.mark.parametrize("layout", ["per_group_m_major", "one_m_major_tensor", "padded_group_stride", "k_major"])
+def test_masked_scale_layouts(layout: str) -> None:
+    """Scales M-major per group, a view of one M-major tensor, or with a padded group stride are read in place
+    through the 3-D descriptor (no copy); K-major ones are copied. All give the same output as the float64
+    reference, also for groups whose rows end inside a 128-row box (the box must not read the next group)."""
+    from deepgemm.api.grouped import _masked_sfa_layout
+
+    groups, max_m, n, k = 3, 192, 256, 1024
+    a, b = masked_inputs(groups, max_m, n, k, seed=51)
+    k_groups = k // 128
+    if layout == "per_group_m_major":
+        storage = torch.empty(groups, k_groups, max_m, device="cuda")
+        storage.copy_(a[1].transpose(1, 2))
+        sfa = storage.transpose(1, 2)
+    elif layout == "padded_group_stride":
+        storage = torch.empty(k_groups, groups * (max_m + 64), device="cuda")
+        sfa = storage.view(k_groups, groups, max_m + 64)[:, :, :max_m].permute(1, 2, 0)
+        sfa.copy_(a[1])
+    elif layout == "one_m_major_tensor":
+        sfa = a[1]
+    else:
+        sfa = a[1].contiguous()
+    assert (_masked_sfa_layout(sfa) is sfa) == (layout != "k_major")
+    a = (a[0], sfa)
+    masked_m = torch.tensor([192, 70, 129], dtype=torch.int32, device="cuda")
+    out = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=100)
+    check_masked(out, a, b, masked_m.cpu())
 
 
 def test_contiguous_warm_calls_read_current_expert_indices() -> None:

@@ -275,9 +275,8 @@ struct Sm90Fp8Gemm1D2D {
             const u32 k_end = kSplitTail ? unit.k_end : kNumKBlocks;
             const i32 row_a = static_cast<i32>(tile.row_begin + tile.m_block * kBlockM);
             const i32 row_b = static_cast<i32>(tile.group * kN + tile.n_block * kBlockN);
-            // sfa is M-major: its rows are K blocks (per group for the masked layout), its columns M.
+            // sfa is M-major: its rows are K blocks, its columns M (masked: a 3-D tensor (M, K block, group)).
             const i32 sfa_col = static_cast<i32>(tile.m_block * kBlockM + (kKind == GemmKind::kGroupedMasked ? 0 : tile.row_begin));
-            const u32 sfa_row0 = kKind == GemmKind::kGroupedMasked ? tile.group * kNumKBlocks : 0;
             u32 a_boxes = 1;
             u32 tx_bytes = kStageTxBytes;
             const TmaDescriptor* desc_a = tma_a;
@@ -313,8 +312,13 @@ struct Sm90Fp8Gemm1D2D {
                     ptx::tma_load_2d_multicast(ring.smem + kOffsetB + stage * kStageBBytes + half * kBlockK, tma_b, full, k,
                                                row_b + static_cast<i32>(half), (1u << kClusterM) - 1);
                 }
-                ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, desc_sfa, full, sfa_col,
-                                 static_cast<i32>(sfa_row0 + k_block));
+                if constexpr (kKind == GemmKind::kGroupedMasked) {
+                    ptx::tma_load_3d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, desc_sfa, full, sfa_col,
+                                     static_cast<i32>(k_block), static_cast<i32>(tile.group));
+                } else {
+                    ptx::tma_load_2d(ring.smem + kOffsetSfa + stage * kStageSfaBytes, desc_sfa, full, sfa_col,
+                                     static_cast<i32>(k_block));
+                }
                 Ring::advance(stage, phase);
             }
         }

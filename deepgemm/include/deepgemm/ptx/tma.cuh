@@ -18,6 +18,15 @@ DG_DEVICE void tma_load_2d(void* smem_dst, const TmaDescriptor* desc, u64* bar, 
         : "memory");
 }
 
+// Load the box at (c0, c1, c2) of a 3-D tensor (c0 innermost) into `smem_dst`, completing bytes on `bar`.
+DG_DEVICE void tma_load_3d(void* smem_dst, const TmaDescriptor* desc, u64* bar, i32 c0, i32 c1, i32 c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(
+            smem_addr(smem_dst)),
+        "l"(reinterpret_cast<u64>(desc)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+}
+
 // Store the box at (inner, outer) from `smem_src`; elements outside the tensor are not written.
 DG_DEVICE void tma_store_2d(const TmaDescriptor* desc, const void* smem_src, i32 inner, i32 outer) {
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
