@@ -25,10 +25,12 @@ def main() -> None:
     parser.add_argument("--tiles", default="256x128,128x192,128x128")
     parser.add_argument("--masked", action="store_true", help="the masked cases (default: contiguous)")
     parser.add_argument("--only", default="", help="cases whose label contains this")
+    parser.add_argument("--scale-layouts", action="store_true",
+                        help="masked: time each tile with the scales as one M-major tensor and copied per group")
     args = parser.parse_args()
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
     if args.masked:
-        masked_ab(tiles, args.only, args.compile_only)
+        masked_ab(tiles, args.only, args.compile_only, args.scale_layouts)
         return
 
     import deepgemm.kernels.fp8_gemm as fp8_gemm
@@ -88,7 +90,7 @@ def main() -> None:
                   f"{flops / timing.median_us / 1e6:.0f} | {deepgemm.calc_diff(out, outs[0]):.1e} | {theirs} |", flush=True)
 
 
-def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool) -> None:
+def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool, scale_layouts: bool = False) -> None:
     """The masked cases with each tile swapped into `masked_tile` (the same counts bench_grouped draws)."""
     import deepgemm.kernels.fp8_gemm as fp8_gemm
     from deepgemm.api.grouped import clear_grouped_plans
@@ -125,7 +127,12 @@ def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool) -> No
         b = random_grouped_weights(groups, n, k, "cuda", 4)
         masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
         sfa, sfb = _masked_sfa_layout(a[1]), b[1].contiguous()
-        launches, outs = [], []
+        layouts = {"": sfa}
+        if scale_layouts:
+            per_group = torch.empty(groups, a[1].shape[2], max_m, device="cuda")
+            per_group.copy_(a[1].transpose(1, 2))
+            layouts = {" one M-major": sfa, " per group": per_group.transpose(1, 2)}
+        launches, outs, names = [], [], []
         for bm, bn in tiles:
             fp8_gemm.masked_tile = lambda *_, tile=(bm, bn): tile
             clear_grouped_plans()
@@ -134,9 +141,12 @@ def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool) -> No
             plan = next(iter(fp8_gemm._grouped_plans.values()))
             if (plan.spec.config.block_m, plan.spec.config.block_n) != (bm, bn):
                 raise SystemExit(f"asked for {bm}x{bn}, the plan has {plan.spec.label()}")
-            outs.append(out)
             # The plan itself is timed (the API would look its plan up again, after the cache was cleared).
-            launches.append(lambda plan=plan, out=out: plan.launch(a[0], sfa, b[0], sfb, out, masked_m))
+            for layout, scales in layouts.items():
+                outs.append(out if not outs or outs[-1] is not out else out.clone())
+                names.append(f"{bm}x{bn}{layout}")
+                launches.append(lambda plan=plan, out=outs[-1], scales=scales: plan.launch(a[0], scales, b[0], sfb, out, masked_m))
+                launches[-1]()
         fp8_gemm.masked_tile = original
         torch.cuda.synchronize()
         timings = bench_gpu_interleaved(launches, iters=30, warmup=5)
@@ -144,9 +154,9 @@ def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool) -> No
         flops = 2 * valid * n * k
         nbytes = valid * k + groups * n * k + valid * n * 2
         first = torch.cat([outs[0][g, :c] for g, c in enumerate(counts)])
-        for (bm, bn), out, timing in zip(tiles, outs, timings):
+        for name, out, timing in zip(names, outs, timings):
             mine = torch.cat([out[g, :c] for g, c in enumerate(counts)])
-            print(f"| {label} | {bm}x{bn} | {timing.median_us:.1f} | {nbytes / timing.median_us / 1e3:.0f} | "
+            print(f"| {label} | {name} | {timing.median_us:.1f} | {nbytes / timing.median_us / 1e3:.0f} | "
                   f"{flops / timing.median_us / 1e6:.0f} | {deepgemm.calc_diff(mine, first):.1e} | {theirs} |", flush=True)
         clear_grouped_plans()
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from deepgemm.api.backend import backend_for
-from deepgemm.api.layout import to_mn_major_tma_aligned
+from deepgemm.api.layout import masked_sfa_strides, to_mn_major_tma_aligned
 from deepgemm.api.validation import (
     require_dtype,
     require_pair,
@@ -20,6 +22,10 @@ from deepgemm.configs.heuristics import masked_config_m
 from deepgemm.reference import m_grouped_contiguous_reference, m_grouped_masked_reference, m_indices_from_psum
 from deepgemm.utils import align_up, ceil_div
 
+if TYPE_CHECKING:
+    from deepgemm.jit.args import PackedArgs
+    from deepgemm.kernels.fp8_gemm import Fp8GemmPlan
+
 FP8 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 CONTIGUOUS_M_ALIGNMENT = 128
@@ -29,20 +35,30 @@ MASKED_M_ALIGNMENT = 64
 # Launch-ready work for argument sets seen before: metadata key -> (plan, packed kernel arguments). As for
 # fp8_gemm_nt, only calls that needed no layout copy are remembered, so the cached pointers are the caller's own;
 # the grouping tensor (m_indices, psum, masked_m) is keyed by pointer, its contents are read by the kernel.
-_ready: dict[tuple, tuple] = {}
+_ready: dict[tuple, tuple[Fp8GemmPlan, PackedArgs]] = {}
 _READY_CAPACITY = 4096
 
 
 def _metadata_key(form: object, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor,
                   out: torch.Tensor, grouping: torch.Tensor) -> tuple:
     # Pointers are unique across devices and host memory (unified addressing), so they pin each tensor's device.
-    return (form, a_q.data_ptr(), a_q.shape, a_q.stride(), a_q.dtype, sfa.data_ptr(), sfa.shape, sfa.stride(), sfa.dtype,
+    return (form,
+            a_q.data_ptr(), a_q.shape, a_q.stride(), a_q.dtype, sfa.data_ptr(), sfa.shape, sfa.stride(), sfa.dtype,
             b_q.data_ptr(), b_q.shape, b_q.stride(), b_q.dtype, sfb.data_ptr(), sfb.shape, sfb.stride(), sfb.dtype,
-            out.data_ptr(), out.shape, out.stride(), out.dtype, grouping.data_ptr(), grouping.shape, grouping.stride(),
-            grouping.dtype)
+            out.data_ptr(), out.shape, out.stride(), out.dtype,
+            grouping.data_ptr(), grouping.shape, grouping.stride(), grouping.dtype)
 
 
-def _launch_if_ready(form: object, a: object, b: object, out: torch.Tensor, grouping: torch.Tensor) -> bool:
+_CONTIGUOUS_FORM = "contiguous"
+_PSUM_FORM = "psum"
+
+
+def _masked_form(expected_m: object) -> tuple:
+    # The hint's type is part of the key: True == 1 and 64.0 == 64 as keys, but only an int passes validation.
+    return ("masked", type(expected_m), expected_m)
+
+
+def _launch_if_ready(form: object, a: object, b: object, out: Any, grouping: Any) -> bool:
     """Launch with one dictionary lookup if this argument set passed validation before; False otherwise
     (anything unusual, e.g. a non-tensor argument, falls through to the checked path)."""
     if type(a) is not tuple or type(b) is not tuple or len(a) != 2 or len(b) != 2:
@@ -57,7 +73,7 @@ def _launch_if_ready(form: object, a: object, b: object, out: torch.Tensor, grou
     return True
 
 
-def _remember(key: tuple, plan: object, args: object) -> None:
+def _remember(key: tuple, plan: Fp8GemmPlan, args: PackedArgs) -> None:
     if len(_ready) >= _READY_CAPACITY:
         _ready.clear()
     _ready[key] = (plan, args)
@@ -131,7 +147,7 @@ def m_grouped_fp8_gemm_nt_contiguous(
         row are padding throughout (segments are aligned) and issue no loads or MMA.
     out: [M_total, N] bfloat16 or float32, written and returned.
     """
-    if _launch_if_ready("contiguous", a, b, out, m_indices):
+    if _launch_if_ready(_CONTIGUOUS_FORM, a, b, out, m_indices):
         return out
     where = "m_grouped_fp8_gemm_nt_contiguous"
     a_q, sfa, b_q, sfb, out = _check_contiguous(a, b, out, where)
@@ -154,7 +170,7 @@ def m_grouped_fp8_gemm_nt_contiguous_psum(
     Rows that belong to no expert (alignment gaps, rows past psum[G - 1]) are written as zeros; M-blocks
     entirely outside every expert issue no loads or MMA. Other arguments as m_grouped_fp8_gemm_nt_contiguous.
     """
-    if _launch_if_ready("psum", a, b, out, psum):
+    if _launch_if_ready(_PSUM_FORM, a, b, out, psum):
         return out
     where = "m_grouped_fp8_gemm_nt_contiguous_psum"
     a_q, sfa, b_q, sfb, out = _check_contiguous(a, b, out, where)
@@ -211,19 +227,19 @@ def _run_contiguous(where: str, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch
     args = plan.packed_args(a_q, sfa_tma, b_q, sfb_rows, out, grouping)
     plan.launch_packed(args)
     if sfa_tma is sfa and sfb_rows is sfb:
-        _remember(_metadata_key("psum" if psum_form else "contiguous", a_q, sfa, b_q, sfb, out, grouping), plan, args)
+        form = _PSUM_FORM if psum_form else _CONTIGUOUS_FORM
+        _remember(_metadata_key(form, a_q, sfa, b_q, sfb, out, grouping), plan, args)
     return out
 
 
 def _masked_sfa_layout(sfa: torch.Tensor) -> torch.Tensor:
-    """[G, max_m, K/128] scales with M contiguous and the other two strides multiples of 4 elements (16 bytes, TMA's
-    rule), 16-byte aligned: used as is. That covers M-major scales per group (strides (K/128 * s, 1, s)) and a view
-    of one M-major [G * max_m, K/128] tensor, as quantize_per_token_group returns for A viewed as [G * max_m, K]
-    (strides (max_m, 1, s)). Anything else is copied into the per-group form."""
-    groups, max_m, k_groups = sfa.shape
-    if (max_m <= 1 or sfa.stride(1) == 1) and sfa.stride(2) % 4 == 0 and sfa.stride(0) % 4 == 0 \
-            and min(sfa.stride(0), sfa.stride(2)) > 0 and sfa.data_ptr() % 16 == 0:
+    """[G, max_m, K/128] scales the masked kernel reads in place (masked_sfa_strides: M contiguous, the other strides
+    multiples of 16 bytes), as given: M-major per group (strides (K/128 * s, 1, s)) or a view of one M-major
+    [G * max_m, K/128] tensor, as quantize_per_token_group returns for A viewed as [G * max_m, K] (strides
+    (max_m, 1, s)). Anything else is copied into the per-group form."""
+    if masked_sfa_strides(sfa) is not None:
         return sfa
+    groups, max_m, k_groups = sfa.shape
     storage = torch.empty((groups, k_groups, align_up(max(max_m, 1), 4)), dtype=torch.float32, device=sfa.device)
     view = storage[:, :, :max_m]
     view.copy_(sfa.transpose(1, 2))
@@ -239,15 +255,16 @@ def m_grouped_fp8_gemm_nt_masked(
 ) -> torch.Tensor:
     """out[g, :masked_m[g]] = (A[g] * sfa[g]) @ (B[g] * sfb[g])^T for each expert g.
 
-    a = (A e4m3 [G, max_m, K], sfa float32 [G, max_m, ceil(K/128)]); max_m must be a multiple of 64.
+    a = (A e4m3 [G, max_m, K], sfa float32 [G, max_m, ceil(K/128)]); max_m must be a multiple of 64. Scales
+        with M contiguous (M-major per group, or quantize_per_token_group(A.view(G * max_m, K))[1] viewed as
+        [G, max_m, ceil(K/128)]) are read in place; other layouts are copied on every call.
     b = (B e4m3 [G, N, K], sfb float32 [G, ceil(N/128), ceil(K/128)]).
     masked_m: int32 [G] on the GPU. The host never reads it, so the call can be captured in a CUDA graph
         and replayed with new counts. Rows at or past masked_m[g] in the last 64-row block of a group
         are overwritten with unspecified values; rows in blocks entirely past masked_m[g] are untouched.
     expected_m: the typical masked_m, used only to choose the tile configuration.
     """
-    # (The hint's type is part of the key: True == 1 and 64.0 == 64 as keys, but only an int passes validation.)
-    if _launch_if_ready(("masked", type(expected_m), expected_m), a, b, out, masked_m):
+    if _launch_if_ready(_masked_form(expected_m), a, b, out, masked_m):
         return out
     where = "m_grouped_fp8_gemm_nt_masked"
     a_q, sfa = require_pair(a, "a", where)
@@ -295,5 +312,5 @@ def m_grouped_fp8_gemm_nt_masked(
     args = plan.packed_args(a_q, sfa_tma, b_q, sfb_rows, out, masked_m)
     plan.launch_packed(args)
     if sfa_tma is sfa and sfb_rows is sfb:
-        _remember(_metadata_key(("masked", type(expected_m), expected_m), a_q, sfa, b_q, sfb, out, masked_m), plan, args)
+        _remember(_metadata_key(_masked_form(expected_m), a_q, sfa, b_q, sfb, out, masked_m), plan, args)
     return out

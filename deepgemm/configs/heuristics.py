@@ -66,6 +66,10 @@ PREFILL_TILE_SECONDS = 0.68e-6  # per tile: tile start and epilogue ...
 PREFILL_EXPOSED_K_BLOCKS = 1.25
 PREFILL_EXPOSED_K_BLOCKS_WIDE = 2.0  # block_n >= PREFILL_WIDE_BLOCK_N with block_m 128
 PREFILL_WIDE_BLOCK_N = 192
+# Grouped layouts keep 1.25 for those tiles: their picks were measured with it (v35's contiguous 128 x 192, the
+# masked tile A/B of session 12), and 2.0 would change 161 of 2520 grouped grid picks, none of them timed, among them
+# masked groups at N = 7168, K = 2048 to 128 x 96, which ran 10-28% slower than 128 x 128 on the issue-5 masked cases.
+GROUPED_EXPOSED_K_BLOCKS_WIDE = PREFILL_EXPOSED_K_BLOCKS
 
 
 def output_tile_bytes(block_n: int, out_elem_bytes: int) -> int:
@@ -141,16 +145,19 @@ def pipelined_for(block_m: int, block_n: int) -> bool:
     return block_m not in (192, 256) and block_n <= MAX_PIPELINED_BLOCK_N
 
 
-def estimate_seconds(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int, out_elem_bytes: int) -> float:
+def estimate_seconds(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int, out_elem_bytes: int,
+                     wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE) -> float:
     """Estimated run time: the slower of the tile schedule and the HBM floor."""
-    return max(tile_schedule_seconds(m, n, k, block_m, block_n, num_sms), hbm_seconds(m, n, k, out_elem_bytes))
+    return max(tile_schedule_seconds(m, n, k, block_m, block_n, num_sms, wide_tail_k_blocks),
+               hbm_seconds(m, n, k, out_elem_bytes))
 
 
 def hbm_seconds(m: int, n: int, k: int, out_elem_bytes: int) -> float:
     return (m * k + n * k + m * n * out_elem_bytes) / HBM_BYTES_PER_S
 
 
-def tile_schedule_seconds(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> float:
+def tile_schedule_seconds(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int,
+                          wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE) -> float:
     """waves x per-tile time, the per-tile time being the slower of MMA and streaming operands from L2, plus (above
     decode sizes) a fixed cost per tile."""
     k_padded = align_up(max(k, 1), 128)
@@ -163,7 +170,7 @@ def tile_schedule_seconds(m: int, n: int, k: int, block_m: int, block_n: int, nu
     tile_fixed = 0.0
     if m > DECODE_MAX_M:
         exposed_tail = not pipelined_for(block_m, block_n) and math_warpgroups(block_m) < 3
-        exposed = PREFILL_EXPOSED_K_BLOCKS_WIDE if block_m == 128 and block_n >= PREFILL_WIDE_BLOCK_N else PREFILL_EXPOSED_K_BLOCKS
+        exposed = wide_tail_k_blocks if block_m == 128 and block_n >= PREFILL_WIDE_BLOCK_N else PREFILL_EXPOSED_K_BLOCKS
         tile_fixed = PREFILL_TILE_SECONDS + (exposed * mma_per_k_block if exposed_tail else 0.0)
     return waves * (max(mma, stream) + tile_fixed)
 
@@ -243,7 +250,8 @@ def masked_tile(expected_rows: int, groups: int, n: int, k: int, num_sms: int, o
     only narrow tiles changes the tiles of other layouts too (1 x ~1100 rows, N = 4096: 128 x 96), not yet run on a
     GPU."""
     base = choose_fp8_gemm_config(max(expected_rows, 1), n * groups, k, num_sms, out_elem_bytes,
-                                  allow_block_m_256=masked_allows_block_m_256(k) and n >= 128)
+                                  allow_block_m_256=masked_allows_block_m_256(k) and n >= 128,
+                                  wide_tail_k_blocks=GROUPED_EXPOSED_K_BLOCKS_WIDE)
     if base.block_m == 256:
         return 256, base.block_n
     return base.block_m, max_block_n_for(n, min(base.block_n, MASKED_MAX_BLOCK_N))
@@ -264,11 +272,13 @@ def contiguous_tile(m_total: int, groups: int, n: int, k: int, num_sms: int, out
     (block_m 256 only for long segments) or 128 x 192 tiles where their measured advantage makes them faster."""
     m = max(m_total, 1)
     base = choose_fp8_gemm_config(m, n, k, num_sms, out_elem_bytes,
-                                  allow_block_m_256=contiguous_allows_block_m_256(m_total, groups))
+                                  allow_block_m_256=contiguous_allows_block_m_256(m_total, groups),
+                                  wide_tail_k_blocks=GROUPED_EXPOSED_K_BLOCKS_WIDE)
     block_m, block_n = CONTIGUOUS_WIDE_TILE
     if m > DECODE_MAX_M and n >= block_n and max_stages(block_m, block_n, k, out_elem_bytes) >= 3:
-        wide = estimate_seconds(m, n, k, block_m, block_n, num_sms, out_elem_bytes) * CONTIGUOUS_WIDE_TILE_SHARE
-        if wide < estimate_seconds(m, n, k, base.block_m, base.block_n, num_sms, out_elem_bytes):
+        tail = GROUPED_EXPOSED_K_BLOCKS_WIDE
+        wide = estimate_seconds(m, n, k, block_m, block_n, num_sms, out_elem_bytes, tail) * CONTIGUOUS_WIDE_TILE_SHARE
+        if wide < estimate_seconds(m, n, k, base.block_m, base.block_n, num_sms, out_elem_bytes, tail):
             return block_m, block_n
     return base.block_m, base.block_n
 
@@ -351,16 +361,18 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
 
 
 def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
-                      allow_block_m_256: bool = True, allow_block_m_192: bool = False) -> list[tuple[float, int, int]]:
+                      allow_block_m_256: bool = True, allow_block_m_192: bool = False,
+                      wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE) -> list[tuple[float, int, int]]:
     """(estimated seconds, block_m, block_n) for every feasible tile, fastest first.
 
-    Ties (several tiles at the HBM floor) go to the faster tile schedule, then to fewer tiles.
+    Ties (several tiles at the HBM floor) go to the faster tile schedule, then to fewer tiles. wide_tail_k_blocks:
+    the exposed tail of 128 x 192 tiles (grouped layouts pass GROUPED_EXPOSED_K_BLOCKS_WIDE).
     """
     ranked = []
     for block_m, block_n in candidate_tiles(m, n, allow_block_m_256, allow_block_m_192):
         if max_stages(block_m, block_n, k, out_elem_bytes) < 2:
             continue
-        schedule = tile_schedule_seconds(m, n, k, block_m, block_n, num_sms)
+        schedule = tile_schedule_seconds(m, n, k, block_m, block_n, num_sms, wide_tail_k_blocks)
         seconds = max(schedule, hbm_seconds(m, n, k, out_elem_bytes))
         tiles = ceil_div(m, block_m) * ceil_div(n, block_n)
         ranked.append((seconds, schedule, tiles, block_m, block_n))
@@ -370,7 +382,8 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
 
 def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
                            allow_block_m_256: bool = True, allow_block_m_192: bool = False,
-                           decode_split: bool = True) -> GemmConfig:
+                           decode_split: bool = True,
+                           wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE) -> GemmConfig:
     """Pick block sizes and stages for D[m, n] = A[m, k] B[n, k]^T on `num_sms` SMs.
 
     Grouped GEMMs allow block_m 256 only for long contiguous expert segments (contiguous_allows_block_m_256) and
@@ -379,7 +392,8 @@ def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes:
     split-K decode tile (decode_split_block_n), so the plain pick can be timed against it."""
     if min(m, n, k) <= 0 or num_sms <= 0:
         raise ValueError(f"choose_fp8_gemm_config needs positive m, n, k, num_sms; got {m}, {n}, {k}, {num_sms}")
-    ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes, allow_block_m_256, allow_block_m_192)
+    ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes, allow_block_m_256, allow_block_m_192,
+                               wide_tail_k_blocks)
     if not ranked:
         raise UnsupportedError(f"no FP8 GEMM tile for m={m} n={n} k={k} fits in shared memory")
     _, block_m, block_n = ranked[0]

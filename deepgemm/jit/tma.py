@@ -75,7 +75,7 @@ def _encode(ptr: int, dtype: torch.dtype, sizes: tuple[int, ...], strides_elems:
             cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         ),
-        f"cuTensorMapEncodeTiled(sizes={sizes}, strides={strides_elems}, box={box})",
+        f"cuTensorMapEncodeTiled(sizes={sizes}, strides={strides_elems}, box={box}; innermost dimension first)",
     )
     raw = ctypes.string_at(tensor_map.getPtr(), DESCRIPTOR_BYTES)
     if len(_cache) >= _CACHE_CAPACITY:

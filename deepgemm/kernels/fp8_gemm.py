@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
+from deepgemm.api.layout import masked_sfa_strides, mn_major_row_stride, tma_row_stride
 from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
 from deepgemm.configs.heuristics import (balanced_grid, balanced_grid_applies, contiguous_tile,
                                         make_config, masked_tile, max_block_n_for, spans_at_most_two_scale_blocks,
@@ -188,7 +188,10 @@ class Fp8GemmPlan:
         if self.spec.kind == GemmKind.GROUPED_MASKED:
             # sfa [G, max_m, K/128], M contiguous: a 3-D box (M, K block, group), so any group stride works (M-major
             # per group, or a view of one M-major [G * max_m, K/128] tensor); a box never reads the next group.
-            sfa_desc = encode_3d(sfa.data_ptr(), torch.float32, (g.max_m, k_blocks, g.groups), (sfa.stride(2), sfa.stride(0)),
+            strides = masked_sfa_strides(sfa)
+            if strides is None:
+                raise ValueError(f"masked sfa strides {sfa.stride()} are not TMA-readable (the API copies such scales)")
+            sfa_desc = encode_3d(sfa.data_ptr(), torch.float32, (g.max_m, k_blocks, g.groups), strides,
                                  (c.block_m, 1, 1))
         else:
             sfa_desc = encode_2d(sfa.data_ptr(), torch.float32, k_blocks, rows, mn_major_row_stride(sfa), 1, c.block_m, 0)
@@ -221,8 +224,8 @@ class Fp8GemmPlan:
     def packed_args(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
                     d: torch.Tensor, grouping: torch.Tensor | None = None) -> PackedArgs:
         """Kernel arguments (TMA descriptors + scalars) for these tensors, packed once per pointer set."""
-        key = (a.data_ptr(), a.stride(-2), sfa.data_ptr(), sfa.stride(-1), sfa.stride(0), b.data_ptr(), b.stride(-2), sfb.data_ptr(),
-               d.data_ptr(), d.stride(-2), grouping.data_ptr() if grouping is not None else 0)
+        key = (a.data_ptr(), a.stride(-2), sfa.data_ptr(), sfa.stride(-1), sfa.stride(0), b.data_ptr(), b.stride(-2),
+               sfb.data_ptr(), d.data_ptr(), d.stride(-2), grouping.data_ptr() if grouping is not None else 0)
         args = self._args.get(key)
         if args is None:
             if len(self._args) >= self._ARGS_CAPACITY:

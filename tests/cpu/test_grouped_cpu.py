@@ -277,14 +277,20 @@ def test_masked_scale_layouts_used_in_place() -> None:
     M-major [G * max_m, K/128] tensor (what quantize_per_token_group returns for A viewed 2-D) and padded group
     strides are used as is; K-major scales and strides TMA cannot take are copied into the per-group form."""
     from deepgemm.api.grouped import _masked_sfa_layout
+    from deepgemm.api.layout import masked_sfa_strides
 
     groups, max_m, k_groups = 3, 128, 5
     one_m_major = torch.randn(k_groups, groups * max_m).t().reshape(groups, max_m, k_groups)
     assert one_m_major.stride() == (max_m, 1, groups * max_m)
     per_group = torch.randn(groups, k_groups, max_m).transpose(1, 2)
     padded = torch.randn(k_groups, groups, max_m + 64)[:, :, :max_m].permute(1, 2, 0)
-    for sfa in (one_m_major, per_group, padded):
+    single_k_block = torch.randn(groups, max_m, 1)  # strides (max_m, 1, 1): the K-block stride is never used
+    single_group = torch.randn(k_groups, max_m).t()[None]  # strides (k_groups * max_m, 1, max_m)
+    for sfa in (one_m_major, per_group, padded, single_k_block, single_group):
         assert _masked_sfa_layout(sfa) is sfa, sfa.stride()
+    assert masked_sfa_strides(single_k_block) == (max_m, max_m)
+    assert masked_sfa_strides(single_group) == (max_m, k_groups * max_m)
+    assert masked_sfa_strides(one_m_major) == (groups * max_m, max_m)
     k_major = one_m_major.contiguous()
     odd_stride = torch.randn(k_groups, groups * max_m + 2)[:, : groups * max_m].t().reshape(groups, max_m, k_groups)
     for sfa in (k_major, odd_stride):

@@ -340,37 +340,43 @@ def test_masked_loads_only_the_a_rows_a_tile_needs(block_m: int, expected_m: int
     check_masked(out, a, b, masked_m.cpu())
 
 
-def test_masked_warm_calls_read_current_counts_and_operands() -> None:
-    """A repeated argument set launches through the remembered plan and arguments (no validation), and still
-    reads masked_m, A and its scales as they are now; scales that need a layout copy (K-major) are never
+def _must_not_run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    raise AssertionError("a warm call went through validation")
+
+
+def test_masked_warm_calls_read_current_counts_and_operands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repeated argument set launches through the remembered plan and arguments (validation is patched to fail),
+    and still reads masked_m, A and its scales as they are now; scales that need a layout copy (K-major) are never
     remembered, so their new values reach the kernel too. Bad arguments after a warm call are still rejected."""
     from deepgemm.api import grouped
 
+    monkeypatch.setattr(grouped, "_ready", {})
     groups, max_m, n, k = 4, 128, 256, 512
     a, b = masked_inputs(groups, max_m, n, k, seed=31)  # scales: a view of one M-major [G * max_m, K/128] tensor
     masked_m = torch.tensor([5, 128, 0, 64], dtype=torch.int32, device="cuda")
     out = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=48)
     check_masked(out, a, b, masked_m.cpu())
-    remembered = len(grouped._ready)
-    assert remembered >= 1
+    key = grouped._metadata_key(grouped._masked_form(48), a[0], a[1], b[0], b[1], out, masked_m)
+    assert list(grouped._ready) == [key]
     fresh, _ = masked_inputs(groups, max_m, n, k, seed=32)
     a[0].copy_(fresh[0])
     a[1].copy_(fresh[1])
     masked_m.copy_(torch.tensor([128, 1, 65, 0], dtype=torch.int32))
     out.fill_(float("nan"))
-    deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=48)
-    assert len(grouped._ready) == remembered
+    with monkeypatch.context() as patch:
+        patch.setattr(grouped, "require_pair", _must_not_run)
+        deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=48)
     check_masked(out, a, b, masked_m.cpu())
 
     # K-major scales are copied into the kernel's layout on every call, and never remembered.
     a_k_major = (a[0], a[1].contiguous())
     deepgemm.m_grouped_fp8_gemm_nt_masked(a_k_major, b, out, masked_m, expected_m=48)
-    assert len(grouped._ready) == remembered
     a_k_major[1].mul_(2.0)
     out.fill_(float("nan"))
     deepgemm.m_grouped_fp8_gemm_nt_masked(a_k_major, b, out, masked_m, expected_m=48)
     check_masked(out, a_k_major, b, masked_m.cpu())
+    assert list(grouped._ready) == [key]
 
     with pytest.raises(ValueError, match="expected_m"):
         deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=48.0)
@@ -378,14 +384,53 @@ def test_masked_warm_calls_read_current_counts_and_operands() -> None:
         deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out.view(torch.float16), masked_m, expected_m=48)
 
 
-@pytest.mark.parametrize("layout", ["per_group_m_major", "one_m_major_tensor", "padded_group_stride", "k_major"])
+def test_contiguous_warm_calls_read_current_expert_indices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warm contiguous calls (m_indices and psum forms) take the remembered launch (validation is patched to fail)
+    and read the grouping tensor's current contents: experts reassigned in place get their new weights."""
+    from deepgemm.api import grouped
+
+    monkeypatch.setattr(grouped, "_ready", {})
+    counts, n, k = [200, 56, 300], 384, 1024
+    m_indices = contiguous_layout(counts).cuda()
+    a = random_activations(m_indices.numel(), k, "cuda", 41)
+    b = random_grouped_weights(len(counts), n, k, "cuda", 42)
+    out = torch.full((m_indices.numel(), n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices)
+    assert list(grouped._ready) == [grouped._metadata_key(grouped._CONTIGUOUS_FORM, a[0], a[1], b[0], b[1], out, m_indices)]
+    m_indices.copy_(torch.where(m_indices >= 0, (m_indices + 1) % len(counts), m_indices))
+    out.fill_(float("nan"))
+    with monkeypatch.context() as patch:
+        patch.setattr(grouped, "_check_contiguous", _must_not_run)
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices)
+    ref = m_grouped_contiguous_reference(a[0], a[1], b[0], b[1], m_indices, torch.float64)
+    ref_abs = m_grouped_contiguous_reference(a[0].float().abs(), a[1].abs(), b[0].float().abs(), b[1].abs(), m_indices,
+                                             torch.float64)
+    valid = m_indices >= 0
+    assert (out[~valid] == 0).all()
+    assert_close_to_reference(out[valid], ref[valid], ref_abs[valid])
+
+    psum = psum_of(counts).cuda()
+    by_psum = torch.full_like(out, float("nan"))
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, by_psum, psum)
+    assert grouped._metadata_key(grouped._PSUM_FORM, a[0], a[1], b[0], b[1], by_psum, psum) in grouped._ready
+    by_psum.fill_(float("nan"))
+    with monkeypatch.context() as patch:
+        patch.setattr(grouped, "_check_contiguous", _must_not_run)
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, by_psum, psum)
+    by_index = torch.full_like(out, float("nan"))
+    deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, by_index, contiguous_layout(counts).cuda())
+    assert torch.equal(by_psum, by_index)
+
+
+@pytest.mark.parametrize("layout", ["per_group_m_major", "one_m_major_tensor", "padded_group_stride", "k_major",
+                                    "single_k_block"])
 def test_masked_scale_layouts(layout: str) -> None:
-    """Scales M-major per group, a view of one M-major tensor, or with a padded group stride are read in place
-    through the 3-D descriptor (no copy); K-major ones are copied. All give the same output as the float64
-    reference, also for groups whose rows end inside a 128-row box (the box must not read the next group)."""
+    """Scales M-major per group, a view of one M-major tensor, with a padded group stride, or [G, max_m, 1] at
+    K = 128 (any K-block stride) are read in place through the 3-D descriptor (no copy); K-major ones are copied.
+    Each matches the float64 reference on every valid row, including groups whose rows end inside a box."""
     from deepgemm.api.grouped import _masked_sfa_layout
 
-    groups, max_m, n, k = 3, 192, 256, 1024
+    groups, max_m, n, k = 3, 192, 256, 128 if layout == "single_k_block" else 1024
     a, b = masked_inputs(groups, max_m, n, k, seed=51)
     k_groups = k // 128
     if layout == "per_group_m_major":
@@ -398,6 +443,8 @@ def test_masked_scale_layouts(layout: str) -> None:
         sfa.copy_(a[1])
     elif layout == "one_m_major_tensor":
         sfa = a[1]
+    elif layout == "single_k_block":
+        sfa = a[1].contiguous()  # strides (max_m, 1, 1): the K-block stride is never used
     else:
         sfa = a[1].contiguous()
     assert (_masked_sfa_layout(sfa) is sfa) == (layout != "k_major")
@@ -406,37 +453,3 @@ def test_masked_scale_layouts(layout: str) -> None:
     out = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=100)
     check_masked(out, a, b, masked_m.cpu())
-
-
-def test_contiguous_warm_calls_read_current_expert_indices() -> None:
-    """Warm contiguous calls (m_indices and psum forms) take the remembered launch and read the grouping tensor's
-    current contents: experts reassigned in place are computed with their new weights."""
-    from deepgemm.api import grouped
-
-    counts, n, k = [200, 56, 300], 384, 1024
-    m_indices = contiguous_layout(counts).cuda()
-    a = random_activations(m_indices.numel(), k, "cuda", 41)
-    b = random_grouped_weights(len(counts), n, k, "cuda", 42)
-    out = torch.full((m_indices.numel(), n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices)
-    remembered = len(grouped._ready)
-    reassigned = torch.where(m_indices >= 0, (m_indices + 1) % len(counts), m_indices)
-    m_indices.copy_(reassigned)
-    out.fill_(float("nan"))
-    deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices)
-    assert len(grouped._ready) == remembered
-    ref = m_grouped_contiguous_reference(a[0], a[1], b[0], b[1], m_indices, torch.float64)
-    ref_abs = m_grouped_contiguous_reference(a[0].float().abs(), a[1].abs(), b[0].float().abs(), b[1].abs(), m_indices,
-                                             torch.float64)
-    valid = m_indices >= 0
-    assert (out[~valid] == 0).all()
-    assert_close_to_reference(out[valid], ref[valid], ref_abs[valid])
-
-    psum = psum_of(counts).cuda()
-    by_psum = torch.full_like(out, float("nan"))
-    deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, by_psum, psum)
-    by_psum.fill_(float("nan"))
-    deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, by_psum, psum)
-    by_index = torch.full_like(out, float("nan"))
-    deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, by_index, contiguous_layout(counts).cuda())
-    assert torch.equal(by_psum, by_index)

@@ -1,4 +1,4 @@
-// TMA (cp.async.bulk.tensor) loads into shared memory and stores from it, for 2-D tensor maps.
+// TMA (cp.async.bulk.tensor) loads into shared memory and stores from it, for 2-D and 3-D tensor maps.
 #pragma once
 #include <deepgemm/ptx/sync.cuh>
 
