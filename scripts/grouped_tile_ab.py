@@ -142,8 +142,8 @@ def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool, scale
             if (plan.spec.config.block_m, plan.spec.config.block_n) != (bm, bn):
                 raise SystemExit(f"asked for {bm}x{bn}, the plan has {plan.spec.label()}")
             # The plan itself is timed (the API would look its plan up again, after the cache was cleared).
-            for layout, scales in layouts.items():
-                outs.append(out if not outs or outs[-1] is not out else out.clone())
+            for index, (layout, scales) in enumerate(layouts.items()):
+                outs.append(out if index == 0 else out.clone())
                 names.append(f"{bm}x{bn}{layout}")
                 launches.append(lambda plan=plan, out=outs[-1], scales=scales: plan.launch(a[0], scales, b[0], sfb, out, masked_m))
                 launches[-1]()

@@ -10,6 +10,7 @@ import torch
 
 from deepgemm.api.backend import backend_for
 from deepgemm.api.layout import to_mn_major_tma_aligned
+from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
     require_dtype,
     require_pair,
@@ -40,10 +41,7 @@ def _allocate_out(m: int, n: int, dtype: torch.dtype, device: torch.device) -> t
     return storage if padded == n else storage[:, :n]
 
 
-# Launch-ready work for argument sets seen before: metadata key -> (plan, packed kernel arguments).
-# Only filled for calls that needed no layout copy, so the cached pointers are the caller's own.
-_ready: dict[tuple, tuple] = {}
-_READY_CAPACITY = 4096
+_ready: dict[tuple, tuple] = {}  # deepgemm.api.ready_launches: metadata key -> (plan, packed kernel arguments)
 
 
 def _metadata_key(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor,
@@ -142,9 +140,7 @@ def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Te
     args = plan.packed_args(a_q, sfa_tma, b_q, sfb_rows, out)
     plan.launch_packed(args)
     if sfa_tma is sfa and sfb_rows is sfb and out_dtype is None:
-        if len(_ready) >= _READY_CAPACITY:
-            _ready.clear()
-        _ready[_metadata_key(a_q, sfa, b_q, sfb, out)] = (plan, args)
+        remember(_ready, _metadata_key(a_q, sfa, b_q, sfb, out), plan, args)
     return out
 
 

@@ -8,6 +8,7 @@ import torch
 
 from deepgemm.api.backend import backend_for
 from deepgemm.api.layout import masked_sfa_strides, to_mn_major_tma_aligned
+from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
     require_dtype,
     require_pair,
@@ -32,11 +33,9 @@ CONTIGUOUS_M_ALIGNMENT = 128
 MASKED_M_ALIGNMENT = 64
 
 
-# Launch-ready work for argument sets seen before: metadata key -> (plan, packed kernel arguments). As for
-# fp8_gemm_nt, only calls that needed no layout copy are remembered, so the cached pointers are the caller's own;
-# the grouping tensor (m_indices, psum, masked_m) is keyed by pointer, its contents are read by the kernel.
+# Launch-ready work (deepgemm.api.ready_launches); the grouping tensor (m_indices, psum, masked_m) is keyed by
+# pointer, its contents are read by the kernel.
 _ready: dict[tuple, tuple[Fp8GemmPlan, PackedArgs]] = {}
-_READY_CAPACITY = 4096
 
 
 def _metadata_key(form: object, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor,
@@ -71,12 +70,6 @@ def _launch_if_ready(form: object, a: object, b: object, out: Any, grouping: Any
         return False
     ready[0].launch_packed(ready[1])
     return True
-
-
-def _remember(key: tuple, plan: Fp8GemmPlan, args: PackedArgs) -> None:
-    if len(_ready) >= _READY_CAPACITY:
-        _ready.clear()
-    _ready[key] = (plan, args)
 
 
 def clear_grouped_plans() -> None:
@@ -228,7 +221,7 @@ def _run_contiguous(where: str, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch
     plan.launch_packed(args)
     if sfa_tma is sfa and sfb_rows is sfb:
         form = _PSUM_FORM if psum_form else _CONTIGUOUS_FORM
-        _remember(_metadata_key(form, a_q, sfa, b_q, sfb, out, grouping), plan, args)
+        remember(_ready, _metadata_key(form, a_q, sfa, b_q, sfb, out, grouping), plan, args)
     return out
 
 
@@ -312,5 +305,5 @@ def m_grouped_fp8_gemm_nt_masked(
     args = plan.packed_args(a_q, sfa_tma, b_q, sfb_rows, out, masked_m)
     plan.launch_packed(args)
     if sfa_tma is sfa and sfb_rows is sfb:
-        _remember(_metadata_key(_masked_form(expected_m), a_q, sfa, b_q, sfb, out, masked_m), plan, args)
+        remember(_ready, _metadata_key(_masked_form(expected_m), a_q, sfa, b_q, sfb, out, masked_m), plan, args)
     return out

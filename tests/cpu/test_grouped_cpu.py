@@ -297,3 +297,16 @@ def test_masked_scale_layouts_used_in_place() -> None:
         copied = _masked_sfa_layout(sfa)
         assert copied is not sfa and torch.equal(copied, sfa)
         assert copied.stride(1) == 1 and copied.stride(2) % 4 == 0 and copied.stride(0) % 4 == 0
+
+
+def test_ready_launch_tables_are_bounded() -> None:
+    """Both APIs' launch-ready tables go through one helper: an entry is stored as (plan, args), and a full table is
+    dropped before the next entry goes in."""
+    from deepgemm.api import ready_launches
+
+    table: dict[tuple, object] = {}
+    for i in range(ready_launches.CAPACITY):
+        ready_launches.remember(table, (i,), "plan", i)
+    assert len(table) == ready_launches.CAPACITY and table[(7,)] == ("plan", 7)
+    ready_launches.remember(table, ("next",), "plan", -1)
+    assert table == {("next",): ("plan", -1)}
