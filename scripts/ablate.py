@@ -42,10 +42,10 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         "const BlockScales& s) const {\n",
         "const BlockScales& s) const {\n            if (s.lo0 != 12345.0f) return;\n",
     )],
-    "no_mma": [("        ptx::mma_k128_block<Mma>(desc_a, desc_b, partial);\n", "")],
+    "no_mma": [("        ptx::mma_k128_block<ptx::WgmmaFp8<kTileN>>(desc_a, desc_b, partial);\n", "")],
     "no_loads": [
         ("                    ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes, desc_a, full, k, row_a);\n", ""),
-        ("                    ptx::tma_load_2d(ring.smem + kOffsetB + stage * kStageBBytes, tma_b, full, k, row_b);\n", ""),
+        ("                    ptx::tma_load_2d(ring.smem + kOffsetB + stage * kStageBBytes, desc_b, full, k, row_b);\n", ""),
         ("ptx::mbarrier_arrive_expect_tx(full, tx_bytes);", "ptx::mbarrier_arrive_expect_tx(full, kStageSfaBytes);"),
     ],
     "no_store": [(

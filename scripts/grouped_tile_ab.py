@@ -3,12 +3,14 @@
 For each issue-5 case (same token counts as scripts/bench_grouped.py), each tile's plan is built with a swapped-in
 tile and the plans are timed interleaved (one sample of each per round; CUDA graph, L2 flushed, median of 30), each
 output checked against the first tile's (masked: on the valid rows). Usage:
-grouped_tile_ab.py [--compile-only] [--masked] [--only SUBSTRING] [--tiles 256x128,128x192,...]
+grouped_tile_ab.py [--compile-only] [--masked] [--only SUBSTRING] [--tiles 256x128,128x192,...] [--narrow-ab]
+--narrow-ab (contiguous): each tile twice, with full-width last N-blocks (DEEPGEMM_NARROW_LAST_N=0) and narrow ones.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 from pathlib import Path
@@ -27,8 +29,11 @@ def main() -> None:
     parser.add_argument("--only", default="", help="cases whose label contains this")
     parser.add_argument("--scale-layouts", action="store_true",
                         help="masked: time each tile with the scales as one M-major tensor and copied per group")
+    parser.add_argument("--narrow-ab", action="store_true",
+                        help="contiguous: each tile with full-width and with narrow last N-blocks")
     args = parser.parse_args()
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
+    narrow_settings = ("0", "1") if args.narrow_ab else (os.environ.get("DEEPGEMM_NARROW_LAST_N", "1"),)
     if args.masked:
         masked_ab(tiles, args.only, args.compile_only, args.scale_layouts)
         return
@@ -47,9 +52,11 @@ def main() -> None:
         specs = {fp8_gemm.Fp8GemmSpec(n, k, torch.bfloat16, make_config(sum(-(-c // 128) * 128 for c in counts), n, k, bm, bn,
                                                                       132, 2, cluster_m=1), fp8_gemm.GemmKind.GROUPED_CONTIGUOUS)
                  for _, counts, n, k, _ in cases for bm, bn in tiles}
-        for spec in specs:
-            res = fp8_gemm.compile_spec(spec).resources
-            print(spec.label(), res)
+        for narrow in narrow_settings:
+            os.environ["DEEPGEMM_NARROW_LAST_N"] = narrow
+            for spec in specs:
+                res = fp8_gemm.compile_spec(spec).resources
+                print(spec.label(), f"narrow={narrow}", res)
         return
 
     import deepgemm
@@ -67,10 +74,12 @@ def main() -> None:
         a = random_activations(m_total, k, "cuda", 1)
         b = random_grouped_weights(groups, n, k, "cuda", 2)
         sfa, sfb = to_mn_major_tma_aligned(a[1]), b[1].contiguous()
-        launches, outs = [], []
-        for bm, bn in tiles:
+        launches, outs, names = [], [], []
+        for (bm, bn), narrow in ((tile, narrow) for tile in tiles for narrow in narrow_settings):
             # Each tile's own plan (the plan cache is keyed by shape, so it is cleared around each build).
             fp8_gemm.contiguous_tile = lambda *_, tile=(bm, bn): tile
+            os.environ["DEEPGEMM_NARROW_LAST_N"] = narrow
+            names.append(f"{bm}x{bn}" + (f" narrow={narrow}" if args.narrow_ab else ""))
             clear_grouped_plans()
             plan = fp8_gemm.get_grouped_plan(0, fp8_gemm.GemmKind.GROUPED_CONTIGUOUS, fp8_gemm.Geometry(rows=m_total, groups=groups),
                                              n, k, torch.bfloat16, m_total)
@@ -85,8 +94,8 @@ def main() -> None:
         torch.cuda.synchronize()
         timings = bench_gpu_interleaved(launches, iters=30, warmup=5)
         flops = 2 * sum(counts) * n * k
-        for (bm, bn), out, timing in zip(tiles, outs, timings):
-            print(f"| contiguous {groups}x~{sum(counts) // groups} N={n} K={k} | {bm}x{bn} | {timing.median_us:.1f} | "
+        for name, out, timing in zip(names, outs, timings):
+            print(f"| contiguous {groups}x~{sum(counts) // groups} N={n} K={k} | {name} | {timing.median_us:.1f} | "
                   f"{flops / timing.median_us / 1e6:.0f} | {deepgemm.calc_diff(out, outs[0]):.1e} | {theirs} |", flush=True)
 
 

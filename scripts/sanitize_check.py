@@ -104,7 +104,8 @@ def masked() -> None:
 
 
 def contiguous() -> None:
-    """Grouped contiguous with block_m 256 (experts of 0 to 2300 rows): whole, half and padding blocks."""
+    """Grouped contiguous, experts of 0 to 2300 rows: 128 x 192 tiles at N = 4096, so a narrow last N-block (its own
+    B box) and the rotated walk, with padding blocks."""
     from deepgemm.reference import m_grouped_contiguous_reference
 
     align = deepgemm.get_m_alignment_for_contiguous_layout()

@@ -38,8 +38,7 @@ STAMP = f"""
 HEADER_PATCH = ("namespace deepgemm {\n\n// Which rows", "namespace deepgemm {\n" + STAMP + "\n// Which rows")
 EPILOGUE_PATCHES = [
     HEADER_PATCH,
-    ("        k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results, stores);\n",
-     "        k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results, stores);\n        DG_STAMP(use, 1);\n"),
+    ("        const u32 rows = tile.rows;\n", "        DG_STAMP(use, 1);\n        const u32 rows = tile.rows;\n"),
     ("                stores.put(chunk, col0 + c * kStoreN, row0 + wave_offset);\n",
      "                stores.put(chunk, col0 + c * kStoreN, row0 + wave_offset);\n"
      "                if (w < 2) DG_STAMP(use, 2 + w);\n"),
@@ -49,8 +48,7 @@ EPILOGUE_PATCHES = [
 ]
 PATCHES = [
     HEADER_PATCH,
-    ("        k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results, stores);\n",
-     "        k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results, stores);\n        DG_STAMP(use, 1);\n"),
+    ("        const u32 rows = tile.rows;\n", "        DG_STAMP(use, 1);\n        const u32 rows = tile.rows;\n"),
     ("                    stores_tile = reduce_stream(problem, split, me.math_wg, me.thread_in_wg, me.barrier_id, results);\n",
      "                    stores_tile = reduce_stream(problem, split, me.math_wg, me.thread_in_wg, me.barrier_id, results);\n"
      "                    DG_STAMP(use, 2);\n"),

@@ -63,29 +63,29 @@ PATCHES: list[tuple[str, str]] = [
     ("                ptx::mbarrier_wait(&ring.full[stage], phase);\n#pragma unroll\n                for (u32 w = 0; w < kNumWaves; ++w) {\n",
      "                ptx::mbarrier_wait(&ring.full[stage], phase);\n                DG_MARK(0);\n#pragma unroll\n"
      "                for (u32 w = 0; w < kNumWaves; ++w) {\n"),
-    ("                    issue_block(ring, stage, wave_row(w, t.math_wg), t.row_in_wg, partial, scale_a);\n",
-     "                    issue_block(ring, stage, wave_row(w, t.math_wg), t.row_in_wg, partial, scale_a);\n"
+    ("                    issue_block<kTileN>(ring, stage, wave_row(w, t.math_wg), t.row_in_wg, partial, scale_a);\n",
+     "                    issue_block<kTileN>(ring, stage, wave_row(w, t.math_wg), t.row_in_wg, partial, scale_a);\n"
      "                    DG_MARK(1);\n"),
     ("                    ptx::wgmma_wait_group<0>();\n                    ptx::fence_accumulators(partial);\n",
      "                    ptx::wgmma_wait_group<0>();\n                    ptx::fence_accumulators(partial);\n"
      "                    DG_MARK(2);\n"),
-    ("                        promotion.template apply<kStraddleCol, false>(results[w], partial, scales);\n                    }\n",
-     "                        promotion.template apply<kStraddleCol, false>(results[w], partial, scales);\n                    }\n"
+    ("                        promotion.template apply<kStraddleCol, kTileN, false>(results[w], partial, scales);\n                    }\n",
+     "                        promotion.template apply<kStraddleCol, kTileN, false>(results[w], partial, scales);\n                    }\n"
      "                    DG_MARK(3);\n"),
     # pipelined
     ("                ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);\n",
      "                ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);\n                DG_MARK(0);\n"),
-    ("                issue_block(ring, issue_stage, t.first_row, t.row_in_wg, partial, scale_a);\n",
-     "                issue_block(ring, issue_stage, t.first_row, t.row_in_wg, partial, scale_a);\n                DG_MARK(1);\n"),
+    ("                issue_block<kTileN>(ring, issue_stage, t.first_row, t.row_in_wg, partial, scale_a);\n",
+     "                issue_block<kTileN>(ring, issue_stage, t.first_row, t.row_in_wg, partial, scale_a);\n                DG_MARK(1);\n"),
     ("                ptx::wgmma_wait_group<0>();\n                ptx::fence_accumulators(partial);\n"
      "                release_stage(ring, stage, t.lane);\n",
      "                ptx::wgmma_wait_group<0>();\n                ptx::fence_accumulators(partial);\n"
      "                DG_MARK(2);\n                release_stage(ring, stage, t.lane);\n"),
-    ("                promotion.template apply<kStraddleCol>(result, partial0, scales0);\n                retire(partial1);\n"
-     "                issue(partial0, scales0);\n                promotion.template apply<kStraddleCol>(result, partial1, scales1);\n",
-     "                promotion.template apply<kStraddleCol>(result, partial0, scales0);\n                DG_MARK(3);\n"
+    ("                promotion.template apply<kStraddleCol, kTileN>(result, partial0, scales0);\n                retire(partial1);\n"
+     "                issue(partial0, scales0);\n                promotion.template apply<kStraddleCol, kTileN>(result, partial1, scales1);\n",
+     "                promotion.template apply<kStraddleCol, kTileN>(result, partial0, scales0);\n                DG_MARK(3);\n"
      "                retire(partial1);\n                issue(partial0, scales0);\n"
-     "                promotion.template apply<kStraddleCol>(result, partial1, scales1);\n                DG_MARK(3);\n"),
+     "                promotion.template apply<kStraddleCol, kTileN>(result, partial1, scales1);\n                DG_MARK(3);\n"),
 ]
 
 

@@ -87,11 +87,24 @@ def dense_last_box_rows(block_m: int, rows: int) -> int:
     return align_up(rows - (ceil_div(rows, block_m) - 1) * block_m, 8)
 
 
+def last_box_rows_b(n: int, block_n: int, cluster_m: int) -> int:
+    """Rows per TMA box of B for the last N-block; mirrors kLastBoxRowsB: its columns rounded up to 8 when N leaves
+    that block partial (narrow last block), else block_n."""
+    last = align_up(n - (ceil_div(n, block_n) - 1) * block_n, 8)
+    return last if cluster_m == 1 and last < block_n and narrow_last_block_enabled() else block_n
+
+
+def narrow_last_block_enabled() -> bool:
+    """DEEPGEMM_NARROW_LAST_N=0 compiles full-width last N-blocks (an A/B switch, read when a plan is built)."""
+    return os.environ.get("DEEPGEMM_NARROW_LAST_N", "1") != "0"
+
+
 def render_source(spec: Fp8GemmSpec) -> KernelSource:
     c = spec.config
     fp32 = "true" if spec.out_dtype == torch.float32 else "false"
+    narrow = "" if narrow_last_block_enabled() else "#define DEEPGEMM_NARROW_LAST_N 0\n"
     code = f"""\
-#include <deepgemm/kernels/sm90_fp8_gemm_1d2d.cuh>
+{narrow}#include <deepgemm/kernels/sm90_fp8_gemm_1d2d.cuh>
 
 using Kernel = deepgemm::Sm90Fp8Gemm1D2D<{spec.n}u, {spec.k}u, {c.block_m}u, {c.block_n}u, {c.num_stages}u, {c.group_m}u,
                                          {c.cluster_m}u, {"true" if c.pipelined else "false"}, {fp32},
@@ -99,14 +112,16 @@ using Kernel = deepgemm::Sm90Fp8Gemm1D2D<{spec.n}u, {spec.k}u, {c.block_m}u, {c.
                                          {"true" if c.chunked_store else "false"}>;
 static_assert(Kernel::kSmemBytes == {c.smem_bytes}u, "host and device disagree on the shared-memory size");
 static_assert(Kernel::kLoadRowsA == {a_box_rows(spec.kind, c.block_m)}u, "host and device disagree on A's TMA box rows");
+static_assert(Kernel::kLastBoxRowsB == {last_box_rows_b(spec.n, c.block_n, c.cluster_m)}u, "host and device disagree on B's last box");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
 deepgemm_fp8_gemm_1d2d(const __grid_constant__ deepgemm::TmaDescriptor tma_a, const __grid_constant__ deepgemm::TmaDescriptor tma_b,
                 const __grid_constant__ deepgemm::TmaDescriptor tma_sfa, const __grid_constant__ deepgemm::TmaDescriptor tma_a_last,
-                const __grid_constant__ deepgemm::TmaDescriptor tma_sfa_last, const __grid_constant__ deepgemm::OutputDescriptors tma_d,
+                const __grid_constant__ deepgemm::TmaDescriptor tma_sfa_last, const __grid_constant__ deepgemm::TmaDescriptor tma_b_last,
+                const __grid_constant__ deepgemm::OutputDescriptors tma_d,
                 const float* sfb, deepgemm::u32 m, const int* grouping, deepgemm::u32 num_groups, deepgemm::u32 max_m,
                 float* workspace, deepgemm::u32* counters) {{
-    Kernel::run(&tma_a, &tma_b, &tma_sfa, &tma_a_last, &tma_sfa_last, &tma_d, sfb, deepgemm::GemmProblem{{m, grouping, num_groups, max_m, workspace, counters}});
+    Kernel::run(&tma_a, &tma_b, &tma_sfa, &tma_a_last, &tma_sfa_last, &tma_b_last, &tma_d, sfb, deepgemm::GemmProblem{{m, grouping, num_groups, max_m, workspace, counters}});
 }}
 """
     return KernelSource(code=code, entry="deepgemm_fp8_gemm_1d2d", label=spec.label())
@@ -203,13 +218,19 @@ class Fp8GemmPlan:
                 a_last_desc = encode_2d(a.data_ptr(), fp8, rows, k, a_stride, last_rows, c.block_k, 128)
                 sfa_last_desc = encode_2d(sfa.data_ptr(), torch.float32, k_blocks, rows, mn_major_row_stride(sfa), 1,
                                           last_rows, 0)
+        b_desc = encode_2d(b.data_ptr(), fp8, g.groups * n, k, b_stride, c.block_n // c.cluster_m, c.block_k, 128)
+        b_last_rows = last_box_rows_b(n, c.block_n, c.cluster_m)
+        b_last_desc = b_desc
+        if b_last_rows != c.block_n:
+            b_last_desc = encode_2d(b.data_ptr(), fp8, g.groups * n, k, b_stride, b_last_rows, c.block_k, 128)
         return PackedArgs(
             [
                 a_desc,
-                encode_2d(b.data_ptr(), fp8, g.groups * n, k, b_stride, c.block_n // c.cluster_m, c.block_k, 128),
+                b_desc,
                 sfa_desc,
                 a_last_desc,
                 sfa_last_desc,
+                b_last_desc,
                 output_descriptors,
                 U64(sfb.data_ptr()),
                 U32(rows),
@@ -263,8 +284,8 @@ class Fp8GemmPlan:
             self._split_args[stream] = (generation, args, derived, workspace, counters)
         return derived
 
-    _WORKSPACE_ARG = 11  # positions of the split-tail pointers in _pack's argument list
-    _COUNTERS_ARG = 12
+    _WORKSPACE_ARG = 12  # positions of the split-tail pointers in _pack's argument list
+    _COUNTERS_ARG = 13
 
     def split_count(self) -> int:
         """K ranges per tail tile for this plan's M (stream tail: 2, a head and an end; 1: no split); mirrors

@@ -1,12 +1,16 @@
 """Real sm_90a compile-only builds (NVRTC, no GPU): the GEMM kernels the planner picks, a few
 hand-picked configs the planner may pick, and the quantize kernels. Each must compile without
-register spills, stack frame, or wgmma serialization (ptxas C7514)."""
+register spills, stack frame, or wgmma serialization (ptxas C7514, and in the SASS: ptxas can also
+wait after every wgmma without saying so)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +21,7 @@ from deepgemm.configs import GemmConfig
 from deepgemm.configs.heuristics import SMEM_CAPACITY, fp8_gemm_smem_bytes, make_config, max_stages, pipelined_for
 from deepgemm.errors import CompileError
 from deepgemm.jit import compile_kernel
-from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec, render_source
+from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, compile_spec, render_source
 from deepgemm.kernels.quantize import _block_source, _token_group_source
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -56,6 +60,10 @@ EXPLICIT = [
     ("bm64_bn160_k7168", 64, 160, 1, 4096, 7168, BF16),
     ("bm192_bn128_k16384", 192, 128, 1, 7168, 16384, BF16),
     ("bm192_bn96_fp32_k7184", 192, 96, 1, 4100, 7184, FP32),
+    # A partial last N-block (4096 = 21 x 192 + 64) runs a narrower K loop; contiguous kernels also rotate their walk.
+    ("bm128_bn192_narrow_k7168", 128, 192, 1, 4096, 7168, BF16),
+    ("contiguous_bm128_bn192_narrow_k7168", 128, 192, 1, 4096, 7168, BF16, {"kind": GemmKind.GROUPED_CONTIGUOUS}),
+    ("bm64_bn96_narrow_pipelined", 64, 96, 1, 4000, 1536, BF16),
 ]
 
 QUANTIZE = [
@@ -76,15 +84,16 @@ class Build:
     resources: Any
     log: str
     extra: dict
+    cubin: Path | None = None
 
 
 def explicit_spec(block_m: int, block_n: int, cluster_m: int, n: int, k: int, out_dtype: torch.dtype,
-                  **overrides: Any) -> Fp8GemmSpec:
+                  kind: GemmKind = GemmKind.DENSE, **overrides: Any) -> Fp8GemmSpec:
     out_bytes = 4 if out_dtype == FP32 else 2
     config = make_config(4096, n, k, block_m, block_n, 132, out_bytes, cluster_m=cluster_m, **overrides)
     assert config.num_stages == max_stages(block_m, block_n, k, out_bytes, config.chunked_store)
     assert config.pipelined == pipelined_for(block_m, block_n)
-    return Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
+    return Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config, kind=kind)
 
 
 def _precompile(request) -> Build:
@@ -93,14 +102,15 @@ def _precompile(request) -> Build:
     spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=info.config)
     compiled = compile_kernel(render_source(spec))  # memo/disk hit: the same build, with its log
     return Build(name, spec, info.resources, compiled.log,
-                 {"m": m, "label": info.label, "cubin": info.cubin_path, "same_cubin": str(compiled.cubin_path) == info.cubin_path})
+                 {"m": m, "label": info.label, "cubin": info.cubin_path, "same_cubin": str(compiled.cubin_path) == info.cubin_path},
+                 Path(compiled.cubin_path))
 
 
 def _explicit(request) -> Build:
     name, bm, bn, cm, n, k, out_dtype, *overrides = request
     spec = explicit_spec(bm, bn, cm, n, k, out_dtype, **(overrides[0] if overrides else {}))
     compiled = compile_spec(spec)
-    return Build(name, spec, compiled.resources, compiled.log, {"label": spec.label()})
+    return Build(name, spec, compiled.resources, compiled.log, {"label": spec.label()}, Path(compiled.cubin_path))
 
 
 def _quantize(request) -> Build:
@@ -156,6 +166,31 @@ def test_no_wgmma_serialization(builds: dict[str, Build], name: str) -> None:
     log = builds[name].log
     assert "Compiling entry function" in log  # the log is ptxas's verbose report, not empty
     assert "C7514" not in log, f"{name}: ptxas serialized wgmma:\n{log}"
+
+
+def nvdisasm() -> str:
+    """The nvdisasm of the nvidia-cuda-nvdisasm wheel (a test dependency), else one on PATH."""
+    import nvidia
+
+    for root in nvidia.__path__:
+        candidate = Path(root) / "cu13" / "bin" / "nvdisasm"
+        if candidate.is_file():
+            return str(candidate)
+    found = shutil.which("nvdisasm")
+    assert found, "nvdisasm not found: pip install nvidia-cuda-nvdisasm (part of the test extra)"
+    return found
+
+
+@pytest.mark.parametrize("name", GEMM_IDS)
+def test_wgmma_not_serialized_in_sass(builds: dict[str, Build], name: str) -> None:
+    """Each K block issues four k32 wgmmas and waits once (a wait per K block and accumulator at most): a wait after
+    every wgmma means ptxas serialized them. It can do so silently: a first narrow last N-block, which issued its MMAs
+    into a prefix of the wide accumulator array, got a wait after every wgmma of every K loop and no C7514 message."""
+    sass = subprocess.run([nvdisasm(), str(builds[name].cubin)], capture_output=True, text=True, check=True).stdout
+    mmas = sass.count("QGMMA")
+    waits = sass.count("WARPGROUP.DEPBAR")
+    assert mmas > 0, f"{name}: no QGMMA in the SASS"
+    assert 2 * waits <= mmas, f"{name}: {waits} wgmma waits for {mmas} QGMMA: ptxas serialized the MMAs"
 
 
 @pytest.mark.parametrize("name", [r[0] for r in PLANNED])

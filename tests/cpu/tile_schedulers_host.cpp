@@ -130,7 +130,7 @@ void fail(const char* what, u32 block_m, u32 grid, u32 n_block, u32 row, const W
     }
 }
 
-template <u32 kBlockM, u32 kNumNBlocks>
+template <u32 kBlockM, u32 kNumNBlocks, bool kRotateWaves = false>
 void check_contiguous(const std::vector<int>& counts, u32 extra_padding_segments, u32 grid) {
     std::vector<int> m_indices;
     std::vector<int> psum;
@@ -155,15 +155,16 @@ void check_contiguous(const std::vector<int>& counts, u32 extra_padding_segments
         g_valid_end = grouping.data() + grouping.size();
         bool ok;
         if (by_psum) {
-            using S = ContiguousPsumTileScheduler<kBlockM, kNumNBlocks>;
+            using S = ContiguousPsumTileScheduler<kBlockM, kNumNBlocks, kRotateWaves>;
             ok = run_grid<S, kBlockM, kNumNBlocks>(grid, m, true, m_indices, groups,
                                                    [&] { return S(psum.data(), m, groups); }, out);
         } else {
-            using S = ContiguousTileScheduler<kBlockM, kNumNBlocks>;
+            using S = ContiguousTileScheduler<kBlockM, kNumNBlocks, kRotateWaves>;
             ok = run_grid<S, kBlockM, kNumNBlocks>(grid, m, false, m_indices, groups,
                                                    [&] { return S(m_indices.data(), m, groups); }, out);
         }
-        const char* what = by_psum ? "contiguous psum" : "contiguous m_indices";
+        const char* what = by_psum ? (kRotateWaves ? "contiguous psum, rotated" : "contiguous psum")
+                                   : (kRotateWaves ? "contiguous m_indices, rotated" : "contiguous m_indices");
         if (!ok) {
             fail(what, kBlockM, grid, 0, 0, Written{}, 0);
             continue;
@@ -181,6 +182,31 @@ void check_contiguous(const std::vector<int>& counts, u32 extra_padding_segments
             ++g_failures;
             g_out_of_bounds_reads = 0;
         }
+    }
+}
+
+// The rotated walk spreads the last N-block's tiles over the CTAs (the plain walk gives them all to
+// gridDim.x / N-blocks CTAs when the grid is a multiple of the N-block count): no CTA gets more than three above
+// another (a Python model of the walk over 132/131/120/66 CTAs and 2-38 N-blocks: at most three).
+template <u32 kBlockM, u32 kNumNBlocks>
+void check_rotation_balance(u32 m, u32 grid) {
+    std::vector<int> m_indices(m, 0);
+    g_valid_begin = m_indices.data();
+    g_valid_end = m_indices.data() + m_indices.size();
+    std::vector<u32> last_block_tiles(grid, 0);
+    for (u32 cta = 0; cta < grid; ++cta) {
+        blockIdx.x = cta;
+        gridDim.x = grid;
+        ContiguousTileScheduler<kBlockM, kNumNBlocks, true> scheduler(m_indices.data(), m, 1);
+        GroupedTile tile{};
+        while (scheduler.next(tile)) {
+            last_block_tiles[cta] += tile.n_block == kNumNBlocks - 1 ? 1 : 0;
+        }
+    }
+    const auto [low, high] = std::minmax_element(last_block_tiles.begin(), last_block_tiles.end());
+    if (*high > *low + 3 && ++g_failures <= 10) {
+        std::printf("FAIL rotation balance block_m=%u n_blocks=%u m=%u grid=%u: %u to %u last-block tiles per CTA\n", kBlockM,
+                    kNumNBlocks, m, grid, *low, *high);
     }
 }
 
@@ -226,7 +252,9 @@ void random_cases(std::mt19937& rng, int trials) {
             }
         }
         const u32 grid = std::uniform_int_distribution<u32>(1, 40)(rng);
-        check_contiguous<kBlockM, kNumNBlocks>(counts, std::uniform_int_distribution<u32>(0, 2)(rng), grid);
+        const u32 padding_segments = std::uniform_int_distribution<u32>(0, 2)(rng);
+        check_contiguous<kBlockM, kNumNBlocks>(counts, padding_segments, grid);
+        check_contiguous<kBlockM, kNumNBlocks, true>(counts, padding_segments, grid);
 
         const u32 max_m = 64 * std::uniform_int_distribution<u32>(1, 12)(rng);
         std::vector<int> masked(groups);
@@ -404,6 +432,15 @@ int main() {
     for (u32 grid : {132u, 32u, 31u, 16u, 5u, 1u}) {
         check_contiguous<256, 32>({1000, 1100, 0, 2300, 129, 3000}, 1, grid);
         check_contiguous<128, 32>({1000, 1100, 0, 2300, 129, 3000}, 1, grid);
+        check_contiguous<256, 32, true>({1000, 1100, 0, 2300, 129, 3000}, 1, grid);
+        check_contiguous<128, 22, true>({7400, 8100, 0, 6500}, 1, grid);  // N = 4096 in 128 x 192 tiles: 22 N-blocks
+    }
+    for (u32 grid : {132u, 131u, 120u, 66u}) {
+        check_rotation_balance<128, 22>(34176, grid);  // the issue-5 layout 4 x ~8538 rows, N = 4096
+        check_rotation_balance<128, 22>(128 * 300, grid);
+        check_rotation_balance<128, 38>(128 * 267, grid);  // N = 7168
+        check_rotation_balance<128, 38>(128 * 300, grid);
+        check_rotation_balance<256, 11>(256 * 250, grid);
     }
     random_cases<256, 3>(rng, 400);
     random_cases<256, 1>(rng, 200);

@@ -113,6 +113,9 @@ def test_block_m_256_configs(m: int, n: int, k: int, block_n: int, cluster_m: in
 # Tiles whose block_n does not divide 128 switch to the next sfb block at a column fixed per tile; with at most
 # four possible columns the K loop is compiled once per column (block_n 192: 2, 96 and 160: 4), with more a
 # run-time select (block_n 112, 144). N spans enough tiles to visit every column; M tails and fp32 output.
+# The last four leave a partial last N-block, computed by narrower MMAs from a narrower B box: 136 columns
+# that straddle two scale blocks (4168 = 21 x 192 + 136, unpipelined; fp32 too), 64 that straddle (4000 =
+# 41 x 96 + 64, pipelined) and 96 that do not (4096 = 25 x 160 + 96).
 STRADDLING = [
     (129, 2112, 7168, 128, 192, torch.bfloat16),
     (4097, 1536, 2048, 128, 192, torch.float32),
@@ -120,6 +123,10 @@ STRADDLING = [
     (300, 2720, 7296, 64, 160, torch.bfloat16),
     (1000, 1904, 2048, 128, 112, torch.bfloat16),
     (63, 2304, 144, 64, 144, torch.bfloat16),
+    (257, 4168, 2048, 128, 192, torch.bfloat16),
+    (129, 4168, 7296, 128, 192, torch.float32),
+    (65, 4000, 1536, 64, 96, torch.bfloat16),
+    (300, 4096, 2048, 128, 160, torch.bfloat16),
 ]
 
 

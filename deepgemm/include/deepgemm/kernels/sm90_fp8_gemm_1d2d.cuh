@@ -54,12 +54,13 @@ struct GemmProblem {
     u32* counters;     // split/stream tail: arrivals per (tail tile, math warpgroup); zero between launches
 };
 
-// One tile sequence per kind, as GroupedTile records (dense: group 0, no padding).
-template <GemmKind kKind, u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM>
+// One tile sequence per kind, as GroupedTile records (dense: group 0, no padding). kRotateWaves: the contiguous
+// walk's rotation (ContiguousBlockWalk), for kernels whose last N-block is narrow; the other kinds ignore it.
+template <GemmKind kKind, u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, bool kRotateWaves>
 struct TileSource;
 
-template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM>
-struct TileSource<GemmKind::kDense, kBlockM, kNumNBlocks, kGroupM, kClusterM> {
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, bool kRotateWaves>
+struct TileSource<GemmKind::kDense, kBlockM, kNumNBlocks, kGroupM, kClusterM, kRotateWaves> {
     PersistentTileScheduler<kBlockM, kNumNBlocks, kGroupM, kClusterM> scheduler;
     u32 m;
 
@@ -74,26 +75,26 @@ struct TileSource<GemmKind::kDense, kBlockM, kNumNBlocks, kGroupM, kClusterM> {
     }
 };
 
-template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM>
-struct TileSource<GemmKind::kGroupedContiguous, kBlockM, kNumNBlocks, kGroupM, kClusterM> {
-    ContiguousTileScheduler<kBlockM, kNumNBlocks> scheduler;
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, bool kRotateWaves>
+struct TileSource<GemmKind::kGroupedContiguous, kBlockM, kNumNBlocks, kGroupM, kClusterM, kRotateWaves> {
+    ContiguousTileScheduler<kBlockM, kNumNBlocks, kRotateWaves> scheduler;
 
     DG_DEVICE TileSource(const GemmProblem& p, u32) : scheduler(p.grouping, p.m, p.num_groups) {}
 
     DG_DEVICE bool next(GroupedTile& tile, SplitUnit&) { return scheduler.next(tile); }
 };
 
-template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM>
-struct TileSource<GemmKind::kGroupedContiguousPsum, kBlockM, kNumNBlocks, kGroupM, kClusterM> {
-    ContiguousPsumTileScheduler<kBlockM, kNumNBlocks> scheduler;
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, bool kRotateWaves>
+struct TileSource<GemmKind::kGroupedContiguousPsum, kBlockM, kNumNBlocks, kGroupM, kClusterM, kRotateWaves> {
+    ContiguousPsumTileScheduler<kBlockM, kNumNBlocks, kRotateWaves> scheduler;
 
     DG_DEVICE TileSource(const GemmProblem& p, u32) : scheduler(p.grouping, p.m, p.num_groups) {}
 
     DG_DEVICE bool next(GroupedTile& tile, SplitUnit&) { return scheduler.next(tile); }
 };
 
-template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM>
-struct TileSource<GemmKind::kGroupedMasked, kBlockM, kNumNBlocks, kGroupM, kClusterM> {
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, bool kRotateWaves>
+struct TileSource<GemmKind::kGroupedMasked, kBlockM, kNumNBlocks, kGroupM, kClusterM, kRotateWaves> {
     MaskedTileScheduler<kBlockM, kNumNBlocks> scheduler;
 
     DG_DEVICE TileSource(const GemmProblem& p, u32) : scheduler(p.grouping, p.num_groups, p.max_m) {}
@@ -201,10 +202,28 @@ struct Sm90Fp8Gemm1D2D {
                                            !kOutputFp32 && (kNumKBlocks == 1 || (kNumKBlocks >= 4 && kNumKBlocks <= 16)) &&
                                            (kKind == GemmKind::kDense || kKind == GemmKind::kGroupedMasked);
     static_assert(!kOverlapStores || kNumWaves <= 2, "overlapped stores: at most two waves per warpgroup");
+
+    // The last N-block, when N is not a multiple of block_n, holds only kLastBlockN columns (rounded up to 8,
+    // the wgmma N step). Its tiles load B in a box of that many rows (a second descriptor: for grouped B the rows
+    // past N would be the next expert's, real bytes) and issue wgmma of that width into an accumulator of their
+    // own, whose fragment is the wide one's first kLastBlockN / 2 registers, so the promotion adds it into the
+    // results' first registers. The columns past it are stored from stale registers and clipped by the output
+    // descriptor at N. E.g. 128 x 192 tiles at N = 4096 spend 21 full blocks and one of 64 columns: the last is a
+    // third of the work instead of a whole tile. (Narrow MMAs into a prefix of the wide accumulator array made
+    // ptxas wait after every wgmma of every K loop at K = 7168: 26% slower; docs/perf-notes.md, v39.)
+    // Contiguous layouts then rotate their walk (ContiguousBlockWalk::kRotateWaves), so the cheap tiles do not
+    // all fall to the same CTAs. DEEPGEMM_NARROW_LAST_N=0 (set by the host for A/B runs) compiles full-width last
+    // blocks and the plain walk.
+#ifndef DEEPGEMM_NARROW_LAST_N
+#define DEEPGEMM_NARROW_LAST_N 1
+#endif
+    static constexpr u32 kLastBlockN = align_up(kN - (kNumNBlocks - 1) * kBlockN, 8u);
+    static constexpr bool kNarrowLast = DEEPGEMM_NARROW_LAST_N != 0 && kClusterM == 1 && kLastBlockN < kBlockN;
+    static constexpr u32 kLastBoxRowsB = kNarrowLast ? kLastBlockN : kBlockN;
     using TailScheduler = typename SelectType<kTail == TailMode::kStream, StreamTailTileScheduler<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks>,
                                               SplitTailTileScheduler<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks>>::Type;
     using Tiles = typename SelectType<kSplitTail, SplitTailTileSource<TailScheduler>,
-                                      TileSource<kKind, kBlockM, kNumNBlocks, kGroupM, kClusterM>>::Type;
+                                      TileSource<kKind, kBlockM, kNumNBlocks, kGroupM, kClusterM, kNarrowLast>>::Type;
     static constexpr u32 kMulticastRowsB = kBlockN / kClusterM;
     // Masked groups hold few valid rows at decode sizes: their A tiles are loaded in boxes of kLoadRowsA rows,
     // only as many as the tile's valid rows need (a 64-row wave reads stale shared memory in the rows past
@@ -223,7 +242,6 @@ struct Sm90Fp8Gemm1D2D {
         const u32 rows = m - (ceil_div(max(m, 1u), kBlockM) - 1) * kBlockM;
         return align_up(max(rows, 1u), 8u);
     }
-    using Mma = ptx::WgmmaFp8<kBlockN>;
 
     // Shared memory map. A/B stages first: each is a multiple of 1024 bytes, so every stage stays
     // 1024-byte aligned as the 128B swizzle requires.
@@ -258,7 +276,8 @@ struct Sm90Fp8Gemm1D2D {
 
     DG_DEVICE static void producer(const Ring& ring, const TmaDescriptor* tma_a, const TmaDescriptor* tma_b,
                                    const TmaDescriptor* tma_sfa, const TmaDescriptor* tma_a_last,
-                                   const TmaDescriptor* tma_sfa_last, const GemmProblem& problem, u32 cta_rank) {
+                                   const TmaDescriptor* tma_sfa_last, const TmaDescriptor* tma_b_last,
+                                   const GemmProblem& problem, u32 cta_rank) {
         Tiles tiles(problem, cta_rank);
         GroupedTile tile;
         SplitUnit unit{0, kNumKBlocks, 1, 0, 0};
@@ -291,6 +310,13 @@ struct Sm90Fp8Gemm1D2D {
                     tx_bytes = last_tx_bytes;
                 }
             }
+            const TmaDescriptor* desc_b = tma_b;
+            if constexpr (kNarrowLast) {
+                if (tile.n_block == kNumNBlocks - 1) {
+                    desc_b = tma_b_last;
+                    tx_bytes -= (kBlockN - kLastBlockN) * kBlockK;
+                }
+            }
             for (u32 k_block = k_begin; k_block < k_end; ++k_block) {
                 ptx::mbarrier_wait(&ring.empty[stage], phase ^ 1);
                 u64* full = &ring.full[stage];
@@ -305,7 +331,7 @@ struct Sm90Fp8Gemm1D2D {
                     }
                 }
                 if constexpr (kClusterM == 1) {
-                    ptx::tma_load_2d(ring.smem + kOffsetB + stage * kStageBBytes, tma_b, full, k, row_b);
+                    ptx::tma_load_2d(ring.smem + kOffsetB + stage * kStageBBytes, desc_b, full, k, row_b);
                 } else {
                     // This CTA's half of the B tile goes to the same offset in both CTAs of the cluster.
                     const u32 half = cta_rank * kMulticastRowsB;
@@ -448,16 +474,17 @@ struct Sm90Fp8Gemm1D2D {
     DG_DEVICE static constexpr u32 wave_row(u32 wave, u32 math_wg) { return (wave * kNumMathWarpgroups + math_wg) * 64; }
 
     // Read this thread's sfa from a (full) stage and issue the four k32 MMAs of one 128-wide K block of one
-    // wave into `partial`.
+    // wave into `partial` (kTileN columns).
+    template <u32 kTileN>
     DG_DEVICE static void issue_block(const Ring& ring, u32 stage, u32 first_row, u32 row_in_wg,
-                                      float (&partial)[kBlockN / 2], ScaleA& scale_a) {
+                                      float (&partial)[kTileN / 2], ScaleA& scale_a) {
         const float* sfa_stage = reinterpret_cast<const float*>(ring.smem + kOffsetSfa + stage * kStageSfaBytes);
         scale_a.lo = sfa_stage[first_row + row_in_wg];
         scale_a.hi = sfa_stage[first_row + row_in_wg + 8];
         const u64 desc_a =
             ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetA + stage * kStageABytes + first_row * kBlockK);
         const u64 desc_b = ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetB + stage * kStageBBytes);
-        ptx::mma_k128_block<Mma>(desc_a, desc_b, partial);
+        ptx::mma_k128_block<ptx::WgmmaFp8<kTileN>>(desc_a, desc_b, partial);
         ptx::fence_accumulators(partial);
     }
 
@@ -493,11 +520,12 @@ struct Sm90Fp8Gemm1D2D {
         }
 
         // kStraddleCol: the switch column when known at compile time, 0 when only `straddle_col` knows it.
+        // kTileN: the columns computed (into the first kTileN / 2 registers of `result`).
         // kSet: result = (sfa x sfb) * partial (a tile's first K block with kOverlapStores).
-        template <u32 kStraddleCol, bool kSet = false>
-        DG_DEVICE void apply(float (&result)[kBlockN / 2], const float (&partial)[kBlockN / 2], const BlockScales& s) const {
+        template <u32 kStraddleCol, u32 kTileN, bool kSet = false>
+        DG_DEVICE void apply(float (&result)[kBlockN / 2], const float (&partial)[kTileN / 2], const BlockScales& s) const {
 #pragma unroll
-            for (u32 j = 0; j < kBlockN / 8; ++j) {
+            for (u32 j = 0; j < kTileN / 8; ++j) {
                 const u32 col = j * 8;
                 bool second = false;
                 if constexpr (kMayStraddle && kStraddleCol != 0) {
@@ -597,8 +625,9 @@ struct Sm90Fp8Gemm1D2D {
     };
 
     // One tile's K loop: MMAs into FP32 partials, promoted into `results` with their scales every K block.
-    // kStraddleCol: the tile's scale-block switch column when known at compile time, 0 for a run-time select.
-    template <u32 kStraddleCol>
+    // kStraddleCol: the tile's scale-block switch column when known at compile time, 0 for a run-time select;
+    // kTileN: the tile's columns (block_n, or kLastBlockN for a narrow last N-block).
+    template <u32 kStraddleCol, u32 kTileN = kBlockN>
     DG_DEVICE static void k_loop(const Ring& ring, u32& stage, u32& phase, const TileLoop& t, const Promotion& promotion,
                                  float (&results)[kNumWaves][kBlockN / 2], WaveStores& stores) {
         float (&result)[kBlockN / 2] = results[0];
@@ -607,7 +636,7 @@ struct Sm90Fp8Gemm1D2D {
             // wave's MMAs. Two math warpgroups overlap each other's promotion with their MMAs. Everything
             // the promotion needs besides the accumulator (sfb, sfa, their products) is read before the
             // wait, so the wait -> FFMA -> next issue chain is as short as it can be.
-            float partial[kBlockN / 2];
+            float partial[kTileN / 2];
             // first / last: the tile's first / last K block (constants at each call). With kOverlapStores the
             // first block stores the previous tile's pending wave after its first MMAs and sets the results;
             // the last block packs each wave but the last and stores it after the next wave's MMAs; both are
@@ -623,7 +652,7 @@ struct Sm90Fp8Gemm1D2D {
                         break;
                     }
                     ScaleA scale_a;
-                    issue_block(ring, stage, wave_row(w, t.math_wg), t.row_in_wg, partial, scale_a);
+                    issue_block<kTileN>(ring, stage, wave_row(w, t.math_wg), t.row_in_wg, partial, scale_a);
                     if constexpr (kOverlapStores) {
                         if (first && w == 0) {
                             stores.flush();
@@ -641,9 +670,9 @@ struct Sm90Fp8Gemm1D2D {
                         release_stage(ring, stage, t.lane);  // every MMA reading the stage is done
                     }
                     if (kOverlapStores && first) {
-                        promotion.template apply<kStraddleCol, true>(results[w], partial, scales);
+                        promotion.template apply<kStraddleCol, kTileN, true>(results[w], partial, scales);
                     } else {
-                        promotion.template apply<kStraddleCol, false>(results[w], partial, scales);
+                        promotion.template apply<kStraddleCol, kTileN, false>(results[w], partial, scales);
                     }
                     if (kOverlapStores && last && w + 1 < kNumWaves) {
                         stores.pack(results[w]);  // final: stored after the next wave's MMAs are issued
@@ -670,22 +699,22 @@ struct Sm90Fp8Gemm1D2D {
         } else {
             // Two accumulators: block k+1's MMAs run while block k is promoted, so the tensor cores
             // stay busy even when every warpgroup promotes at the same time.
-            float partial0[kBlockN / 2];
-            float partial1[kBlockN / 2];
+            float partial0[kTileN / 2];
+            float partial1[kTileN / 2];
             BlockScales scales0;
             BlockScales scales1;
             u32 issue_stage = stage;
             u32 issue_phase = phase;
             u32 issue_k_block = t.k_begin;
-            const auto issue = [&](float (&partial)[kBlockN / 2], BlockScales& scales) {
+            const auto issue = [&](float (&partial)[kTileN / 2], BlockScales& scales) {
                 const ScaleB scale_b = promotion.scale_b(issue_k_block++);
                 ptx::mbarrier_wait(&ring.full[issue_stage], issue_phase);
                 ScaleA scale_a;
-                issue_block(ring, issue_stage, t.first_row, t.row_in_wg, partial, scale_a);
+                issue_block<kTileN>(ring, issue_stage, t.first_row, t.row_in_wg, partial, scale_a);
                 scales = Promotion::combine(scale_a, scale_b);
                 Ring::advance(issue_stage, issue_phase);
             };
-            const auto retire = [&](float (&partial)[kBlockN / 2]) {
+            const auto retire = [&](float (&partial)[kTileN / 2]) {
                 ptx::wgmma_wait_group<0>();
                 ptx::fence_accumulators(partial);
                 release_stage(ring, stage, t.lane);
@@ -699,19 +728,19 @@ struct Sm90Fp8Gemm1D2D {
             for (; k_block + 2 < t.k_end; k_block += 2) {
                 retire(partial0);
                 issue(partial1, scales1);
-                promotion.template apply<kStraddleCol>(result, partial0, scales0);
+                promotion.template apply<kStraddleCol, kTileN>(result, partial0, scales0);
                 retire(partial1);
                 issue(partial0, scales0);
-                promotion.template apply<kStraddleCol>(result, partial1, scales1);
+                promotion.template apply<kStraddleCol, kTileN>(result, partial1, scales1);
             }
             retire(partial0);
             if ((t.k_end - t.k_begin) % 2 == 0) {
                 issue(partial1, scales1);
-                promotion.template apply<kStraddleCol>(result, partial0, scales0);
+                promotion.template apply<kStraddleCol, kTileN>(result, partial0, scales0);
                 retire(partial1);
-                promotion.template apply<kStraddleCol>(result, partial1, scales1);
+                promotion.template apply<kStraddleCol, kTileN>(result, partial1, scales1);
             } else {
-                promotion.template apply<kStraddleCol>(result, partial0, scales0);
+                promotion.template apply<kStraddleCol, kTileN>(result, partial0, scales0);
             }
         }
     }
@@ -922,7 +951,18 @@ struct Sm90Fp8Gemm1D2D {
         }
         const Promotion promotion{sfb_tile, straddle_col};
         const TileLoop loop{k_begin, k_end, tile.rows, row_in_tensor, me.first_row, me.math_wg, me.row_in_wg, me.lane};
-        k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results, stores);
+        if constexpr (kNarrowLast) {
+            if (tile.n_block == kNumNBlocks - 1) {
+                // The last block's switch column is a compile-time constant (0 as kStraddleCol means "run time":
+                // it is never 0 here, the switch column is in [gcd(block_n, 128), 128]).
+                constexpr u32 kLastStraddleCol = kScaleBlock - (kNumNBlocks - 1) * kBlockN % kScaleBlock;
+                k_loop<kLastStraddleCol, kLastBlockN>(ring, stage, phase, loop, promotion, results, stores);
+            } else {
+                k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results, stores);
+            }
+        } else {
+            k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results, stores);
+        }
 
         const u32 rows = tile.rows;
         const u32 tile_row = tile.m_block * kBlockM + me.first_row;  // = row_in_tensor, read again
@@ -1053,8 +1093,9 @@ struct Sm90Fp8Gemm1D2D {
     }
 
     // tma_a_last / tma_sfa_last: a dense GEMM's last M-block (see dense_last_box_rows); other kinds never read them.
+    // tma_b_last: B in boxes of kLastBoxRowsB rows, for the last N-block (read only with kNarrowLast).
     DG_DEVICE static void run(const TmaDescriptor* tma_a, const TmaDescriptor* tma_b, const TmaDescriptor* tma_sfa,
-                              const TmaDescriptor* tma_a_last, const TmaDescriptor* tma_sfa_last,
+                              const TmaDescriptor* tma_a_last, const TmaDescriptor* tma_sfa_last, const TmaDescriptor* tma_b_last,
                               const OutputDescriptors* tma_d, const float* sfb, const GemmProblem& problem) {
         extern __shared__ __align__(1024) u8 smem[];
         const Ring ring = Ring::at(smem, kOffsetBarriers);
@@ -1067,6 +1108,9 @@ struct Sm90Fp8Gemm1D2D {
             if constexpr (kKind == GemmKind::kDense) {
                 ptx::tma_prefetch_descriptor(tma_a_last);
                 ptx::tma_prefetch_descriptor(tma_sfa_last);
+            }
+            if constexpr (kNarrowLast) {
+                ptx::tma_prefetch_descriptor(tma_b_last);
             }
             ptx::tma_prefetch_descriptor(&tma_d->width128);
             tile_slots.init();
@@ -1082,7 +1126,7 @@ struct Sm90Fp8Gemm1D2D {
         if (threadIdx.x < 128) {
             ptx::setmaxnreg_dec<kProducerRegisters>();
             if (threadIdx.x == 0) {
-                producer(ring, tma_a, tma_b, tma_sfa, tma_a_last, tma_sfa_last, problem, cta_rank);
+                producer(ring, tma_a, tma_b, tma_sfa, tma_a_last, tma_sfa_last, tma_b_last, problem, cta_rank);
             } else if (kTileLoader && threadIdx.x / 32 == 1) {
                 tile_loader(tile_slots, sfb, problem, cta_rank, threadIdx.x % 32);
             }

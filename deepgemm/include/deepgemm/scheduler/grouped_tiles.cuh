@@ -35,27 +35,64 @@ constexpr u32 kContiguousSegmentRows = 128;
 // so consecutive CTAs share the A rows and walk the expert's weights), and with block_m 256 the split of
 // a block whose two 128-row halves belong to different groups into two half tiles. The forms differ
 // only in how they find the group of a segment.
-template <u32 kBlockM, u32 kNumNBlocks>
+// kRotateWaves (kernels whose last N-block is narrower, so cheaper): wave w hands CTA c the tile at
+// position (c + w * s) % gridDim.x of the wave's tiles [w * gridDim.x, (w + 1) * gridDim.x) instead of c, with s
+// the smallest shift that makes (gridDim.x + s) coprime to the N-block count: a wave still covers the same
+// tiles, but a CTA's N-block now steps through all of them (between wraps of its position). In the plain walk,
+// with 132 CTAs and 22 N-blocks (N = 4096, block_n 192) CTA c gets N-block c % 22 in every wave, so the cheap
+// last-block tiles would all go to the same six CTAs, which would finish early and idle; with 38 N-blocks
+// (N = 7168) only every other CTA would get any. Host-checked in tests/cpu/tile_schedulers_host.cpp.
+template <u32 kBlockM, u32 kNumNBlocks, bool kRotateWaves = false>
 struct ContiguousBlockWalk {
     static_assert(kBlockM <= 2 * kContiguousSegmentRows, "a block spans at most two segments");
     u32 m_total;
     u32 num_groups;
     u32 num_tiles;
-    u32 next_tile;
-    u32 half;  // 1 while the second half of a split block is due
+    u32 next_tile;  // the first tile of the CTA's next wave plus blockIdx.x (kRotateWaves: before rotation)
+    u32 rotation;   // kRotateWaves: (waves walked so far) x s
+    u32 shift;      // kRotateWaves: s
+    u32 half;       // 1 while the second half of a split block is due
 
     DG_DEVICE ContiguousBlockWalk(u32 m, u32 groups)
-        : m_total(m), num_groups(groups), num_tiles(ceil_div(m, kBlockM) * kNumNBlocks), next_tile(blockIdx.x), half(0) {}
+        : m_total(m), num_groups(groups), num_tiles(ceil_div(m, kBlockM) * kNumNBlocks), next_tile(blockIdx.x), rotation(0),
+          shift(kRotateWaves ? coprime_shift() : 0), half(0) {}
+
+    // The smallest s >= 0 with gcd((gridDim.x + s) % kNumNBlocks, kNumNBlocks) == 1 (at most kNumNBlocks - 1).
+    DG_DEVICE static u32 coprime_shift() {
+        for (u32 s = 0;; ++s) {
+            u32 a = (gridDim.x + s) % kNumNBlocks;
+            u32 b = kNumNBlocks;
+            while (a != 0) {
+                const u32 r = b % a;
+                b = a;
+                a = r;
+            }
+            if (b == 1) {
+                return s;
+            }
+        }
+    }
+
+    // The tile this CTA takes in its next wave (>= num_tiles: none). It increases from wave to wave (by at least
+    // one tile when rotated), as the psum form's forward-only cursor requires.
+    DG_DEVICE u32 tile_index() const {
+        if constexpr (kRotateWaves) {
+            return next_tile - blockIdx.x + (blockIdx.x + rotation) % gridDim.x;
+        } else {
+            return next_tile;
+        }
+    }
 
     // `first(row, valid_end)` names the group of the segment at the block's first row (num_groups for
     // padding), `second(row, valid_end)` that of the segment 128 rows in.
     template <typename First, typename Second>
     DG_DEVICE bool next(GroupedTile& tile, First first, Second second) {
-        if (next_tile >= num_tiles) {
-            return false;
+        const u32 index = tile_index();
+        if (index >= num_tiles) {
+            return false;  // (rotated: in the last, partial wave this CTA's position may be past the end)
         }
-        tile.m_block = next_tile / kNumNBlocks;
-        tile.n_block = next_tile % kNumNBlocks;
+        tile.m_block = index / kNumNBlocks;
+        tile.n_block = index % kNumNBlocks;
         const u32 row = tile.m_block * kBlockM;
         u32 group = first(row, tile.valid_end);
         tile.row_begin = 0;
@@ -80,15 +117,18 @@ struct ContiguousBlockWalk {
         tile.group = tile.padding ? 0 : group;
         if (half == 0) {
             next_tile += gridDim.x;
+            if constexpr (kRotateWaves) {
+                rotation = (rotation + shift) % gridDim.x;
+            }
         }
         return true;
     }
 };
 
-template <u32 kBlockM, u32 kNumNBlocks>
+template <u32 kBlockM, u32 kNumNBlocks, bool kRotateWaves = false>
 struct ContiguousTileScheduler {
     const i32* m_indices;
-    ContiguousBlockWalk<kBlockM, kNumNBlocks> walk;
+    ContiguousBlockWalk<kBlockM, kNumNBlocks, kRotateWaves> walk;
 
     DG_DEVICE ContiguousTileScheduler(const i32* indices, u32 m, u32 groups) : m_indices(indices), walk(m, groups) {}
 
@@ -106,10 +146,10 @@ struct ContiguousTileScheduler {
     }
 };
 
-template <u32 kBlockM, u32 kNumNBlocks>
+template <u32 kBlockM, u32 kNumNBlocks, bool kRotateWaves = false>
 struct ContiguousPsumTileScheduler {
     const i32* psum;
-    ContiguousBlockWalk<kBlockM, kNumNBlocks> walk;
+    ContiguousBlockWalk<kBlockM, kNumNBlocks, kRotateWaves> walk;
     u32 group;       // cursor: first group whose end row is past the current block's first row
     u32 group_end;   // psum[group], clamped to [0, m_total]
     u32 prev_end;    // psum[group - 1] (0 for group 0), clamped
