@@ -36,6 +36,12 @@ class GemmKind(enum.IntEnum):
     GROUPED_CONTIGUOUS_PSUM = 3
 
 
+def narrow_last_block_enabled() -> bool:
+    """DEEPGEMM_NARROW_LAST_N=0 compiles full-width last N-blocks (an A/B switch, read once per spec: a plan's kernel
+    and the descriptors packed for it always agree)."""
+    return os.environ.get("DEEPGEMM_NARROW_LAST_N", "1") != "0"
+
+
 @dataclass(frozen=True)
 class Fp8GemmSpec:
     """Everything that is compiled into one instantiation (M and the group counts stay run-time arguments)."""
@@ -45,6 +51,8 @@ class Fp8GemmSpec:
     out_dtype: torch.dtype
     config: GemmConfig
     kind: GemmKind = GemmKind.DENSE
+    # A partial last N-block runs narrower MMAs from its own B box (DEEPGEMM_NARROW_LAST_N when the spec is made).
+    narrow_last_n: bool = field(default_factory=narrow_last_block_enabled)
 
     @property
     def out_elem_bytes(self) -> int:
@@ -55,7 +63,7 @@ class Fp8GemmSpec:
         name = {GemmKind.DENSE: "fp8_gemm_nt", GemmKind.GROUPED_CONTIGUOUS: "m_grouped_fp8_gemm_nt_contiguous",
                 GemmKind.GROUPED_MASKED: "m_grouped_fp8_gemm_nt_masked",
                 GemmKind.GROUPED_CONTIGUOUS_PSUM: "m_grouped_fp8_gemm_nt_contiguous_psum"}[self.kind]
-        return f"{name} n={self.n} k={self.k} out={out} {self.config.label()}"
+        return f"{name} n={self.n} k={self.k} out={out} {self.config.label()}" + ("" if self.narrow_last_n else " wide-last-n")
 
 
 def plan_spec(m: int, n: int, k: int, out_dtype: torch.dtype, num_sms: int, gpu_name: str | None = None) -> Fp8GemmSpec:
@@ -87,22 +95,18 @@ def dense_last_box_rows(block_m: int, rows: int) -> int:
     return align_up(rows - (ceil_div(rows, block_m) - 1) * block_m, 8)
 
 
-def last_box_rows_b(n: int, block_n: int, cluster_m: int) -> int:
+def last_box_rows_b(spec: Fp8GemmSpec) -> int:
     """Rows per TMA box of B for the last N-block; mirrors kLastBoxRowsB: its columns rounded up to 8 when N leaves
     that block partial (narrow last block), else block_n."""
-    last = align_up(n - (ceil_div(n, block_n) - 1) * block_n, 8)
-    return last if cluster_m == 1 and last < block_n and narrow_last_block_enabled() else block_n
-
-
-def narrow_last_block_enabled() -> bool:
-    """DEEPGEMM_NARROW_LAST_N=0 compiles full-width last N-blocks (an A/B switch, read when a plan is built)."""
-    return os.environ.get("DEEPGEMM_NARROW_LAST_N", "1") != "0"
+    block_n = spec.config.block_n
+    last = align_up(spec.n - (ceil_div(spec.n, block_n) - 1) * block_n, 8)
+    return last if spec.config.cluster_m == 1 and last < block_n and spec.narrow_last_n else block_n
 
 
 def render_source(spec: Fp8GemmSpec) -> KernelSource:
     c = spec.config
     fp32 = "true" if spec.out_dtype == torch.float32 else "false"
-    narrow = "" if narrow_last_block_enabled() else "#define DEEPGEMM_NARROW_LAST_N 0\n"
+    narrow = "" if spec.narrow_last_n else "#define DEEPGEMM_NARROW_LAST_N 0\n"
     code = f"""\
 {narrow}#include <deepgemm/kernels/sm90_fp8_gemm_1d2d.cuh>
 
@@ -112,7 +116,7 @@ using Kernel = deepgemm::Sm90Fp8Gemm1D2D<{spec.n}u, {spec.k}u, {c.block_m}u, {c.
                                          {"true" if c.chunked_store else "false"}>;
 static_assert(Kernel::kSmemBytes == {c.smem_bytes}u, "host and device disagree on the shared-memory size");
 static_assert(Kernel::kLoadRowsA == {a_box_rows(spec.kind, c.block_m)}u, "host and device disagree on A's TMA box rows");
-static_assert(Kernel::kLastBoxRowsB == {last_box_rows_b(spec.n, c.block_n, c.cluster_m)}u, "host and device disagree on B's last box");
+static_assert(Kernel::kLastBoxRowsB == {last_box_rows_b(spec)}u, "host and device disagree on B's last box");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
 deepgemm_fp8_gemm_1d2d(const __grid_constant__ deepgemm::TmaDescriptor tma_a, const __grid_constant__ deepgemm::TmaDescriptor tma_b,
@@ -219,7 +223,7 @@ class Fp8GemmPlan:
                 sfa_last_desc = encode_2d(sfa.data_ptr(), torch.float32, k_blocks, rows, mn_major_row_stride(sfa), 1,
                                           last_rows, 0)
         b_desc = encode_2d(b.data_ptr(), fp8, g.groups * n, k, b_stride, c.block_n // c.cluster_m, c.block_k, 128)
-        b_last_rows = last_box_rows_b(n, c.block_n, c.cluster_m)
+        b_last_rows = last_box_rows_b(self.spec)
         b_last_desc = b_desc
         if b_last_rows != c.block_n:
             b_last_desc = encode_2d(b.data_ptr(), fp8, g.groups * n, k, b_stride, b_last_rows, c.block_k, 128)

@@ -21,7 +21,7 @@ from deepgemm.configs import GemmConfig
 from deepgemm.configs.heuristics import SMEM_CAPACITY, fp8_gemm_smem_bytes, make_config, max_stages, pipelined_for
 from deepgemm.errors import CompileError
 from deepgemm.jit import compile_kernel
-from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, compile_spec, render_source
+from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, compile_spec, last_box_rows_b, render_source
 from deepgemm.kernels.quantize import _block_source, _token_group_source
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -191,6 +191,22 @@ def test_wgmma_not_serialized_in_sass(builds: dict[str, Build], name: str) -> No
     waits = sass.count("WARPGROUP.DEPBAR")
     assert mmas > 0, f"{name}: no QGMMA in the SASS"
     assert 2 * waits <= mmas, f"{name}: {waits} wgmma waits for {mmas} QGMMA: ptxas serialized the MMAs"
+
+
+def test_narrow_last_block_switch_is_fixed_per_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DEEPGEMM_NARROW_LAST_N is read once, when a spec is made: the kernel the spec renders and the B box its plan
+    packs agree even if the variable changes later (a plan cached before the change packing a full-width box for a
+    narrow kernel would overfill the stage's expected bytes and hang the kernel: found in review, on the H200)."""
+    monkeypatch.delenv("DEEPGEMM_NARROW_LAST_N", raising=False)
+    narrow = explicit_spec(128, 192, 1, 4096, 7168, BF16)
+    monkeypatch.setenv("DEEPGEMM_NARROW_LAST_N", "0")
+    assert narrow.narrow_last_n and last_box_rows_b(narrow) == 64
+    assert "#define DEEPGEMM_NARROW_LAST_N" not in render_source(narrow).code
+    full = explicit_spec(128, 192, 1, 4096, 7168, BF16)
+    monkeypatch.delenv("DEEPGEMM_NARROW_LAST_N")
+    assert not full.narrow_last_n and last_box_rows_b(full) == 192
+    assert render_source(full).code.startswith("#define DEEPGEMM_NARROW_LAST_N 0\n")
+    assert compile_spec(full).resources.spill_stores == 0  # its static_assert: host and device agree on the box
 
 
 @pytest.mark.parametrize("name", [r[0] for r in PLANNED])
