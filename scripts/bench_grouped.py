@@ -1,13 +1,15 @@
 """Grouped FP8 GEMM benchmark on the issue-5 cases (CUDA-graph replay, L2 flushed, median of 30).
 
 Token counts per expert are drawn uniformly in 0.7-1.3x the expected value; FLOPs count valid rows
-only; GB/s counts A and D on valid rows plus the weights of every expert that has rows.
+only; GB/s counts A and D on valid rows plus every expert's weights. The cases and their inputs
+(issue5_cases, contiguous_inputs, masked_inputs) are shared with grouped_tile_ab.py and masked_gap_probe.py.
 """
 
 from __future__ import annotations
 
 import random
 import sys
+from dataclasses import dataclass
 
 import torch
 
@@ -27,56 +29,100 @@ def counts_for(groups: int, expected: int, rng: random.Random, cap: int | None =
     return [min(cap or 1 << 30, max(1, round(expected * rng.uniform(0.7, 1.3)))) for _ in range(groups)]
 
 
-def contiguous_row(label: str, groups: int, counts: list[int], n: int, k: int, theirs: int) -> str:
-    indices = sum(([g] * c + [-1] * (-(-c // 128) * 128 - c) for g, c in enumerate(counts)), [])
-    m_indices = torch.tensor(indices, dtype=torch.int32, device="cuda")
-    a = random_activations(len(indices), k, "cuda", 1)
-    b = random_grouped_weights(groups, n, k, "cuda", 2)
-    out = torch.empty(len(indices), n, dtype=torch.bfloat16, device="cuda")
+@dataclass(frozen=True)
+class ContiguousCase:
+    label: str
+    groups: int
+    counts: list[int]
+    n: int
+    k: int
+    theirs: int  # DeepGEMM TFLOPS (issue 5)
+
+    def m_indices(self) -> list[int]:
+        """Each expert's rows, its segment padded with -1 to a multiple of 128 rows."""
+        return sum(([g] * c + [-1] * (-(-c // 128) * 128 - c) for g, c in enumerate(self.counts)), [])
+
+
+@dataclass(frozen=True)
+class MaskedCase:
+    label: str
+    groups: int
+    expected: int
+    max_m: int
+    counts: list[int]
+    n: int
+    k: int
+    theirs: str  # DeepGEMM TFLOPS or GB/s (issue 5)
+
+
+def issue5_cases() -> tuple[list[ContiguousCase], list[MaskedCase]]:
+    """Every case with its token counts, drawn in one fixed order (a filtered run measures the same counts)."""
+    rng = random.Random(0)
+    contiguous = [ContiguousCase(f"contiguous {g}x~{e} N={n} K={k}", g, counts_for(g, e, rng), n, k, theirs)
+                  for g, e, n, k, theirs in CONTIGUOUS]
+    masked = [MaskedCase(f"masked {g}x~{e} (max_m {max_m}) N={n} K={k}", g, e, max_m, counts_for(g, e, rng, cap=max_m), n, k,
+                         theirs) for g, e, max_m, n, k, theirs in MASKED]
+    return contiguous, masked
+
+
+def contiguous_inputs(case: ContiguousCase):  # noqa: ANN201 - (a, b, m_indices) as the API takes them
+    m_indices = torch.tensor(case.m_indices(), dtype=torch.int32, device="cuda")
+    a = random_activations(m_indices.numel(), case.k, "cuda", 1)
+    b = random_grouped_weights(case.groups, case.n, case.k, "cuda", 2)
+    return a, b, m_indices
+
+
+def masked_inputs(case: MaskedCase):  # noqa: ANN201 - (a, b, masked_m) as the API takes them
+    """A quantized as one [G * max_m, K] tensor and viewed per group (scales too, as quantize_per_token_group gives)."""
+    a2d = random_activations(case.groups * case.max_m, case.k, "cuda", 3)
+    a = (a2d[0].view(case.groups, case.max_m, case.k), a2d[1].reshape(case.groups, case.max_m, -1))
+    b = random_grouped_weights(case.groups, case.n, case.k, "cuda", 4)
+    return a, b, torch.tensor(case.counts, dtype=torch.int32, device="cuda")
+
+
+def masked_bytes(case: MaskedCase) -> int:
+    """A and D on valid rows plus every expert's weights."""
+    valid = sum(case.counts)
+    return valid * case.k + case.groups * case.n * case.k + valid * case.n * 2
+
+
+def contiguous_row(case: ContiguousCase) -> str:
+    a, b, m_indices = contiguous_inputs(case)
+    out = torch.empty(m_indices.numel(), case.n, dtype=torch.bfloat16, device="cuda")
     t = bench_gpu(lambda: deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices))
-    valid = sum(counts)
-    flops = 2 * valid * n * k
-    nbytes = valid * k + groups * n * k + valid * n * 2
-    return (f"| {label} | {t.median_us:.1f} | {flops / t.median_us / 1e6:.0f} | "
-            f"{nbytes / t.median_us / 1e3:.0f} | {theirs} TFLOPS |")
+    valid = sum(case.counts)
+    flops = 2 * valid * case.n * case.k
+    nbytes = valid * case.k + case.groups * case.n * case.k + valid * case.n * 2
+    return (f"| {case.label} | {t.median_us:.1f} | {flops / t.median_us / 1e6:.0f} | "
+            f"{nbytes / t.median_us / 1e3:.0f} | {case.theirs} TFLOPS |")
 
 
-def masked_row(label: str, groups: int, expected: int, max_m: int, counts: list[int], n: int, k: int, theirs: str) -> str:
-    a2d = random_activations(groups * max_m, k, "cuda", 3)
-    a = (a2d[0].view(groups, max_m, k), a2d[1].reshape(groups, max_m, -1))
-    b = random_grouped_weights(groups, n, k, "cuda", 4)
-    masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
-    out = torch.empty(groups, max_m, n, dtype=torch.bfloat16, device="cuda")
-    t = bench_gpu(lambda: deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected))
-    valid = sum(counts)
-    flops = 2 * valid * n * k
-    nbytes = valid * k + groups * n * k + valid * n * 2
-    return (f"| {label} | {t.median_us:.1f} | {flops / t.median_us / 1e6:.0f} | {nbytes / t.median_us / 1e3:.0f} | "
-            f"{theirs} |")
+def masked_row(case: MaskedCase) -> str:
+    a, b, masked_m = masked_inputs(case)
+    out = torch.empty(case.groups, case.max_m, case.n, dtype=torch.bfloat16, device="cuda")
+    t = bench_gpu(lambda: deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, case.expected))
+    flops = 2 * sum(case.counts) * case.n * case.k
+    return (f"| {case.label} | {t.median_us:.1f} | {flops / t.median_us / 1e6:.0f} | "
+            f"{masked_bytes(case) / t.median_us / 1e3:.0f} | {case.theirs} |")
 
 
 def main() -> None:
-    # Optional argument: run only the cases whose label contains it (token counts are drawn for every case,
-    # so a case measures the same counts with or without the filter).
+    # Optional argument: run only the cases whose label contains it.
     only = sys.argv[1] if len(sys.argv) > 1 else ""
-    rng = random.Random(0)
+    contiguous, masked = issue5_cases()
     print("| case | us | TFLOPS | GB/s | DeepGEMM |")
     print("|---|---|---|---|---|")
     # Each case's tensors are freed and torch's cached segments returned before the next case, so every case
     # runs on freshly mapped memory, as it would alone: carved out of the previous case's freed segments, the
     # masked 64 x ~32 case measured 270 us instead of 250 with the zeroing L2 flush (249 alone, 244 with a
     # reading flush in both placements; docs/perf-notes.md, session 13).
-    for groups, expected, n, k, theirs in CONTIGUOUS:
-        counts = counts_for(groups, expected, rng)
-        label = f"contiguous {groups}x~{expected} N={n} K={k}"
-        if only in label:
-            print(contiguous_row(label, groups, counts, n, k, theirs), flush=True)
+    for case in contiguous:
+        if only in case.label:
+            print(contiguous_row(case), flush=True)
             torch.cuda.empty_cache()
-    for groups, expected, max_m, n, k, theirs in MASKED:
-        counts = counts_for(groups, expected, rng, cap=max_m)
-        label = f"masked {groups}x~{expected} (max_m {max_m}) N={n} K={k}"
-        if only in label:
-            print(masked_row(label, groups, expected, max_m, counts, n, k, theirs), flush=True)
+    for case in masked:
+        if only in case.label:
+            print(masked_row(case), flush=True)
             torch.cuda.empty_cache()
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 from pathlib import Path
 
@@ -19,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from scripts.bench_grouped import CONTIGUOUS, MASKED, counts_for  # noqa: E402
+from scripts.bench_grouped import contiguous_inputs, issue5_cases, masked_bytes, masked_inputs  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -42,37 +42,28 @@ def main() -> None:
     from deepgemm.api.grouped import clear_grouped_plans
     from deepgemm.configs.heuristics import make_config
 
-    rng = random.Random(0)
-    cases = []
-    for groups, expected, n, k, theirs in CONTIGUOUS:
-        counts = counts_for(groups, expected, rng)
-        if args.only in f"contiguous {groups}x~{expected} N={n} K={k}":
-            cases.append((groups, counts, n, k, theirs))
+    cases = [case for case in issue5_cases()[0] if args.only in case.label]
     if args.compile_only:
-        specs = {fp8_gemm.Fp8GemmSpec(n, k, torch.bfloat16, make_config(sum(-(-c // 128) * 128 for c in counts), n, k, bm, bn,
-                                                                      132, 2, cluster_m=1), fp8_gemm.GemmKind.GROUPED_CONTIGUOUS)
-                 for _, counts, n, k, _ in cases for bm, bn in tiles}
         for narrow in narrow_settings:
-            os.environ["DEEPGEMM_NARROW_LAST_N"] = narrow
+            os.environ["DEEPGEMM_NARROW_LAST_N"] = narrow  # read when a spec is made
+            specs = {fp8_gemm.Fp8GemmSpec(c.n, c.k, torch.bfloat16, make_config(len(c.m_indices()), c.n, c.k, bm, bn, 132, 2,
+                                                                                cluster_m=1), fp8_gemm.GemmKind.GROUPED_CONTIGUOUS)
+                     for c in cases for bm, bn in tiles}
             for spec in specs:
-                res = fp8_gemm.compile_spec(spec).resources
-                print(spec.label(), f"narrow={narrow}", res)
+                print(spec.label(), fp8_gemm.compile_spec(spec).resources)
         return
 
     import deepgemm
     from deepgemm.api.layout import to_mn_major_tma_aligned
     from deepgemm.bench.timing import bench_gpu_interleaved
-    from tests.helpers import random_activations, random_grouped_weights
 
     original = fp8_gemm.contiguous_tile
     print("| case | tile | µs | TFLOPS | calc_diff vs the first tile | DeepGEMM TFLOPS |")
     print("|---|---|---|---|---|---|")
-    for groups, counts, n, k, theirs in cases:
-        indices = sum(([g] * c + [-1] * (-(-c // 128) * 128 - c) for g, c in enumerate(counts)), [])
-        m_total = len(indices)
-        m_indices = torch.tensor(indices, dtype=torch.int32, device="cuda")
-        a = random_activations(m_total, k, "cuda", 1)
-        b = random_grouped_weights(groups, n, k, "cuda", 2)
+    for case in cases:
+        groups, counts, n, k = case.groups, case.counts, case.n, case.k
+        a, b, m_indices = contiguous_inputs(case)
+        m_total = m_indices.numel()
         sfa, sfb = to_mn_major_tma_aligned(a[1]), b[1].contiguous()
         launches, outs, names = [], [], []
         for (bm, bn), narrow in ((tile, narrow) for tile in tiles for narrow in narrow_settings):
@@ -96,7 +87,7 @@ def main() -> None:
         flops = 2 * sum(counts) * n * k
         for name, out, timing in zip(names, outs, timings):
             print(f"| contiguous {groups}x~{sum(counts) // groups} N={n} K={k} | {name} | {timing.median_us:.1f} | "
-                  f"{flops / timing.median_us / 1e6:.0f} | {deepgemm.calc_diff(out, outs[0]):.1e} | {theirs} |", flush=True)
+                  f"{flops / timing.median_us / 1e6:.0f} | {deepgemm.calc_diff(out, outs[0]):.1e} | {case.theirs} |", flush=True)
 
 
 def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool, scale_layouts: bool = False) -> None:
@@ -105,36 +96,25 @@ def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool, scale
     from deepgemm.api.grouped import clear_grouped_plans
     from deepgemm.configs.heuristics import make_config
 
-    rng = random.Random(0)
-    for groups, expected, _, _, _ in CONTIGUOUS:
-        counts_for(groups, expected, rng)  # keep the draw order of bench_grouped
-    cases = []
-    for groups, expected, max_m, n, k, theirs in MASKED:
-        counts = counts_for(groups, expected, rng, cap=max_m)
-        label = f"masked {groups}x~{expected} (max_m {max_m}) N={n} K={k}"
-        if only in label:
-            cases.append((label, groups, expected, max_m, counts, n, k, theirs))
+    cases = [case for case in issue5_cases()[1] if only in case.label]
     if compile_only:
-        for _, groups, expected, _, _, n, k, _ in cases:
+        for case in cases:
             for bm, bn in tiles:
-                config = make_config(expected, n, k, bm, bn, 132, 2, cluster_m=1)
-                spec = fp8_gemm.Fp8GemmSpec(n, k, torch.bfloat16, config, fp8_gemm.GemmKind.GROUPED_MASKED)
+                config = make_config(case.expected, case.n, case.k, bm, bn, 132, 2, cluster_m=1)
+                spec = fp8_gemm.Fp8GemmSpec(case.n, case.k, torch.bfloat16, config, fp8_gemm.GemmKind.GROUPED_MASKED)
                 print(spec.label(), fp8_gemm.compile_spec(spec).resources)
         return
 
     import deepgemm
     from deepgemm.api.grouped import _masked_sfa_layout
     from deepgemm.bench.timing import bench_gpu_interleaved
-    from tests.helpers import random_activations, random_grouped_weights
 
     original = fp8_gemm.masked_tile
     print("| case | tile | µs | GB/s | TFLOPS | calc_diff vs the first tile | DeepGEMM |")
     print("|---|---|---|---|---|---|---|")
-    for label, groups, expected, max_m, counts, n, k, theirs in cases:
-        a2d = random_activations(groups * max_m, k, "cuda", 3)
-        a = (a2d[0].view(groups, max_m, k), a2d[1].reshape(groups, max_m, -1))
-        b = random_grouped_weights(groups, n, k, "cuda", 4)
-        masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    for case in cases:
+        groups, expected, max_m, counts, n, k = case.groups, case.expected, case.max_m, case.counts, case.n, case.k
+        a, b, masked_m = masked_inputs(case)
         sfa, sfb = _masked_sfa_layout(a[1]), b[1].contiguous()
         layouts = {"": sfa}
         if scale_layouts:
@@ -159,14 +139,13 @@ def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool, scale
         fp8_gemm.masked_tile = original
         torch.cuda.synchronize()
         timings = bench_gpu_interleaved(launches, iters=30, warmup=5)
-        valid = sum(counts)
-        flops = 2 * valid * n * k
-        nbytes = valid * k + groups * n * k + valid * n * 2
+        flops = 2 * sum(counts) * n * k
+        nbytes = masked_bytes(case)
         first = torch.cat([outs[0][g, :c] for g, c in enumerate(counts)])
         for name, out, timing in zip(names, outs, timings):
             mine = torch.cat([out[g, :c] for g, c in enumerate(counts)])
-            print(f"| {label} | {name} | {timing.median_us:.1f} | {nbytes / timing.median_us / 1e3:.0f} | "
-                  f"{flops / timing.median_us / 1e6:.0f} | {deepgemm.calc_diff(mine, first):.1e} | {theirs} |", flush=True)
+            print(f"| {case.label} | {name} | {timing.median_us:.1f} | {nbytes / timing.median_us / 1e3:.0f} | "
+                  f"{flops / timing.median_us / 1e6:.0f} | {deepgemm.calc_diff(mine, first):.1e} | {case.theirs} |", flush=True)
         clear_grouped_plans()
 
 

@@ -11,7 +11,6 @@ allocated and freed first (as bench_grouped.py runs the cases in turn), with and
 
 from __future__ import annotations
 
-import random
 import sys
 from pathlib import Path
 
@@ -23,39 +22,28 @@ import deepgemm  # noqa: E402
 import deepgemm.kernels.fp8_gemm as fp8_gemm  # noqa: E402
 from deepgemm.api.grouped import _masked_sfa_layout, clear_grouped_plans  # noqa: E402
 from deepgemm.bench.timing import FLUSH_BYTES, bench_gpu, bench_gpu_interleaved  # noqa: E402
-from scripts.bench_grouped import CONTIGUOUS, MASKED, counts_for  # noqa: E402
-from tests.helpers import random_activations, random_grouped_weights  # noqa: E402
+from scripts.bench_grouped import MaskedCase, issue5_cases, masked_bytes, masked_inputs  # noqa: E402
 
 
-def case_inputs(label_part: str):
-    """bench_grouped's inputs and counts for the first masked case whose label contains label_part."""
-    rng = random.Random(0)
-    for groups, expected, _, _, _ in CONTIGUOUS:
-        counts_for(groups, expected, rng)
-    for groups, expected, max_m, n, k, _ in MASKED:
-        counts = counts_for(groups, expected, rng, cap=max_m)
-        label = f"masked {groups}x~{expected} (max_m {max_m}) N={n} K={k}"
-        if label_part in label:
-            return label, groups, expected, max_m, n, k, counts
+def masked_case(label_part: str) -> MaskedCase:
+    """bench_grouped's first masked case whose label contains label_part."""
+    for case in issue5_cases()[1]:
+        if label_part in case.label:
+            return case
     raise SystemExit(f"no masked case matches {label_part!r}")
 
 
-def build(case):
-    label, groups, expected, max_m, n, k, counts = case
-    a2d = random_activations(groups * max_m, k, "cuda", 3)
-    a = (a2d[0].view(groups, max_m, k), a2d[1].reshape(groups, max_m, -1))
-    b = random_grouped_weights(groups, n, k, "cuda", 4)
-    masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
-    out = torch.empty(groups, max_m, n, dtype=torch.bfloat16, device="cuda")
-    return a, b, masked_m, out
+def build(case: MaskedCase):  # noqa: ANN201 - bench_grouped's inputs and an empty output
+    a, b, masked_m = masked_inputs(case)
+    return a, b, masked_m, torch.empty(case.groups, case.max_m, case.n, dtype=torch.bfloat16, device="cuda")
 
 
 def main() -> None:
     args = [v for v in sys.argv[1:] if not v.startswith("--")]
     only = args[0] if args else "64x~32"
-    case = case_inputs(only)
-    label, groups, expected, max_m, n, k, counts = case
-    nbytes = sum(counts) * k + groups * n * k + sum(counts) * n * 2
+    case = masked_case(only)
+    label, expected, counts = case.label, case.expected, case.counts
+    nbytes = masked_bytes(case)
     print("| case | variant | µs | GB/s | p10 | p90 |")
     print("|---|---|---|---|---|---|")
 
@@ -64,22 +52,22 @@ def main() -> None:
               f"{t.p90_us:.1f} |", flush=True)
 
     if "--after" in sys.argv:
-        before = case_inputs(sys.argv[sys.argv.index("--after") + 1])
+        before = masked_case(sys.argv[sys.argv.index("--after") + 1])
         for empty in (False, True):
             first = build(before)
-            deepgemm.m_grouped_fp8_gemm_nt_masked(first[0], first[1], first[3], first[2], before[2])
+            deepgemm.m_grouped_fp8_gemm_nt_masked(first[0], first[1], first[3], first[2], before.expected)
             torch.cuda.synchronize()
             del first
             if empty:
                 torch.cuda.empty_cache()
             a, b, masked_m, out = build(case)
             t = bench_gpu(lambda: deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected))
-            row(f"after {before[0]}{', cache emptied' if empty else ''}: B at {b[0].data_ptr():#x}", t)
+            row(f"after {before.label}{', cache emptied' if empty else ''}: B at {b[0].data_ptr():#x}", t)
             # The same, with L2 evicted by reading a buffer (no dirty lines left to write back during the call).
             clean = torch.ones(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
             t = bench_gpu(lambda: deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected),
                           flush=lambda: clean.sum())
-            row(f"after {before[0]}{', cache emptied' if empty else ''}, read flush", t)
+            row(f"after {before.label}{', cache emptied' if empty else ''}, read flush", t)
             del clean
             del a, b, masked_m, out
             torch.cuda.empty_cache()
