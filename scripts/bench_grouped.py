@@ -1,7 +1,9 @@
 """Grouped FP8 GEMM benchmark on the issue-5 cases (CUDA-graph replay, L2 flushed, median of 30).
 
 Token counts per expert are drawn uniformly in 0.7-1.3x the expected value; FLOPs count valid rows
-only; GB/s counts A and D on valid rows plus every expert's weights. The cases and their inputs
+only; GB/s counts A and D on valid rows plus every expert's weights. Where DeepGEMM (``deep_gemm``) is
+installed it runs every case too, timed interleaved with ours (one sample of each per round), with its
+scales converted to its layout before timing; its output is checked against ours on the valid rows. The cases and their inputs
 (issue5_cases, contiguous_inputs, masked_inputs) are shared with grouped_tile_ab.py and masked_gap_probe.py.
 """
 
@@ -14,7 +16,9 @@ from dataclasses import dataclass
 import torch
 
 import deepgemm
-from deepgemm.bench.timing import bench_gpu
+from deepgemm.bench import deepseek
+from deepgemm.bench.timing import Timing, bench_gpu_interleaved
+from deepgemm.utils import calc_diff
 from tests.helpers import random_activations, random_grouped_weights
 
 CONTIGUOUS = [(4, 8192, 4096, 7168, 1340), (4, 8192, 7168, 2048, 1190), (8, 4096, 4096, 7168, 1320), (8, 4096, 7168, 2048, 1190)]
@@ -86,43 +90,104 @@ def masked_bytes(case: MaskedCase) -> int:
     return valid * case.k + case.groups * case.n * case.k + valid * case.n * 2
 
 
-def contiguous_row(case: ContiguousCase) -> str:
+def _deepseek_available() -> bool:
+    try:
+        deepseek.load()
+    except deepseek.PeerMissing as exc:
+        print(f"(DeepGEMM not run: {exc})", file=sys.stderr)
+        return False
+    return True
+
+
+def _time(ours, theirs) -> tuple[Timing, Timing | None]:  # noqa: ANN001 - zero-argument callables
+    timings = bench_gpu_interleaved([ours] if theirs is None else [ours, theirs])
+    return timings[0], (timings[1] if theirs is not None else None)
+
+
+def _row(label: str, t: Timing, flops: int, nbytes: int, issue_figure: str, peer: Timing | None,
+         peer_diff: float | None, why_not: str) -> str:
+    here = f"{why_not} | —" if peer is None else (
+        f"{peer.median_us:.1f} us, {flops / peer.median_us / 1e6:.0f} TFLOPS, {nbytes / peer.median_us / 1e3:.0f} GB/s"
+        f" (diff {peer_diff:.1e}) | {peer.median_us / t.median_us:.2f}x")
+    return (f"| {label} | {t.median_us:.1f} | {flops / t.median_us / 1e6:.0f} | {nbytes / t.median_us / 1e3:.0f} | "
+            f"{issue_figure} | {here} |")
+
+
+def contiguous_row(case: ContiguousCase, with_peer: bool) -> str:
     a, b, m_indices = contiguous_inputs(case)
     out = torch.empty(m_indices.numel(), case.n, dtype=torch.bfloat16, device="cuda")
-    t = bench_gpu(lambda: deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices))
+    ours = lambda: deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices)  # noqa: E731
+    theirs, peer_out = None, None
+    if with_peer and deepseek.m_alignment() <= 128 and 128 % deepseek.m_alignment() == 0:
+        module = deepseek.load()
+        sfa, _ = deepseek.scales(a[1], m_indices.numel(), case.k, is_sfa=True)
+        sfb, _ = deepseek.scales(b[1], case.n, case.k, is_sfa=False, groups=case.groups)
+        peer_out = torch.empty_like(out)
+        pa, pb = (a[0], sfa), (b[0], sfb)
+        theirs = lambda: module.m_grouped_fp8_gemm_nt_contiguous(pa, pb, peer_out, m_indices)  # noqa: E731
+    diff, theirs, why_not = _check(ours, theirs, out, peer_out, m_indices >= 0)
+    why_not = why_not if with_peer else "not installed"
+    t, peer = _time(ours, theirs)
     valid = sum(case.counts)
     flops = 2 * valid * case.n * case.k
     nbytes = valid * case.k + case.groups * case.n * case.k + valid * case.n * 2
-    return (f"| {case.label} | {t.median_us:.1f} | {flops / t.median_us / 1e6:.0f} | "
-            f"{nbytes / t.median_us / 1e3:.0f} | {case.theirs} TFLOPS |")
+    return _row(case.label, t, flops, nbytes, f"{case.theirs} TFLOPS", peer, diff, why_not)
 
 
-def masked_row(case: MaskedCase) -> str:
+def masked_row(case: MaskedCase, with_peer: bool) -> str:
     a, b, masked_m = masked_inputs(case)
     out = torch.empty(case.groups, case.max_m, case.n, dtype=torch.bfloat16, device="cuda")
-    t = bench_gpu(lambda: deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, case.expected))
+    ours = lambda: deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, case.expected)  # noqa: E731
+    theirs, peer_out = None, None
+    if with_peer:
+        module = deepseek.load()
+        sfa, _ = deepseek.scales(a[1], case.max_m, case.k, is_sfa=True, groups=case.groups)
+        sfb, _ = deepseek.scales(b[1], case.n, case.k, is_sfa=False, groups=case.groups)
+        peer_out = torch.empty_like(out)
+        pa, pb = (a[0], sfa), (b[0], sfb)
+        theirs = lambda: module.m_grouped_fp8_gemm_nt_masked(pa, pb, peer_out, masked_m, case.expected)  # noqa: E731
+    rows = torch.arange(case.max_m, device="cuda")[None, :] < masked_m[:, None]
+    diff, theirs, why_not = _check(ours, theirs, out, peer_out, rows)
+    why_not = why_not if with_peer else "not installed"
+    t, peer = _time(ours, theirs)
     flops = 2 * sum(case.counts) * case.n * case.k
-    return (f"| {case.label} | {t.median_us:.1f} | {flops / t.median_us / 1e6:.0f} | "
-            f"{masked_bytes(case) / t.median_us / 1e3:.0f} | {case.theirs} |")
+    return _row(case.label, t, flops, masked_bytes(case), case.theirs, peer, diff, why_not)
+
+
+def _check(ours, theirs, out: torch.Tensor, peer_out: torch.Tensor | None,  # noqa: ANN001 - callables
+           valid_rows: torch.Tensor):  # noqa: ANN202 - (calc_diff, the peer to time or None, why not)
+    """calc_diff of DeepGEMM's output against ours on the valid rows (both run eagerly once); a peer that
+    raises is not timed, and the row says why."""
+    ours()
+    if theirs is None or peer_out is None:
+        return None, None, "n/a"
+    try:
+        peer_out.fill_(float("nan"))
+        theirs()
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - reported in the row
+        return None, None, f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+    return calc_diff(peer_out[valid_rows].float(), out[valid_rows].float()), theirs, ""
 
 
 def main() -> None:
     # Optional argument: run only the cases whose label contains it.
     only = sys.argv[1] if len(sys.argv) > 1 else ""
     contiguous, masked = issue5_cases()
-    print("| case | us | TFLOPS | GB/s | DeepGEMM |")
-    print("|---|---|---|---|---|")
+    with_peer = _deepseek_available()
+    print("| case | us | TFLOPS | GB/s | DeepGEMM (issue 5) | DeepGEMM here, interleaved | theirs/ours time |")
+    print("|---|---|---|---|---|---|---|")
     # Each case's tensors are freed and torch's cached segments returned before the next case, so every case
     # runs on freshly mapped memory, as it would alone: carved out of the previous case's freed segments, the
     # masked 64 x ~32 case measured 270 us instead of 250 with the zeroing L2 flush (249 alone, 244 with a
     # reading flush in both placements; docs/perf-notes.md, session 13).
     for case in contiguous:
         if only in case.label:
-            print(contiguous_row(case), flush=True)
+            print(contiguous_row(case, with_peer), flush=True)
             torch.cuda.empty_cache()
     for case in masked:
         if only in case.label:
-            print(masked_row(case), flush=True)
+            print(masked_row(case, with_peer), flush=True)
             torch.cuda.empty_cache()
 
 

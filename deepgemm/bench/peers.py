@@ -1,4 +1,4 @@
-"""The implementations a benchmark runs: deepgemm and its cuBLAS peers.
+"""The implementations a benchmark runs: deepgemm, its cuBLAS peers, and DeepGEMM where it is installed.
 
 Each one turns a :class:`Problem` into a zero-argument callable, or raises
 :class:`Unavailable` with the reason it cannot serve that shape (reported as
@@ -37,6 +37,9 @@ class Implementation:
     prepare: Callable[[Problem], Prepared]
     # What it computes; implementations of the same operation are timed interleaved (bench_gpu_interleaved).
     operation: str = ""
+    # An optional peer: why it cannot run here (e.g. not installed), or None. A run leaves such a peer out
+    # instead of reporting it "n/a" on every shape (``runner.runnable``).
+    missing: Callable[[], str | None] | None = None
 
     @property
     def is_deepgemm(self) -> bool:
@@ -80,6 +83,40 @@ def _prepare_deepgemm_bf16(problem: Problem) -> Prepared:
         raise Unavailable("kernel not available: deepgemm.bf16_gemm_nt does not exist yet")
     a, b = problem.a_bf16, problem.b_bf16
     return Prepared(lambda: gemm(a, b), problem.reference, bf16_bytes(problem.m, problem.n, problem.k))
+
+
+# -- DeepGEMM (deepseek-ai) -------------------------------------------------------------------------------------
+
+def _deepseek_missing() -> str | None:
+    from deepgemm.bench import deepseek
+
+    try:
+        deepseek.load()
+    except deepseek.PeerMissing as exc:
+        return str(exc)
+    return None
+
+
+def _prepare_deepseek_fp8(problem: Problem) -> Prepared:
+    from deepgemm.bench import deepseek
+
+    try:
+        module = deepseek.load()
+    except deepseek.PeerMissing as exc:
+        raise Unavailable(str(exc)) from None
+    import torch
+
+    sfa, note_a = deepseek.scales(problem.sfa, problem.m, problem.k, is_sfa=True)
+    sfb, note_b = deepseek.scales(problem.sfb, problem.n, problem.k, is_sfa=False)
+    out = torch.empty((problem.m, problem.n), dtype=torch.bfloat16, device=problem.a_fp8.device)
+    a, b = (problem.a_fp8, sfa), (problem.b_fp8, sfb)
+    note = "; ".join(dict.fromkeys(filter(None, (note_a, note_b, deepseek.version()))))
+
+    def run() -> Any:
+        module.fp8_gemm_nt(a, b, out)  # writes `out`, returns nothing
+        return out
+
+    return Prepared(run, problem.reference, fp8_blockwise_bytes(problem.m, problem.n, problem.k), note)
 
 
 # -- cuBLAS -----------------------------------------------------------------------------------------------------
@@ -137,6 +174,8 @@ def _prepare_cublas_bf16(problem: Problem) -> Prepared:
 DEEPGEMM_FP8 = Implementation("deepgemm", "deepgemm.fp8_gemm_nt (1x128 / 128x128 scales)", "fp8",
                               _prepare_deepgemm_fp8, "fp8-blockwise")
 DEEPGEMM_BF16 = Implementation("deepgemm-bf16", "deepgemm.bf16_gemm_nt", "bf16", _prepare_deepgemm_bf16, "bf16")
+DEEPSEEK_FP8 = Implementation("deepseek-deepgemm", "DeepGEMM (deepseek-ai) deep_gemm.fp8_gemm_nt, when installed",
+                              "fp8", _prepare_deepseek_fp8, "fp8-blockwise", missing=_deepseek_missing)
 CUBLAS_BLOCKWISE = Implementation("cublas-blockwise", "cuBLAS FP8, 1x128 / 128x128 block scales", "fp8",
                                   _prepare_cublas_blockwise, "fp8-blockwise")
 CUBLAS_TENSORWISE = Implementation("cublas-fp8-tensor", "cuBLAS FP8, per-tensor scales (upper reference)", "fp8",
@@ -144,7 +183,7 @@ CUBLAS_TENSORWISE = Implementation("cublas-fp8-tensor", "cuBLAS FP8, per-tensor 
 CUBLAS_BF16 = Implementation("cublas-bf16", "cuBLAS BF16 (torch.matmul)", "bf16", _prepare_cublas_bf16, "bf16")
 
 IMPLEMENTATIONS: dict[Precision, tuple[Implementation, ...]] = {
-    "fp8": (DEEPGEMM_FP8, CUBLAS_BLOCKWISE, CUBLAS_TENSORWISE, CUBLAS_BF16),
+    "fp8": (DEEPGEMM_FP8, DEEPSEEK_FP8, CUBLAS_BLOCKWISE, CUBLAS_TENSORWISE, CUBLAS_BF16),
     "bf16": (DEEPGEMM_BF16, CUBLAS_BF16),
 }
 

@@ -61,7 +61,7 @@ def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilin
               progress: Progress) -> BenchResults:
     import torch
 
-    implementations = IMPLEMENTATIONS[settings.precision]
+    implementations = runnable(IMPLEMENTATIONS[settings.precision])
     measurements: list[Measurement] = []
     for shape in progress(list(shapes), "benchmarking", format_shape):
         problem = make_problem(shape, settings.precision, device="cuda", seed=settings.seed)
@@ -72,6 +72,11 @@ def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilin
         ceilings=ceilings, measurements=measurements, environment=environment(), settings=settings.to_json(),
         implementations={impl.name: impl.description for impl in implementations},
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def runnable(implementations: Sequence[Implementation]) -> tuple[Implementation, ...]:
+    """The implementations that can run here: optional peers that are not installed are left out."""
+    return tuple(impl for impl in implementations if impl.missing is None or impl.missing() is None)
 
 
 def measure_all(implementations: Sequence[Implementation], problem: Problem, settings: BenchSettings) -> list[Measurement]:
