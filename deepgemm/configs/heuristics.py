@@ -251,7 +251,7 @@ def masked_tile(expected_rows: int, groups: int, n: int, k: int, num_sms: int, o
     GPU."""
     base = choose_fp8_gemm_config(max(expected_rows, 1), n * groups, k, num_sms, out_elem_bytes,
                                   allow_block_m_256=masked_allows_block_m_256(k) and n >= 128,
-                                  wide_tail_k_blocks=GROUPED_EXPOSED_K_BLOCKS_WIDE)
+                                  wide_tail_k_blocks=GROUPED_EXPOSED_K_BLOCKS_WIDE, wide_tile_share=1.0)
     if base.block_m == 256:
         return 256, base.block_n
     return base.block_m, max_block_n_for(n, min(base.block_n, MASKED_MAX_BLOCK_N))
@@ -273,7 +273,7 @@ def contiguous_tile(m_total: int, groups: int, n: int, k: int, num_sms: int, out
     m = max(m_total, 1)
     base = choose_fp8_gemm_config(m, n, k, num_sms, out_elem_bytes,
                                   allow_block_m_256=contiguous_allows_block_m_256(m_total, groups),
-                                  wide_tail_k_blocks=GROUPED_EXPOSED_K_BLOCKS_WIDE)
+                                  wide_tail_k_blocks=GROUPED_EXPOSED_K_BLOCKS_WIDE, wide_tile_share=1.0)
     block_m, block_n = CONTIGUOUS_WIDE_TILE
     if m > DECODE_MAX_M and n >= block_n and max_stages(block_m, block_n, k, out_elem_bytes) >= 3:
         tail = GROUPED_EXPOSED_K_BLOCKS_WIDE
@@ -360,19 +360,42 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
     )
 
 
+# Dense GEMMs with M >= 1024 and K >= 4096 (session 14, scripts/bench_split.py: the model's pick and 128 x 192 timed
+# interleaved, outputs bitwise equal, docs/perf-notes.md v40): 128 x 192 tiles ran 1-7% faster on all 15 such shapes
+# measured (e.g. 32768x4096x7168 1722 -> 1612 us, 16384x7168x16384 3521 -> 3282, 1024x14336x4096 103.4 -> 97.9,
+# 2048x7168x7168 169.5 -> 165.7) and level on two (8192/16384x4096x7168), where the fitted model rated them 1-7%
+# slower; at K = 1536-2048 they ran 3-5% slower, as rated, and at 4096x7168x16384 (ten waves of them against seven
+# of 256 x 128) 5% slower. So at those sizes the model's schedule estimate of a 128 x 192 tile is scaled by
+# DENSE_WIDE_TILE_SHARE when tiles are ranked; grouped layouts keep their own rules (contiguous_tile, masked_tile).
+DENSE_WIDE_TILE = (128, 192)
+DENSE_WIDE_TILE_SHARE = 0.93
+DENSE_WIDE_TILE_MIN_M = 1024
+DENSE_WIDE_TILE_MIN_K = 4096
+
+
+def dense_wide_tile_share(m: int, k: int) -> float:
+    """The factor on a dense 128 x 192 tile's estimate (DENSE_WIDE_TILE_SHARE at M >= 1024 and K >= 4096, else 1)."""
+    return DENSE_WIDE_TILE_SHARE if m >= DENSE_WIDE_TILE_MIN_M and k >= DENSE_WIDE_TILE_MIN_K else 1.0
+
+
 def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
                       allow_block_m_256: bool = True, allow_block_m_192: bool = False,
-                      wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE) -> list[tuple[float, int, int]]:
+                      wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE,
+                      wide_tile_share: float | None = None) -> list[tuple[float, int, int]]:
     """(estimated seconds, block_m, block_n) for every feasible tile, fastest first.
 
     Ties (several tiles at the HBM floor) go to the faster tile schedule, then to fewer tiles. wide_tail_k_blocks:
-    the exposed tail of 128 x 192 tiles (grouped layouts pass GROUPED_EXPOSED_K_BLOCKS_WIDE).
+    the exposed tail of 128 x 192 tiles (grouped layouts pass GROUPED_EXPOSED_K_BLOCKS_WIDE). wide_tile_share: the
+    factor on a 128 x 192 tile's schedule estimate; None: the dense one (dense_wide_tile_share), grouped layouts pass 1.
     """
+    share = dense_wide_tile_share(m, k) if wide_tile_share is None else wide_tile_share
     ranked = []
     for block_m, block_n in candidate_tiles(m, n, allow_block_m_256, allow_block_m_192):
         if max_stages(block_m, block_n, k, out_elem_bytes) < 2:
             continue
         schedule = tile_schedule_seconds(m, n, k, block_m, block_n, num_sms, wide_tail_k_blocks)
+        if (block_m, block_n) == DENSE_WIDE_TILE:
+            schedule *= share
         seconds = max(schedule, hbm_seconds(m, n, k, out_elem_bytes))
         tiles = ceil_div(m, block_m) * ceil_div(n, block_n)
         ranked.append((seconds, schedule, tiles, block_m, block_n))
@@ -383,17 +406,19 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
 def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
                            allow_block_m_256: bool = True, allow_block_m_192: bool = False,
                            decode_split: bool = True,
-                           wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE) -> GemmConfig:
+                           wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE,
+                           wide_tile_share: float | None = None) -> GemmConfig:
     """Pick block sizes and stages for D[m, n] = A[m, k] B[n, k]^T on `num_sms` SMs.
 
     Grouped GEMMs allow block_m 256 only for long contiguous expert segments (contiguous_allows_block_m_256) and
     for masked groups with long K (masked_allows_block_m_256). block_m 192 only on request: in the mid-M sweep
     (benchmarks/h200-mid-m-tune.md) it was never the fastest tile at M >= 512. `decode_split` False: never the
-    split-K decode tile (decode_split_block_n), so the plain pick can be timed against it."""
+    split-K decode tile (decode_split_block_n), so the plain pick can be timed against it. wide_tile_share: see
+    ranked_candidates (None: the dense rule)."""
     if min(m, n, k) <= 0 or num_sms <= 0:
         raise ValueError(f"choose_fp8_gemm_config needs positive m, n, k, num_sms; got {m}, {n}, {k}, {num_sms}")
     ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes, allow_block_m_256, allow_block_m_192,
-                               wide_tail_k_blocks)
+                               wide_tail_k_blocks, wide_tile_share)
     if not ranked:
         raise UnsupportedError(f"no FP8 GEMM tile for m={m} n={n} k={k} fits in shared memory")
     _, block_m, block_n = ranked[0]

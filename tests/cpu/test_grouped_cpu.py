@@ -161,7 +161,7 @@ def test_contiguous_block_m_256_needs_long_expert_segments() -> None:
     assert contiguous_allows_block_m_256(1024, 1) and not contiguous_allows_block_m_256(1024, 2)
     # Where it is allowed the cost model takes it for these MoE shapes, as for dense M = 4096.
     for n, k in ((4096, 7168), (7168, 2048)):
-        assert choose_fp8_gemm_config(32768, n, k, 132, allow_block_m_256=True).block_m == 256
+        assert choose_fp8_gemm_config(32768, n, k, 132, allow_block_m_256=True, wide_tile_share=1.0).block_m == 256
 
 
 def test_contiguous_layouts_take_128x192_tiles_where_they_pay() -> None:

@@ -12,7 +12,8 @@ import torch
 import deepgemm
 from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
-from deepgemm.configs.heuristics import SMEM_CAPACITY, fp8_gemm_smem_bytes, ranked_candidates, split_tail_applies
+from deepgemm.configs.heuristics import (SMEM_CAPACITY, contiguous_tile, dense_wide_tile_share, fp8_gemm_smem_bytes, masked_tile,
+                                        ranked_candidates, split_tail_applies)
 from deepgemm.kernels.fp8_gemm import dense_last_box_rows
 
 # ---------------------------------------------------------------- layouts
@@ -254,6 +255,38 @@ def test_config_large_compute_bound_shape_uses_block_m_256() -> None:
 def test_config_mid_m_picks_measured_fastest_tiles(m: int, n: int, k: int, tile: tuple[int, int]) -> None:
     c = choose_fp8_gemm_config(m, n, k, 132)
     assert (c.block_m, c.block_n) == tile
+
+
+# Dense GEMMs with M >= 1024 and K >= 4096 (session 14, scripts/bench_split.py, interleaved, bitwise equal outputs):
+# 128 x 192 measured faster than the fitted model's pick, which DENSE_WIDE_TILE_SHARE corrects; short K and the
+# ten-wave 4096 x 7168 x 16384 keep 256 x 128, as measured; grouped layouts rank without the rule.
+@pytest.mark.parametrize("m,n,k,tile", [
+    (32768, 4096, 7168, (128, 192)),  # 1612-1622 us against 1722-1727 for 256 x 128
+    (16384, 7168, 7168, (128, 192)),  # 1328-1407 against 1426-1501
+    (8192, 7168, 16384, (128, 192)),  # 1609-1654 against 1676-1725
+    (16384, 7168, 16384, (128, 192)),  # 3281.9 against 3521.1
+    (16384, 5120, 5120, (128, 192)),  # 639.3 against 672.4
+    (4096, 14336, 4096, (128, 192)),  # 359.9 against 370.2
+    (1024, 14336, 4096, (128, 192)),  # 97.9 against 103.4 for 128 x 128
+    (2048, 7168, 7168, (128, 192)),  # 165.7 against 169.5 for 128 x 128
+    (32768, 7168, 2048, (256, 128)),  # K = 2048: 764 against 787 for 128 x 192
+    (16384, 24576, 1536, (256, 128)),  # K = 1536: 1013-1084 against 1046-1136
+    (4096, 7168, 16384, (256, 128)),  # 724-729 against 759-767 for 128 x 192
+    (768, 14336, 4096, (256, 128)),  # below M = 1024: not measured, the fitted model decides
+])
+def test_config_dense_long_k_picks_128_x_192_where_measured_faster(m: int, n: int, k: int, tile: tuple[int, int]) -> None:
+    c = choose_fp8_gemm_config(m, n, k, 132)
+    assert (c.block_m, c.block_n) == tile
+
+
+def test_dense_wide_tile_rule_is_dense_only() -> None:
+    assert dense_wide_tile_share(32768, 7168) < 1 and dense_wide_tile_share(1023, 7168) == 1
+    assert dense_wide_tile_share(32768, 4095) == 1
+    plain = choose_fp8_gemm_config(32768, 4096, 7168, 132, wide_tile_share=1.0)
+    assert (plain.block_m, plain.block_n) == (256, 128)
+    # The grouped tile choices call the model with the rule off.
+    assert contiguous_tile(4 * 8192, 4, 4096, 7168, 132, 2) == (128, 192)  # their own measured rule
+    assert masked_tile(1024, 1, 4096, 7168, 132, 2)[1] <= 128
 
 
 def test_config_block_m_192_only_on_request() -> None:
