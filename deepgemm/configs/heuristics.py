@@ -360,21 +360,22 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
     )
 
 
-# Dense GEMMs with M >= 1024 and K >= 4096 (session 14, scripts/bench_split.py: the model's pick and 128 x 192 timed
-# interleaved, outputs bitwise equal, docs/perf-notes.md v40): 128 x 192 tiles ran 1-7% faster on all 15 such shapes
-# measured (e.g. 32768x4096x7168 1722 -> 1612 us, 16384x7168x16384 3521 -> 3282, 1024x14336x4096 103.4 -> 97.9,
-# 2048x7168x7168 169.5 -> 165.7) and level on two (8192/16384x4096x7168), where the fitted model rated them 1-7%
-# slower; at K = 1536-2048 they ran 3-5% slower, as rated, and at 4096x7168x16384 (ten waves of them against seven
-# of 256 x 128) 5% slower. So at those sizes the model's schedule estimate of a 128 x 192 tile is scaled by
-# DENSE_WIDE_TILE_SHARE when tiles are ranked; grouped layouts keep their own rules (contiguous_tile, masked_tile).
+# Dense GEMMs with M >= 512 and K >= 4096 (session 14, scripts/bench_split.py: the model's pick and 128 x 192 timed
+# interleaved, outputs bitwise equal, docs/perf-notes.md v40): 128 x 192 tiles ran 0.7-7% faster on all 37 shapes
+# where the rule changes the pick (M = 512-32768; e.g. 32768x4096x7168 1722 -> 1612 us, 16384x7168x16384 3521 -> 3282,
+# 768x14336x4096 82.9 -> 77.6, 2048x7168x16384 388.1 -> 370.6) and level on two (8192/16384x4096x7168), where the
+# fitted model rated them 1-8% slower; at K = 1536-2048 they ran 3-5% slower, as rated, and at 4096x7168x16384 (ten
+# waves of them against seven of 256 x 128) 5% slower, which the share leaves alone. So at those sizes the model's
+# schedule estimate of a 128 x 192 tile is scaled by DENSE_WIDE_TILE_SHARE when tiles are ranked; grouped layouts keep
+# their own rules (contiguous_tile, masked_tile).
 DENSE_WIDE_TILE = (128, 192)
 DENSE_WIDE_TILE_SHARE = 0.93
-DENSE_WIDE_TILE_MIN_M = 1024
+DENSE_WIDE_TILE_MIN_M = 512
 DENSE_WIDE_TILE_MIN_K = 4096
 
 
 def dense_wide_tile_share(m: int, k: int) -> float:
-    """The factor on a dense 128 x 192 tile's estimate (DENSE_WIDE_TILE_SHARE at M >= 1024 and K >= 4096, else 1)."""
+    """The factor on a dense 128 x 192 tile's estimate (DENSE_WIDE_TILE_SHARE at M >= 512 and K >= 4096, else 1)."""
     return DENSE_WIDE_TILE_SHARE if m >= DENSE_WIDE_TILE_MIN_M and k >= DENSE_WIDE_TILE_MIN_K else 1.0
 
 

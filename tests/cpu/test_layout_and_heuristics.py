@@ -257,7 +257,7 @@ def test_config_mid_m_picks_measured_fastest_tiles(m: int, n: int, k: int, tile:
     assert (c.block_m, c.block_n) == tile
 
 
-# Dense GEMMs with M >= 1024 and K >= 4096 (session 14, scripts/bench_split.py, interleaved, bitwise equal outputs):
+# Dense GEMMs with M >= 512 and K >= 4096 (session 14, scripts/bench_split.py, interleaved, bitwise equal outputs):
 # 128 x 192 measured faster than the fitted model's pick, which DENSE_WIDE_TILE_SHARE corrects; short K and the
 # ten-wave 4096 x 7168 x 16384 keep 256 x 128, as measured; grouped layouts rank without the rule.
 @pytest.mark.parametrize("m,n,k,tile", [
@@ -272,7 +272,10 @@ def test_config_mid_m_picks_measured_fastest_tiles(m: int, n: int, k: int, tile:
     (32768, 7168, 2048, (256, 128)),  # K = 2048: 764 against 787 for 128 x 192
     (16384, 24576, 1536, (256, 128)),  # K = 1536: 1013-1084 against 1046-1136
     (4096, 7168, 16384, (256, 128)),  # 724-729 against 759-767 for 128 x 192
-    (768, 14336, 4096, (256, 128)),  # below M = 1024: not measured, the fitted model decides
+    (768, 14336, 4096, (128, 192)),  # 77.6 against 82.9 for 256 x 128
+    (512, 24576, 7168, (128, 192)),  # 137.2 against 143.0
+    (3072, 4096, 4096, (128, 192)),  # 80.7 against 84.3
+    (384, 7168, 16384, (128, 192)),  # below M = 512 the fitted model decides (here the same tile)
 ])
 def test_config_dense_long_k_picks_128_x_192_where_measured_faster(m: int, n: int, k: int, tile: tuple[int, int]) -> None:
     c = choose_fp8_gemm_config(m, n, k, 132)
@@ -280,7 +283,7 @@ def test_config_dense_long_k_picks_128_x_192_where_measured_faster(m: int, n: in
 
 
 def test_dense_wide_tile_rule_is_dense_only() -> None:
-    assert dense_wide_tile_share(32768, 7168) < 1 and dense_wide_tile_share(1023, 7168) == 1
+    assert dense_wide_tile_share(32768, 7168) < 1 and dense_wide_tile_share(511, 7168) == 1
     assert dense_wide_tile_share(32768, 4095) == 1
     plain = choose_fp8_gemm_config(32768, 4096, 7168, 132, wide_tile_share=1.0)
     assert (plain.block_m, plain.block_n) == (256, 128)
