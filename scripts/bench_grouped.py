@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -90,18 +91,45 @@ def masked_bytes(case: MaskedCase) -> int:
     return valid * case.k + case.groups * case.n * case.k + valid * case.n * 2
 
 
+Launch = Callable[[], object]
+
+
 def _deepseek_available() -> bool:
-    try:
-        deepseek.load()
-    except deepseek.PeerMissing as exc:
-        print(f"(DeepGEMM not run: {exc})", file=sys.stderr)
-        return False
-    return True
+    reason = deepseek.missing()
+    if reason is not None:
+        print(f"(DeepGEMM not run: {reason})", file=sys.stderr)
+    return reason is None
 
 
-def _time(ours, theirs) -> tuple[Timing, Timing | None]:  # noqa: ANN001 - zero-argument callables
-    timings = bench_gpu_interleaved([ours] if theirs is None else [ours, theirs])
-    return timings[0], (timings[1] if theirs is not None else None)
+def _peer_launch(call: str, a, b, out: torch.Tensor, rows: int, k: int, groups: int,  # noqa: ANN001 - (data, scales)
+                 *rest: object) -> tuple[tuple[Launch, torch.Tensor] | None, str]:
+    """(DeepGEMM's `call` on the same inputs, scales converted to its layout first, into its own output tensor, and
+    that tensor; or None and why)."""
+    gemm = getattr(deepseek.load(), call, None)
+    if gemm is None:
+        return None, f"n/a (this DeepGEMM has no {call})"
+    masked = call.endswith("masked")
+    sfa, _ = deepseek.scales(a[1], rows, k, is_sfa=True, groups=groups if masked else None)
+    sfb, _ = deepseek.scales(b[1], b[0].shape[-2], k, is_sfa=False, groups=groups)
+    peer_out = torch.empty_like(out)
+    pa, pb = (a[0], sfa), (b[0], sfb)
+    return ((lambda: gemm(pa, pb, peer_out, *rest)), peer_out), ""
+
+
+def _time(ours: Launch, theirs: Launch | None) -> tuple[Timing, Timing | None, str]:
+    """Ours and DeepGEMM's timed interleaved; if that fails, ours alone and the reason."""
+    if theirs is not None:
+        try:
+            mine, peer = bench_gpu_interleaved([ours, theirs])
+            return mine, peer, ""
+        except Exception as exc:  # noqa: BLE001 - reported in the row
+            reason = f"timing failed: {type(exc).__name__}: {_first_line(exc)}"
+            return bench_gpu_interleaved([ours])[0], None, reason
+    return bench_gpu_interleaved([ours])[0], None, ""
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [""])[0][:100]
 
 
 def _row(label: str, t: Timing, flops: int, nbytes: int, issue_figure: str, peer: Timing | None,
@@ -113,61 +141,53 @@ def _row(label: str, t: Timing, flops: int, nbytes: int, issue_figure: str, peer
             f"{issue_figure} | {here} |")
 
 
+def _measure(ours: Launch, out: torch.Tensor, valid_rows: torch.Tensor, peer: tuple[Launch, torch.Tensor] | None,
+             why_not: str) -> tuple[Timing, Timing | None, float | None, str]:
+    """(our timing, DeepGEMM's or None, calc_diff of its output against ours on the valid rows, why it is missing)."""
+    ours()
+    if peer is None:
+        return _time(ours, None)[0], None, None, why_not
+    theirs, peer_out = peer
+    try:
+        peer_out.fill_(float("nan"))
+        theirs()
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - reported in the row
+        return _time(ours, None)[0], None, None, f"error: {type(exc).__name__}: {_first_line(exc)}"
+    diff = calc_diff(peer_out[valid_rows].float(), out[valid_rows].float())
+    mine, theirs_timing, reason = _time(ours, theirs)
+    return mine, theirs_timing, diff, reason
+
+
 def contiguous_row(case: ContiguousCase, with_peer: bool) -> str:
     a, b, m_indices = contiguous_inputs(case)
     out = torch.empty(m_indices.numel(), case.n, dtype=torch.bfloat16, device="cuda")
     ours = lambda: deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices)  # noqa: E731
-    theirs, peer_out = None, None
-    if with_peer and deepseek.m_alignment() <= 128 and 128 % deepseek.m_alignment() == 0:
-        module = deepseek.load()
-        sfa, _ = deepseek.scales(a[1], m_indices.numel(), case.k, is_sfa=True)
-        sfb, _ = deepseek.scales(b[1], case.n, case.k, is_sfa=False, groups=case.groups)
-        peer_out = torch.empty_like(out)
-        pa, pb = (a[0], sfa), (b[0], sfb)
-        theirs = lambda: module.m_grouped_fp8_gemm_nt_contiguous(pa, pb, peer_out, m_indices)  # noqa: E731
-    diff, theirs, why_not = _check(ours, theirs, out, peer_out, m_indices >= 0)
-    why_not = why_not if with_peer else "not installed"
-    t, peer = _time(ours, theirs)
+    peer, why_not = None, "not installed"
+    if with_peer:
+        alignment = deepseek.m_alignment()
+        if alignment is not None and 128 % alignment == 0:  # our 128-row segments suit its layout
+            peer, why_not = _peer_launch("m_grouped_fp8_gemm_nt_contiguous", a, b, out, m_indices.numel(), case.k,
+                                         case.groups, m_indices)
+        else:
+            why_not = f"n/a (DeepGEMM's contiguous alignment: {alignment})"
+    t, peer_t, diff, why_not = _measure(ours, out, m_indices >= 0, peer, why_not)
     valid = sum(case.counts)
     flops = 2 * valid * case.n * case.k
     nbytes = valid * case.k + case.groups * case.n * case.k + valid * case.n * 2
-    return _row(case.label, t, flops, nbytes, f"{case.theirs} TFLOPS", peer, diff, why_not)
+    return _row(case.label, t, flops, nbytes, f"{case.theirs} TFLOPS", peer_t, diff, why_not)
 
 
 def masked_row(case: MaskedCase, with_peer: bool) -> str:
     a, b, masked_m = masked_inputs(case)
     out = torch.empty(case.groups, case.max_m, case.n, dtype=torch.bfloat16, device="cuda")
     ours = lambda: deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, case.expected)  # noqa: E731
-    theirs, peer_out = None, None
-    if with_peer:
-        module = deepseek.load()
-        sfa, _ = deepseek.scales(a[1], case.max_m, case.k, is_sfa=True, groups=case.groups)
-        sfb, _ = deepseek.scales(b[1], case.n, case.k, is_sfa=False, groups=case.groups)
-        peer_out = torch.empty_like(out)
-        pa, pb = (a[0], sfa), (b[0], sfb)
-        theirs = lambda: module.m_grouped_fp8_gemm_nt_masked(pa, pb, peer_out, masked_m, case.expected)  # noqa: E731
+    peer, why_not = _peer_launch("m_grouped_fp8_gemm_nt_masked", a, b, out, case.max_m, case.k, case.groups, masked_m,
+                                 case.expected) if with_peer else (None, "not installed")
     rows = torch.arange(case.max_m, device="cuda")[None, :] < masked_m[:, None]
-    diff, theirs, why_not = _check(ours, theirs, out, peer_out, rows)
-    why_not = why_not if with_peer else "not installed"
-    t, peer = _time(ours, theirs)
+    t, peer_t, diff, why_not = _measure(ours, out, rows, peer, why_not)
     flops = 2 * sum(case.counts) * case.n * case.k
-    return _row(case.label, t, flops, masked_bytes(case), case.theirs, peer, diff, why_not)
-
-
-def _check(ours, theirs, out: torch.Tensor, peer_out: torch.Tensor | None,  # noqa: ANN001 - callables
-           valid_rows: torch.Tensor):  # noqa: ANN202 - (calc_diff, the peer to time or None, why not)
-    """calc_diff of DeepGEMM's output against ours on the valid rows (both run eagerly once); a peer that
-    raises is not timed, and the row says why."""
-    ours()
-    if theirs is None or peer_out is None:
-        return None, None, "n/a"
-    try:
-        peer_out.fill_(float("nan"))
-        theirs()
-        torch.cuda.synchronize()
-    except Exception as exc:  # noqa: BLE001 - reported in the row
-        return None, None, f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
-    return calc_diff(peer_out[valid_rows].float(), out[valid_rows].float()), theirs, ""
+    return _row(case.label, t, flops, masked_bytes(case), case.theirs, peer_t, diff, why_not)
 
 
 def main() -> None:

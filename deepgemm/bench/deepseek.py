@@ -21,7 +21,8 @@ class PeerMissing(Exception):
 
 @cache
 def load() -> Any:
-    """The ``deep_gemm`` module, imported once (its import builds or loads a compiled extension)."""
+    """The ``deep_gemm`` module (its import builds or loads a compiled extension). A successful import is kept; a
+    failed one raises PeerMissing and is tried again on the next call (functools.cache keeps no exceptions)."""
     try:
         import deep_gemm
     except Exception as exc:  # noqa: BLE001 - ImportError, or its extension failing to load (OSError, RuntimeError)
@@ -29,9 +30,20 @@ def load() -> Any:
     return deep_gemm
 
 
+def missing() -> str | None:
+    """Why DeepGEMM cannot run here (not importable), or None."""
+    try:
+        load()
+    except PeerMissing as exc:
+        return str(exc)
+    return None
+
+
 def version() -> str:
+    """'deep_gemm X.Y' (the module's __version__, else an installed distribution's version)."""
     module = load()
-    return str(getattr(module, "__version__", None) or _package_version())
+    declared = getattr(module, "__version__", None)
+    return f"deep_gemm {declared}" if declared else _package_version()
 
 
 def _package_version() -> str:
@@ -42,7 +54,7 @@ def _package_version() -> str:
             return f"{name} {metadata.version(name)}"
         except metadata.PackageNotFoundError:
             continue
-    return "unknown"
+    return "deep_gemm (version unknown)"
 
 
 def scales(sf: Any, mn: int, k: int, *, is_sfa: bool, groups: int | None = None) -> tuple[Any, str]:
@@ -57,11 +69,15 @@ def scales(sf: Any, mn: int, k: int, *, is_sfa: bool, groups: int | None = None)
         return sf, f"scales converted by DeepGEMM on every call ({type(exc).__name__}: {str(exc)[:80]})"
 
 
-def m_alignment() -> int:
-    """Row alignment DeepGEMM's contiguous grouped layout needs (128 on Hopper)."""
+def m_alignment() -> int | None:
+    """Row alignment DeepGEMM's contiguous grouped layout needs (128 on Hopper), or None if it does not say."""
     module = load()
     for name in ("get_mk_alignment_for_contiguous_layout", "get_m_alignment_for_contiguous_layout"):
         getter = getattr(module, name, None)
         if getter is not None:
-            return int(getter())
-    return 128
+            try:
+                value = int(getter())
+            except Exception:  # noqa: BLE001 - a peer's helper failing only leaves the peer out
+                return None
+            return value if value > 0 else None
+    return None

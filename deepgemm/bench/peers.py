@@ -38,7 +38,7 @@ class Implementation:
     # What it computes; implementations of the same operation are timed interleaved (bench_gpu_interleaved).
     operation: str = ""
     # An optional peer: why it cannot run here (e.g. not installed), or None. A run leaves such a peer out
-    # instead of reporting it "n/a" on every shape (``runner.runnable``).
+    # instead of reporting it "n/a" on every shape, and records why (``runner.runnable``).
     missing: Callable[[], str | None] | None = None
 
     @property
@@ -90,11 +90,7 @@ def _prepare_deepgemm_bf16(problem: Problem) -> Prepared:
 def _deepseek_missing() -> str | None:
     from deepgemm.bench import deepseek
 
-    try:
-        deepseek.load()
-    except deepseek.PeerMissing as exc:
-        return str(exc)
-    return None
+    return deepseek.missing()
 
 
 def _prepare_deepseek_fp8(problem: Problem) -> Prepared:
@@ -106,6 +102,9 @@ def _prepare_deepseek_fp8(problem: Problem) -> Prepared:
         raise Unavailable(str(exc)) from None
     import torch
 
+    gemm = getattr(module, "fp8_gemm_nt", None)
+    if gemm is None:
+        raise Unavailable(f"this DeepGEMM ({deepseek.version()}) has no fp8_gemm_nt")
     sfa, note_a = deepseek.scales(problem.sfa, problem.m, problem.k, is_sfa=True)
     sfb, note_b = deepseek.scales(problem.sfb, problem.n, problem.k, is_sfa=False)
     out = torch.empty((problem.m, problem.n), dtype=torch.bfloat16, device=problem.a_fp8.device)
@@ -113,7 +112,7 @@ def _prepare_deepseek_fp8(problem: Problem) -> Prepared:
     note = "; ".join(dict.fromkeys(filter(None, (note_a, note_b, deepseek.version()))))
 
     def run() -> Any:
-        module.fp8_gemm_nt(a, b, out)  # writes `out`, returns nothing
+        gemm(a, b, out)  # writes `out`, returns nothing
         return out
 
     return Prepared(run, problem.reference, fp8_blockwise_bytes(problem.m, problem.n, problem.k), note)

@@ -27,11 +27,12 @@ class BenchSettings:
     use_graph: bool = True
     seed: int = 0
     suite: str | None = None
+    skip: tuple[str, ...] = ()  # implementations left out on request (never deepgemm's own)
 
     def to_json(self) -> dict[str, Any]:
         return {"dtype": self.precision, "iters": self.iters, "warmup": self.warmup,
                 "flush_l2_bytes": FLUSH_BYTES if self.flush_l2 else 0, "use_graph": self.use_graph,
-                "seed": self.seed, "suite": self.suite}
+                "seed": self.seed, "suite": self.suite, "skip": list(self.skip)}
 
 
 def cuda_device_problem() -> str | None:
@@ -61,29 +62,44 @@ def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilin
               progress: Progress) -> BenchResults:
     import torch
 
-    implementations = runnable(IMPLEMENTATIONS[settings.precision])
+    implementations, left_out = runnable(IMPLEMENTATIONS[settings.precision], settings.skip)
     measurements: list[Measurement] = []
     for shape in progress(list(shapes), "benchmarking", format_shape):
         problem = make_problem(shape, settings.precision, device="cuda", seed=settings.seed)
         measurements.extend(measure_all(implementations, problem, settings))
         del problem
         torch.cuda.empty_cache()
+    env = environment()
+    if left_out:
+        env["left_out"] = left_out
     return BenchResults(
-        ceilings=ceilings, measurements=measurements, environment=environment(), settings=settings.to_json(),
+        ceilings=ceilings, measurements=measurements, environment=env, settings=settings.to_json(),
         implementations={impl.name: impl.description for impl in implementations},
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
-def runnable(implementations: Sequence[Implementation]) -> tuple[Implementation, ...]:
-    """The implementations that can run here: optional peers that are not installed are left out."""
-    return tuple(impl for impl in implementations if impl.missing is None or impl.missing() is None)
+def runnable(implementations: Sequence[Implementation],
+             skip: Sequence[str] = ()) -> tuple[tuple[Implementation, ...], dict[str, str]]:
+    """(the implementations to run, {name: why left out}): peers named in `skip` and optional peers that cannot run
+    here (not installed) are left out; deepgemm's own implementations always run."""
+    kept: list[Implementation] = []
+    left_out: dict[str, str] = {}
+    for impl in implementations:
+        reason = "skipped on request" if impl.name in skip and not impl.is_deepgemm else (
+            impl.missing() if impl.missing is not None else None)
+        if reason is None:
+            kept.append(impl)
+        else:
+            left_out[impl.name] = reason
+    return tuple(kept), left_out
 
 
 def measure_all(implementations: Sequence[Implementation], problem: Problem, settings: BenchSettings) -> list[Measurement]:
     """Every implementation on one problem: a checked eager call each, then their timed graph replays.
-    Implementations of the same operation (deepgemm and cuBLAS block-wise) are timed interleaved, round by
-    round (``bench_gpu_interleaved``), so they run under the same clock; the others (per-tensor FP8 and BF16,
-    which draw different power) are timed on their own.
+    Implementations of the same operation (deepgemm, DeepGEMM where installed, and cuBLAS block-wise) are timed
+    interleaved, round by round (``bench_gpu_interleaved``), so they run under the same clock; the others
+    (per-tensor FP8 and BF16, which draw different power) are timed on their own. If an interleaved group fails,
+    each member is timed alone to find the one that fails, and the others are timed interleaved again.
 
     A peer that refuses the shape (or raises) is "n/a"; deepgemm raising anything but
     UnsupportedError is an "error". Neither stops the run.
@@ -126,12 +142,21 @@ def measure_all(implementations: Sequence[Implementation], problem: Problem, set
             if len(group) == 1:
                 timings[group[0][0]] = exc
                 continue
+            working = []
             for index, prepared in group:
                 try:
                     timings[index] = time_interleaved([prepared.fn])[0]
-                    alone.add(index)
+                    working.append((index, prepared))
                 except Exception as exc:  # noqa: BLE001
                     timings[index] = exc
+            alone.update(index for index, _ in working)
+            if 1 < len(working) < len(group):  # the rest, interleaved again without the failing ones
+                try:
+                    timings.update(zip((index for index, _ in working),
+                                       time_interleaved([prepared.fn for _, prepared in working])))
+                    alone.difference_update(index for index, _ in working)
+                except Exception:  # noqa: BLE001 - keep their lone timings
+                    pass
     for index, prepared, diff in ready:
         timing = timings[index]
         impl = implementations[index]

@@ -43,6 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-compile", dest="compile_kernels", action="store_false",
                         help="without a GPU: print roofline predictions only, compile nothing")
     parser.add_argument("--seed", type=int, default=0, help="random inputs' seed")
+    parser.add_argument("--skip", action="append", default=[], metavar="IMPL", choices=_skippable(),
+                        help=f"leave a peer out of the run; repeatable ({', '.join(_skippable())})")
     gate = parser.add_argument_group("regression check")
     gate.add_argument("--compare", type=Path, metavar="BASELINE.json", help="compare against a stored results file")
     gate.add_argument("--fail-below", type=_ratio, default=0.95, metavar="RATIO",
@@ -52,6 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gate.add_argument("--results", type=Path, metavar="CURRENT.json",
                       help="compare this stored results file instead of running the benchmark")
     parser.set_defaults(func=run)
+
+
+def _skippable() -> list[str]:
+    from deepgemm.bench.peers import ALL_IMPLEMENTATIONS
+
+    return [name for name, impl in ALL_IMPLEMENTATIONS.items() if not impl.is_deepgemm]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,7 +121,7 @@ def _measure(args: argparse.Namespace, shapes: list[Shape], gpu: GpuSpec | None)
         ceilings = measure_ceilings(device, spec)
     say(ceilings_line(ceilings))
     settings = BenchSettings(precision=args.dtype, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2,
-                             use_graph=args.use_graph, seed=args.seed, suite=args.suite)
+                             use_graph=args.use_graph, seed=args.seed, suite=args.suite, skip=tuple(args.skip))
     return run_bench(shapes, settings, ceilings, progress=track)
 
 
@@ -122,6 +130,8 @@ def _report(args: argparse.Namespace, results: BenchResults) -> int:
     print_table("results", HEADERS, result_rows(results), left_columns=2)
     for peer, (value, count) in geomean_speedups(results).items():
         say(f"deepgemm vs {peer}: {value:.2f}x geometric-mean speedup over {count} shapes")
+    for impl, reason in (results.environment.get("left_out") or {}).items():
+        say(f"left out: {impl}: {reason}")
     notes = {m.impl: m.note for m in results.measurements if m.note}
     for impl, note in notes.items():
         say(f"note: {impl}: {note}")

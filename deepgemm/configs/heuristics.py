@@ -271,6 +271,9 @@ def contiguous_tile(m_total: int, groups: int, n: int, k: int, num_sms: int, out
     """(block_m, block_n) for a contiguous MoE layout of m_total rows in `groups` expert segments: the model's pick
     (block_m 256 only for long segments) or 128 x 192 tiles where their measured advantage makes them faster."""
     m = max(m_total, 1)
+    # The dense 128 x 192 rule stays off here (wide_tile_share=1): this layout's own measured rule below decides
+    # between the plain pick and 128 x 192 (with it on, the same picks result on a 3600-shape grid, but the two
+    # corrections would compound).
     base = choose_fp8_gemm_config(m, n, k, num_sms, out_elem_bytes,
                                   allow_block_m_256=contiguous_allows_block_m_256(m_total, groups),
                                   wide_tail_k_blocks=GROUPED_EXPOSED_K_BLOCKS_WIDE, wide_tile_share=1.0)
@@ -367,8 +370,10 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
 # fitted model rated them 1-8% slower; at K = 1536-2048 they ran 3-5% slower, as rated, and at 4096x7168x16384 (ten
 # waves of them against seven of 256 x 128) 5% slower, which the share leaves alone. So at those sizes the model's
 # schedule estimate of a 128 x 192 tile is scaled by DENSE_WIDE_TILE_SHARE when tiles are ranked; grouped layouts keep
-# their own rules (contiguous_tile, masked_tile).
-DENSE_WIDE_TILE = (128, 192)
+# their own rules (contiguous_tile, masked_tile). Fitted on the H200 (132 SMs); applied on every Hopper GPU, where the
+# tuner's measured entries take precedence. (The contiguous rule scales the whole estimate after ranking, by 0.92, as it
+# was fitted; this one scales the tile's schedule estimate while ranking, so the HBM floor still applies.)
+DENSE_WIDE_TILE = CONTIGUOUS_WIDE_TILE
 DENSE_WIDE_TILE_SHARE = 0.93
 DENSE_WIDE_TILE_MIN_M = 512
 DENSE_WIDE_TILE_MIN_K = 4096
@@ -383,11 +388,12 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
                       allow_block_m_256: bool = True, allow_block_m_192: bool = False,
                       wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE,
                       wide_tile_share: float | None = None) -> list[tuple[float, int, int]]:
-    """(estimated seconds, block_m, block_n) for every feasible tile, fastest first.
+    """(ranking seconds, block_m, block_n) for every feasible tile, fastest first: the model's estimate, except that a
+    128 x 192 tile's schedule estimate is multiplied by wide_tile_share (None: the dense rule, dense_wide_tile_share;
+    grouped layouts pass 1, so theirs is the plain estimate). The tuner ranks its candidates this way too.
 
     Ties (several tiles at the HBM floor) go to the faster tile schedule, then to fewer tiles. wide_tail_k_blocks:
-    the exposed tail of 128 x 192 tiles (grouped layouts pass GROUPED_EXPOSED_K_BLOCKS_WIDE). wide_tile_share: the
-    factor on a 128 x 192 tile's schedule estimate; None: the dense one (dense_wide_tile_share), grouped layouts pass 1.
+    the exposed tail of 128 x 192 tiles (grouped layouts pass GROUPED_EXPOSED_K_BLOCKS_WIDE).
     """
     share = dense_wide_tile_share(m, k) if wide_tile_share is None else wide_tile_share
     ranked = []

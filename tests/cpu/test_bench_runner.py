@@ -83,3 +83,26 @@ def test_deepgemm_failing_is_an_error(timed: list[list[str]]) -> None:
                                  runner.BenchSettings(iters=3, warmup=0))
     assert results[0].status == "error" and "deepgemm broke" in (results[0].reason or "")
     assert timed == []
+
+
+def test_a_failing_peer_leaves_the_others_interleaved(timed: list[list[str]]) -> None:
+    """Three implementations of one operation, one failing in timing: after the lone retries the two that work are
+    timed interleaved again, so neither carries the 'timed alone' note."""
+    impls = [_impl("deepgemm", "fp8-blockwise"), _impl("peer-broken", "fp8-blockwise", fails_timing=True),
+             _impl("peer-blockwise", "fp8-blockwise")]
+    results = runner.measure_all(impls, FakeProblem(), runner.BenchSettings(iters=3, warmup=0))  # type: ignore[arg-type]
+    by_name = {r.impl: r for r in results}
+    assert [len(call) for call in timed] == [3, 1, 1, 1, 2]
+    assert by_name["deepgemm"].status == "ok" and "timed alone" not in by_name["deepgemm"].note
+    assert by_name["peer-blockwise"].status == "ok" and "timed alone" not in by_name["peer-blockwise"].note
+    assert by_name["peer-broken"].status == "n/a" and "replay failed" in (by_name["peer-broken"].reason or "")
+
+
+def test_runnable_leaves_out_skipped_and_missing_peers_with_reasons() -> None:
+    present = _impl("peer-blockwise", "fp8-blockwise")
+    absent = Implementation("peer-absent", "peer-absent", "fp8", present.prepare, "fp8-blockwise",
+                            missing=lambda: "not installed here")
+    impls = [_impl("deepgemm", "fp8-blockwise"), present, absent, _impl("peer-bf16", "bf16")]
+    kept, left_out = runner.runnable(impls, skip=("peer-bf16", "deepgemm"))
+    assert [impl.name for impl in kept] == ["deepgemm", "peer-blockwise"]  # deepgemm itself is never skipped
+    assert left_out == {"peer-absent": "not installed here", "peer-bf16": "skipped on request"}

@@ -61,8 +61,10 @@ def test_not_installed_peer_is_left_out_of_a_run(monkeypatch: pytest.MonkeyPatch
     assert DEEPSEEK_FP8 in IMPLEMENTATIONS["fp8"]
     reason = DEEPSEEK_FP8.missing() if DEEPSEEK_FP8.missing else None
     assert reason is not None and "not importable" in reason
-    names = [impl.name for impl in runnable(IMPLEMENTATIONS["fp8"])]
+    kept, left_out = runnable(IMPLEMENTATIONS["fp8"])
+    names = [impl.name for impl in kept]
     assert "deepseek-deepgemm" not in names and names[0] == "deepgemm" and "cublas-blockwise" in names
+    assert "not importable" in left_out["deepseek-deepgemm"]
     problem = make_problem((64, 256, 256), "fp8", device="cpu", seed=1)
     with pytest.raises(Unavailable, match="not importable"):
         DEEPSEEK_FP8.prepare(problem)
@@ -72,7 +74,8 @@ def test_installed_peer_gets_converted_scales_and_is_checked_against_float64(mon
     module, calls = stand_in()
     install(monkeypatch, module)
     assert DEEPSEEK_FP8.missing is not None and DEEPSEEK_FP8.missing() is None
-    assert "deepseek-deepgemm" in [impl.name for impl in runnable(IMPLEMENTATIONS["fp8"])]
+    assert "deepseek-deepgemm" in [impl.name for impl in runnable(IMPLEMENTATIONS["fp8"])[0]]
+    assert runnable(IMPLEMENTATIONS["fp8"], skip=("deepseek-deepgemm",))[1] == {"deepseek-deepgemm": "skipped on request"}
     m, n, k = 72, 320, 384  # a partial last scale block along N
     problem = make_problem((m, n, k), "fp8", device="cpu", seed=3)
     prepared = DEEPSEEK_FP8.prepare(problem)
@@ -81,7 +84,7 @@ def test_installed_peer_gets_converted_scales_and_is_checked_against_float64(mon
                      ("transform", (3, 3), n, k, deepseek.RECIPE, None, False)]
     out = prepared.fn()
     assert calls[-1] == ("gemm", True, True)
-    assert prepared.note == "0.0-test"
+    assert prepared.note == "deep_gemm 0.0-test"
     assert prepared.bytes == m * k + n * k + 2 * m * n + (m * 3 + 3 * 3) * 4
     assert calc_diff(out, prepared.reference()) < 1e-3
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
@@ -99,6 +102,18 @@ def test_a_refused_conversion_leaves_the_per_call_conversion_and_says_so(monkeyp
 
 def test_contiguous_alignment_is_read_from_the_peer(monkeypatch: pytest.MonkeyPatch) -> None:
     module, _ = stand_in()
-    module.get_mk_alignment_for_contiguous_layout = lambda: 64  # type: ignore[attr-defined]
     install(monkeypatch, module)
+    assert deepseek.m_alignment() is None  # does not say
+    module.get_mk_alignment_for_contiguous_layout = lambda: 64  # type: ignore[attr-defined]
     assert deepseek.m_alignment() == 64
+    module.get_mk_alignment_for_contiguous_layout = lambda: 1 // 0  # type: ignore[attr-defined]
+    assert deepseek.m_alignment() is None  # a failing helper leaves the grouped peer out, no crash
+
+
+def test_a_peer_without_the_gemm_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    module, _ = stand_in()
+    del module.fp8_gemm_nt  # type: ignore[attr-defined]
+    install(monkeypatch, module)
+    problem = make_problem((64, 128, 256), "fp8", device="cpu", seed=7)
+    with pytest.raises(Unavailable, match="has no fp8_gemm_nt"):
+        DEEPSEEK_FP8.prepare(problem)
