@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepgemm.analysis.gpus import Precision
+from deepgemm.bench import deepseek
 from deepgemm.bench.inputs import GROUP, Problem
 
 SCALE_BYTES = 4
@@ -87,15 +88,7 @@ def _prepare_deepgemm_bf16(problem: Problem) -> Prepared:
 
 # -- DeepGEMM (deepseek-ai) -------------------------------------------------------------------------------------
 
-def _deepseek_missing() -> str | None:
-    from deepgemm.bench import deepseek
-
-    return deepseek.missing()
-
-
 def _prepare_deepseek_fp8(problem: Problem) -> Prepared:
-    from deepgemm.bench import deepseek
-
     try:
         module = deepseek.load()
     except deepseek.PeerMissing as exc:
@@ -174,7 +167,7 @@ DEEPGEMM_FP8 = Implementation("deepgemm", "deepgemm.fp8_gemm_nt (1x128 / 128x128
                               _prepare_deepgemm_fp8, "fp8-blockwise")
 DEEPGEMM_BF16 = Implementation("deepgemm-bf16", "deepgemm.bf16_gemm_nt", "bf16", _prepare_deepgemm_bf16, "bf16")
 DEEPSEEK_FP8 = Implementation("deepseek-deepgemm", "DeepGEMM (deepseek-ai) deep_gemm.fp8_gemm_nt, when installed",
-                              "fp8", _prepare_deepseek_fp8, "fp8-blockwise", missing=_deepseek_missing)
+                              "fp8", _prepare_deepseek_fp8, "fp8-blockwise", missing=deepseek.missing)
 CUBLAS_BLOCKWISE = Implementation("cublas-blockwise", "cuBLAS FP8, 1x128 / 128x128 block scales", "fp8",
                                   _prepare_cublas_blockwise, "fp8-blockwise")
 CUBLAS_TENSORWISE = Implementation("cublas-fp8-tensor", "cuBLAS FP8, per-tensor scales (upper reference)", "fp8",
