@@ -17,9 +17,11 @@ from deepgemm.api.quant import (
     quantize_per_token_group,
 )
 from deepgemm.errors import CompileError, DeepGemmError, GraphCaptureError, UnsupportedError
-from deepgemm.utils import calc_diff
+from deepgemm.utils import calc_diff, warn_removed_environment
 
 __version__ = "0.1.0"
+
+warn_removed_environment()
 
 __all__ = [
     "CompileError",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import warnings
+
 import torch
 
 
@@ -24,3 +27,20 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     if denominator == 0:
         return 0.0
     return float(1.0 - 2.0 * (x64 * y64).sum() / denominator)
+
+
+# Environment variables that used to switch algorithms; each is now a GemmConfig field a plan receives.
+REMOVED_ENVIRONMENT = {
+    "DEEPGEMM_SPLIT_TAIL": "GemmConfig.split_tail (pass a config to get_plan(config=...), or let `deepgemm tune` choose)",
+    "DEEPGEMM_NARROW_LAST_N": "GemmConfig.narrow_last_n",
+    "DEEPGEMM_CLUSTER_M": "GemmConfig.cluster_m (the tuner times 2-CTA clusters)",
+    "DEEPGEMM_BALANCED_GRID": "GemmConfig.balanced_grid",
+}
+
+
+def warn_removed_environment() -> None:
+    """Warn once per removed algorithm switch still set in the environment (it no longer has an effect)."""
+    for name, replacement in REMOVED_ENVIRONMENT.items():
+        if name in os.environ:
+            warnings.warn(f"{name} is no longer read: algorithm choices are config fields now; use {replacement}",
+                          UserWarning, stacklevel=3)

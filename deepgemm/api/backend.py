@@ -8,6 +8,8 @@ from typing import Literal
 
 import torch
 
+from deepgemm.kernels.common.device import is_sm90
+
 Backend = Literal["sm90", "reference"]
 
 
@@ -19,11 +21,6 @@ def _kernels_importable() -> bool:
     except ImportError:
         return False
     return True
-
-
-@functools.cache
-def _device_is_sm90(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
 def supported(device: torch.device | int | str | None = None) -> bool:
@@ -39,7 +36,7 @@ def supported(device: torch.device | int | str | None = None) -> bool:
         if dev.type != "cuda":
             return False
         index = dev.index if dev.index is not None else torch.cuda.current_device()
-    return _device_is_sm90(index)
+    return is_sm90(index)
 
 
 def backend_for(*tensors: torch.Tensor) -> Backend:

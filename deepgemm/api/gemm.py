@@ -21,9 +21,16 @@ from deepgemm.api.validation import (
     require_tensor,
     require_tma_rows,
 )
-from deepgemm.configs import GemmConfig
 from deepgemm.jit.resources import PtxasResources
+from deepgemm.kernels.common.device import device_name, planning_sm_count, sm_count
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_config
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmProblem
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, compile_spec
 from deepgemm.reference import fp8_gemm_nt_reference
+from deepgemm.tuning.db import tuning_db
+from deepgemm.tuning.tuner import tune_fp8_gemm_nt
 from deepgemm.utils import align_up, ceil_div
 
 _WHERE = "fp8_gemm_nt"
@@ -132,9 +139,7 @@ def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Te
     require_tma_rows(b_q, "b[0]", _WHERE)
     require_tma_rows(out, "out", _WHERE)
     require_row_count(max(m, n), "max(M, N)", _WHERE)
-    from deepgemm.kernels.fp8_gemm import get_plan
-
-    plan = get_plan(device.index, m, n, k, out.dtype)
+    plan = get_plan(device.index, m, n, k, out.dtype, tuned_config(device.index, m, n, k, out.dtype))
     sfa_tma = to_mn_major_tma_aligned(sfa)
     sfb_rows = sfb.contiguous()
     args = plan.packed_args(a_q, sfa_tma, b_q, sfb_rows, out)
@@ -162,9 +167,6 @@ def precompile_fp8_gemm_nt(
 
     num_sms defaults to the current GPU's SM count, or 132 (H100/H200 SXM) without a GPU.
     """
-    from deepgemm.kernels.device import DEFAULT_NUM_SMS, device_name, sm_count
-    from deepgemm.kernels.fp8_gemm import compile_spec, plan_spec
-
     for name, value in (("m", m), ("n", n), ("k", k)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"precompile_fp8_gemm_nt: '{name}' must be a positive int, got {value!r}")
@@ -172,16 +174,8 @@ def precompile_fp8_gemm_nt(
         raise ValueError(f"precompile_fp8_gemm_nt: K={k} must be a multiple of 16")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"precompile_fp8_gemm_nt: 'out_dtype' must be torch.bfloat16 or torch.float32, got {out_dtype}")
-    gpu_name = None
-    if torch.cuda.is_available():
-        gpu_name = device_name(torch.cuda.current_device())
-    if num_sms is None:
-        if torch.cuda.is_available():
-            num_sms = sm_count(torch.cuda.current_device())
-        else:  # plan for the H100/H200, honouring the same cap the runtime applies
-            cap = os.environ.get("DEEPGEMM_NUM_SMS")
-            num_sms = min(DEFAULT_NUM_SMS, int(cap)) if cap else DEFAULT_NUM_SMS
-    spec = plan_spec(m, n, k, out_dtype, num_sms, gpu_name)
+    gpu_name = device_name(torch.cuda.current_device()) if torch.cuda.is_available() else None
+    spec = planned_spec(m, n, k, out_dtype, planning_sm_count() if num_sms is None else num_sms, gpu_name)
     start = time.perf_counter()
     compiled = compile_spec(spec)
     return PrecompileInfo(
@@ -191,3 +185,33 @@ def precompile_fp8_gemm_nt(
         compile_seconds=time.perf_counter() - start,
         cubin_path=str(compiled.cubin_path),
     )
+
+
+def planned_spec(m: int, n: int, k: int, out_dtype: torch.dtype, num_sms: int, gpu_name: str | None = None) -> Fp8GemmSpec:
+    """The instantiation a dense shape uses: the tuned choice for this GPU model where one is recorded, else the
+    cost model's."""
+    problem = GemmProblem(m, n, k, num_sms, out_dtype)
+    config = tuning_db(gpu_name).lookup_problem(problem) if gpu_name is not None else None
+    return Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=choose_config(problem) if config is None else config)
+
+
+_tuned: dict[tuple[int, int, int, int, torch.dtype], GemmConfig | None] = {}
+_TUNED_CAPACITY = 4096
+
+
+def tuned_config(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype) -> GemmConfig | None:
+    """The measured config for this shape's M bucket on this GPU model, or None (the plan then asks the cost model);
+    looked up once per shape. DEEPGEMM_AUTOTUNE=1: an untuned bucket is measured first and recorded."""
+    key = (device_index, m, n, k, out_dtype)
+    if key in _tuned:
+        return _tuned[key]
+    problem = GemmProblem(m, n, k, sm_count(device_index), out_dtype)
+    db = tuning_db(device_name(device_index))
+    config = db.lookup_problem(problem)
+    if config is None and os.environ.get("DEEPGEMM_AUTOTUNE") == "1":
+        tune_fp8_gemm_nt(m, n, k, out_dtype=out_dtype, device=device_index)
+        config = db.lookup_problem(problem)
+    if len(_tuned) >= _TUNED_CAPACITY:
+        _tuned.clear()
+    _tuned[key] = config
+    return config

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from deepgemm.api.backend import backend_for
-from deepgemm.api.layout import masked_sfa_strides, to_mn_major_tma_aligned
+from deepgemm.api.layout import to_mn_major_tma_aligned
 from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
     require_dtype,
@@ -19,13 +19,12 @@ from deepgemm.api.validation import (
     require_tensor,
     require_tma_rows,
 )
-from deepgemm.configs.heuristics import masked_config_m
+from deepgemm.jit.args import PackedArgs
+from deepgemm.kernels.common.layout import masked_sfa_strides
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Fp8GemmPlan, Geometry, clear_plans, get_grouped_plan
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 from deepgemm.reference import m_grouped_contiguous_reference, m_grouped_masked_reference, m_indices_from_psum
 from deepgemm.utils import align_up, ceil_div
-
-if TYPE_CHECKING:
-    from deepgemm.jit.args import PackedArgs
-    from deepgemm.kernels.fp8_gemm import Fp8GemmPlan
 
 FP8 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -73,10 +72,8 @@ def _launch_if_ready(form: object, a: object, b: object, out: Any, grouping: Any
 
 
 def clear_grouped_plans() -> None:
-    """Forget every grouped plan and launch-ready argument set (for tools that swap the tile choice)."""
-    from deepgemm.kernels import fp8_gemm
-
-    fp8_gemm._grouped_plans.clear()
+    """Forget every plan and launch-ready argument set (for tools that swap the tile choice)."""
+    clear_plans()
     _ready.clear()
 
 
@@ -212,8 +209,6 @@ def _run_contiguous(where: str, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch
     _require_kernel_rows(where, k, {"a[0]": a_q, "out": out})
     _require_stacked(b_q, "b[0]", where)
     require_row_count(max(m_total, groups * n), "max(M_total, G * N)", where)
-    from deepgemm.kernels.fp8_gemm import Geometry, GemmKind, get_grouped_plan
-
     kind = GemmKind.GROUPED_CONTIGUOUS_PSUM if psum_form else GemmKind.GROUPED_CONTIGUOUS
     plan = get_grouped_plan(a_q.device.index, kind, Geometry(rows=m_total, groups=groups), n, k, out.dtype, m_total)
     sfa_tma, sfb_rows = to_mn_major_tma_aligned(sfa), sfb.contiguous()
@@ -296,11 +291,8 @@ def m_grouped_fp8_gemm_nt_masked(
     require_row_count(max(groups * max_m, groups * n), "max(G * max_m, G * N)", where)
     if not masked_m.is_contiguous():
         raise ValueError(f"{where}: 'masked_m' must be contiguous")
-    from deepgemm.kernels.fp8_gemm import Geometry, GemmKind, get_grouped_plan
-
     geometry = Geometry(rows=groups * max_m, groups=groups, max_m=max_m, tiles_known=False)
-    plan = get_grouped_plan(a_q.device.index, GemmKind.GROUPED_MASKED, geometry, n, k, out.dtype,
-                            masked_config_m(expected_m, max_m))
+    plan = get_grouped_plan(a_q.device.index, GemmKind.GROUPED_MASKED, geometry, n, k, out.dtype, expected_m)
     sfa_tma, sfb_rows = _masked_sfa_layout(sfa), sfb.contiguous()
     args = plan.packed_args(a_q, sfa_tma, b_q, sfb_rows, out, masked_m)
     plan.launch_packed(args)

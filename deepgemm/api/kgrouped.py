@@ -23,6 +23,8 @@ from deepgemm.api.validation import (
     require_tensor,
     require_tma_rows,
 )
+from deepgemm.jit.runtime import refuse_during_capture
+from deepgemm.kernels.sm90_fp8_gemm_1d1d.plan import get_kgrouped_plan
 from deepgemm.reference import k_grouped_reference
 
 FP8 = torch.float8_e4m3fn
@@ -64,8 +66,6 @@ class _DeviceOffsets:
                     self._recent.move_to_end(key)
                     entry = self._recent[key]
         if entry is None:
-            from deepgemm.jit.runtime import refuse_during_capture
-
             refuse_during_capture(f"k_grouped_fp8_gemm_tn_contiguous with a new ks ({len(ks)} groups; its offsets "
                                   "are uploaded on the first call)")
             cumulative = [0]
@@ -203,8 +203,6 @@ def k_grouped_fp8_gemm_tn_contiguous(
         raise ValueError(f"{where}: K_total={k_total} exceeds the kernel's 32-bit K coordinates ({MAX_ROWS})")
     if k_total == 0:
         return out_t.copy_(c) if c is not None else out_t.zero_()
-    from deepgemm.kernels.kgrouped import get_kgrouped_plan
-
     plan = get_kgrouped_plan(a_q.device.index, m, n)
     plan.launch(a_q, to_mn_major_tma_aligned(sfa), b_q, to_mn_major_tma_aligned(sfb),
                 _offsets.get(a_q.device, sizes), groups, out_t, c)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from deepgemm.api.backend import backend_for
-from deepgemm.api.layout import tma_aligned_rows
+from deepgemm.kernels.common.layout import tma_aligned_rows
 from deepgemm.api.validation import require_dtype, require_int, require_rank, require_same_device, require_tensor
+from deepgemm.kernels.quantize_fp8.launch import quantize_per_block_cuda, quantize_per_token_group_cuda
 from deepgemm.reference import (
     dequantize_per_block as _dequantize_per_block,
     dequantize_per_token_group as _dequantize_per_token_group,
@@ -45,8 +46,6 @@ def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[to
     require_int(group_size, "group_size", where, GROUP_SIZES)
     x = _unit_column_stride(x)
     if backend_for(x) == "sm90":
-        from deepgemm.kernels.quantize import quantize_per_token_group_cuda
-
         return quantize_per_token_group_cuda(x, group_size)
     q, sf = quantize_per_token_group_reference(x, group_size)
     return q, _as_mn_major(sf)
@@ -61,8 +60,6 @@ def quantize_per_block(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor,
     require_int(block, "block", where, BLOCK_SIZES)
     w = _unit_column_stride(w)
     if backend_for(w) == "sm90":
-        from deepgemm.kernels.quantize import quantize_per_block_cuda
-
         return quantize_per_block_cuda(w, block)
     return quantize_per_block_reference(w, block)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from deepgemm.analysis.gpus import GpuSpec
 from deepgemm.analysis.roofline import Ceilings
-from deepgemm.bench.timing import bench_gpu
+from deepgemm.tuning.timing import bench_gpu
 
 COPY_BYTES = 2 * 1024**3
 MATMUL_SIZE = 8192

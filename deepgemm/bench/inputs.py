@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepgemm.analysis.gpus import Precision
+from deepgemm.api.quant import quantize_per_block, quantize_per_token_group
 from deepgemm.bench.suites import Shape
 
 GROUP = 128
@@ -62,8 +63,6 @@ def make_problem(shape: Shape, precision: Precision, *, device: Any, seed: int =
     b = torch.randn((n, k), generator=generator, device=device, dtype=torch.float32)
     if precision == "bf16":
         return Problem(m, n, k, "bf16", a.bfloat16(), b.bfloat16())
-    from deepgemm.api.quant import quantize_per_block, quantize_per_token_group
-
     a_fp8, sfa = quantize_per_token_group(a, GROUP)
     b_fp8, sfb = quantize_per_block(b, GROUP)
     exact_a = _dequantize(a_fp8, sfa, GROUP, 1)

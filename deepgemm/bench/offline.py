@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from deepgemm.api import gemm as api_gemm
 from deepgemm.analysis.gpus import GpuSpec, Precision
 from deepgemm.analysis.roofline import Ceilings, RooflineEstimate, estimate
 from deepgemm.bench.peers import bf16_bytes, fp8_blockwise_bytes
@@ -47,11 +48,7 @@ class OfflinePlan:
 def find_precompiler(precision: Precision) -> tuple[Callable[..., Any] | None, str]:
     """deepgemm's precompile function for ``precision``, or None and the reason it is missing."""
     name = _PRECOMPILERS[precision]
-    try:
-        from deepgemm.api import gemm
-    except ImportError as exc:
-        return None, f"kernel not available: deepgemm.api.gemm cannot be imported ({exc})"
-    function = getattr(gemm, name, None)
+    function = getattr(api_gemm, name, None)
     if function is None:
         return None, f"kernel not available: deepgemm.api.gemm.{name} does not exist yet"
     return function, ""

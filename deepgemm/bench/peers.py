@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepgemm.analysis.gpus import Precision
+from deepgemm.api import gemm as api_gemm
 from deepgemm.bench import deepseek
 from deepgemm.bench.inputs import GROUP, Problem
 
@@ -64,22 +65,16 @@ def bf16_bytes(m: int, n: int, k: int) -> int:
 # -- deepgemm ---------------------------------------------------------------------------------------------------
 
 def _prepare_deepgemm_fp8(problem: Problem) -> Prepared:
-    try:
-        from deepgemm import fp8_gemm_nt
-    except ImportError as exc:
-        raise Unavailable(f"kernel not available: deepgemm.fp8_gemm_nt ({exc})") from None
     import torch
 
     out = torch.empty((problem.m, problem.n), dtype=torch.bfloat16, device=problem.a_fp8.device)
     a, b = (problem.a_fp8, problem.sfa), (problem.b_fp8, problem.sfb)
-    return Prepared(lambda: fp8_gemm_nt(a, b, out), problem.reference,
+    return Prepared(lambda: api_gemm.fp8_gemm_nt(a, b, out), problem.reference,
                     fp8_blockwise_bytes(problem.m, problem.n, problem.k))
 
 
 def _prepare_deepgemm_bf16(problem: Problem) -> Prepared:
-    import deepgemm
-
-    gemm = getattr(deepgemm, "bf16_gemm_nt", None)
+    gemm = getattr(api_gemm, "bf16_gemm_nt", None)
     if gemm is None:
         raise Unavailable("kernel not available: deepgemm.bf16_gemm_nt does not exist yet")
     a, b = problem.a_bf16, problem.b_bf16

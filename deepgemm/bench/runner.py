@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from importlib import metadata
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -13,7 +14,9 @@ from deepgemm.bench.inputs import Problem, make_problem
 from deepgemm.bench.peers import IMPLEMENTATIONS, Implementation, Prepared, Unavailable
 from deepgemm.bench.results import BenchResults, Measurement
 from deepgemm.bench.suites import Shape, format_shape
-from deepgemm.bench.timing import FLUSH_BYTES, Timing, bench_gpu_interleaved
+from deepgemm.errors import UnsupportedError
+from deepgemm.tuning.timing import FLUSH_BYTES, Timing, bench_gpu_interleaved
+from deepgemm.utils import calc_diff
 
 Progress = Callable[[Sequence[Shape], str, Callable[[Shape], str]], Iterator[Shape]]
 
@@ -47,15 +50,20 @@ def cuda_device_problem() -> str | None:
     return None
 
 
+def package_version() -> str:
+    try:
+        return metadata.version("deepgemm")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def environment() -> dict[str, Any]:
     import torch
-
-    import deepgemm
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return {"device": props.name, "num_sms": props.multi_processor_count,
             "compute_capability": f"{props.major}.{props.minor}", "torch": torch.__version__,
-            "cuda": torch.version.cuda, "deepgemm": getattr(deepgemm, "__version__", "unknown")}
+            "cuda": torch.version.cuda, "deepgemm": package_version()}
 
 
 def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilings, *,
@@ -105,9 +113,6 @@ def measure_all(implementations: Sequence[Implementation], problem: Problem, set
     UnsupportedError is an "error". Neither stops the run.
     """
     import torch
-
-    from deepgemm.errors import UnsupportedError
-    from deepgemm.utils import calc_diff
 
     results: list[Measurement | None] = []
     ready: list[tuple[int, Prepared, float]] = []  # (index in results, prepared, calc_diff)
@@ -178,8 +183,6 @@ def _identity(impl: Implementation, problem: Problem) -> dict[str, Any]:
 
 def _failed(impl: Implementation, base: dict[str, Any], problem: Problem, prepared: Prepared,
             exc: BaseException) -> Measurement:
-    from deepgemm.errors import UnsupportedError
-
     status: Literal["n/a", "error"] = "n/a" if isinstance(exc, UnsupportedError) or not impl.is_deepgemm else "error"
     reason = f"{type(exc).__name__}: {_first_line(exc)} ({format_shape(problem.shape)})"
     return Measurement(**base, status=status, reason=reason, bytes=prepared.bytes, note=prepared.note)

@@ -6,6 +6,10 @@ import argparse
 import re
 from itertools import product
 
+from deepgemm.analysis.gemms import Workload, enumerate_gemms
+from deepgemm.analysis.ops import ATTENTION_CORE
+from deepgemm.analysis.presets import PRESETS
+
 Shape = tuple[int, int, int]
 
 SUITE_M_VALUES = (64, 128, 4096)
@@ -25,8 +29,6 @@ _EXCLUDED_FROM_SUITES = frozenset({"router"})
 
 
 def suite_names() -> list[str]:
-    from deepgemm.analysis.presets import PRESETS
-
     return list(_EXPLICIT_SUITES) + [name for name in PRESETS if name not in _EXPLICIT_SUITES]
 
 
@@ -35,8 +37,6 @@ def suite_shapes(name: str) -> tuple[Shape, ...]:
     key = name.strip().lower()
     if key in _EXPLICIT_SUITES:
         return _EXPLICIT_SUITES[key]
-    from deepgemm.analysis.presets import PRESETS
-
     if key not in PRESETS:
         raise ValueError(f"argument --suite: unknown suite {name!r} (known: {', '.join(suite_names())})")
     return tuple((m, n, k) for m, (n, k) in product(SUITE_M_VALUES, model_linear_nk(key)))
@@ -44,10 +44,6 @@ def suite_shapes(name: str) -> tuple[Shape, ...]:
 
 def model_linear_nk(model_name: str) -> list[tuple[int, int]]:
     """Distinct (N, K) of a preset's weight GEMMs (fused QKV and gate/up, one GPU), in layer order."""
-    from deepgemm.analysis.gemms import Workload, enumerate_gemms
-    from deepgemm.analysis.ops import ATTENTION_CORE
-    from deepgemm.analysis.presets import PRESETS
-
     ops = enumerate_gemms(PRESETS[model_name], Workload(seq=1))
     seen: dict[tuple[int, int], None] = {}
     for op in ops:

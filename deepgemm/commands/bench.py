@@ -11,11 +11,14 @@ from pathlib import Path
 from deepgemm.analysis.gpus import DEFAULT_GPU, GPUS, GpuSpec, get_gpu, match_device_name
 from deepgemm.analysis.roofline import Ceilings
 from deepgemm.analysis.units import micros
+from deepgemm.bench.ceilings import measure_ceilings
 from deepgemm.bench.compare import Comparison, compare
 from deepgemm.bench.console import print_table, say, track, usage_error
 from deepgemm.bench.offline import OfflinePlan, plan_shapes
+from deepgemm.bench.peers import ALL_IMPLEMENTATIONS
 from deepgemm.bench.report import HEADERS, ceilings_line, geomean_speedups, markdown_summary, problems, result_rows
 from deepgemm.bench.results import BenchResults, ResultsFormatError
+from deepgemm.bench.runner import BenchSettings, cuda_device_problem, run_bench
 from deepgemm.bench.suites import Shape, format_shape, parse_shape, suite_names, suite_shapes
 
 DEFAULT_SUITE = "deepseek-v3"
@@ -57,8 +60,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _skippable() -> list[str]:
-    from deepgemm.bench.peers import ALL_IMPLEMENTATIONS
-
     return [name for name, impl in ALL_IMPLEMENTATIONS.items() if not impl.is_deepgemm]
 
 
@@ -78,8 +79,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         if current is not None and baseline is not None:  # --results always comes with --compare
             return _report_comparison(compare(baseline, current, fail_below=args.fail_below, gate=args.gate))
-        from deepgemm.bench.runner import cuda_device_problem
-
         no_gpu = cuda_device_problem()
         if no_gpu is not None:
             return _offline(args, shapes, gpu or get_gpu(DEFAULT_GPU), no_gpu)
@@ -107,9 +106,6 @@ def _shapes(args: argparse.Namespace, baseline: BenchResults | None) -> list[Sha
 
 def _measure(args: argparse.Namespace, shapes: list[Shape], gpu: GpuSpec | None) -> BenchResults:
     import torch
-
-    from deepgemm.bench.ceilings import measure_ceilings
-    from deepgemm.bench.runner import BenchSettings, run_bench
 
     device = torch.cuda.get_device_name()
     spec = gpu or match_device_name(device) or get_gpu(DEFAULT_GPU)

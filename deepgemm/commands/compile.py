@@ -6,6 +6,8 @@ import argparse
 import dataclasses
 from typing import Any
 
+from deepgemm.api.gemm import precompile_fp8_gemm_nt
+
 
 def parse_shape(text: str) -> tuple[int, int, int]:
     parts = text.replace("x", ",").split(",")
@@ -30,8 +32,6 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import torch
-
-    from deepgemm.api.gemm import precompile_fp8_gemm_nt
 
     out_dtype = torch.float32 if args.out_dtype == "fp32" else torch.bfloat16
     for m, n, k in args.shape:

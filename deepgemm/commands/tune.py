@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from deepgemm.api.backend import supported
 from deepgemm.commands.compile import parse_shape
+from deepgemm.tuning.tuner import tune_fp8_gemm_nt
 
 
 def register(subparsers: Any) -> None:
@@ -23,10 +25,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    import deepgemm
-    from deepgemm.configs.tuner import tune_fp8_gemm_nt
-
-    if not deepgemm.supported():
+    if not supported():
         print("deepgemm tune: needs an sm_90 (Hopper) GPU; without one the cost model chooses configs "
               "(see `deepgemm compile`)", file=sys.stderr)
         return 1

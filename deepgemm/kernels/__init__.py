@@ -1,1 +1,1 @@
-"""Host side of each kernel family: render the instantiation, compile, load, launch."""
+"""Kernel families, one folder each named like its device header (impls/<family>.cuh), over common/."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deepgemm.analysis.gemms import Workload, enumerate_gemms
+from deepgemm.analysis.gemms import enumerate_gemms, Workload
 from deepgemm.analysis.ops import ATTENTION_CORE, GemmOp
 from deepgemm.analysis.presets import PRESETS
 

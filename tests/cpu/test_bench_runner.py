@@ -9,7 +9,7 @@ import torch
 
 from deepgemm.bench import runner
 from deepgemm.bench.peers import Implementation, Prepared, Unavailable
-from deepgemm.bench.timing import Timing
+from deepgemm.tuning.timing import Timing
 
 
 class FakeProblem:

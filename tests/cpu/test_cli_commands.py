@@ -83,7 +83,7 @@ def test_bench_without_gpu_compiles_and_predicts(capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     assert "no CUDA GPU" in out and "roofline predictions" in out
     assert "64x2112x7168" in out and "4096x4096x7168" in out
-    from deepgemm.configs import choose_fp8_gemm_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config
 
     picked = choose_fp8_gemm_config(4096, 4096, 7168, 132)
     assert f"{picked.block_m}x{picked.block_n}x128" in out, "the compiled tile of 4096x4096x7168 is not shown"

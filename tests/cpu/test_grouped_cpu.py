@@ -68,8 +68,10 @@ def test_grouped_validation_names_arguments() -> None:
 
 
 def test_masked_block_n_cap_never_spans_three_scale_blocks_and_compiles() -> None:
-    from deepgemm.configs.heuristics import make_config, spans_at_most_two_scale_blocks
-    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, compile_spec, max_block_n_for
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config, spans_at_most_two_scale_blocks
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, compile_spec
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import max_block_n_for
 
     for n in range(8, 264, 8):
         for cap in (16, 64, 128, 160, 192):
@@ -128,8 +130,9 @@ def test_contiguous_psum_validation_names_arguments() -> None:
 
 
 def test_contiguous_psum_kernel_compiles_without_spills() -> None:
-    from deepgemm.configs.heuristics import make_config
-    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, compile_spec
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, compile_spec
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 
     for out_dtype in (torch.bfloat16, torch.float32):
         config = make_config(4096, 4096, 7168, 128, 128, 132, 4 if out_dtype == torch.float32 else 2, cluster_m=1)
@@ -141,8 +144,9 @@ def test_contiguous_psum_kernel_compiles_without_spills() -> None:
 @pytest.mark.parametrize("kind_name", ["GROUPED_CONTIGUOUS", "GROUPED_CONTIGUOUS_PSUM"])
 def test_contiguous_block_m_256_compiles_without_spills(kind_name: str) -> None:
     """block_m 256 (two waves per warpgroup, half tiles at expert boundaries) for both contiguous forms."""
-    from deepgemm.configs.heuristics import make_config
-    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, compile_spec
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, compile_spec
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 
     for out_dtype in (torch.bfloat16, torch.float32):
         config = make_config(32768, 4096, 7168, 256, 128, 132, 4 if out_dtype == torch.float32 else 2, cluster_m=1)
@@ -153,7 +157,8 @@ def test_contiguous_block_m_256_compiles_without_spills(kind_name: str) -> None:
 
 
 def test_contiguous_block_m_256_needs_long_expert_segments() -> None:
-    from deepgemm.configs.heuristics import choose_fp8_gemm_config, contiguous_allows_block_m_256
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import contiguous_allows_block_m_256
 
     assert contiguous_allows_block_m_256(4 * 8192, 4) and contiguous_allows_block_m_256(8 * 4096, 8)
     assert not contiguous_allows_block_m_256(256 * 128, 256)  # decode-sized experts: half tiles everywhere
@@ -167,7 +172,7 @@ def test_contiguous_block_m_256_needs_long_expert_segments() -> None:
 def test_contiguous_layouts_take_128x192_tiles_where_they_pay() -> None:
     """128 x 192 tiles for the issue-5 layouts (measured 6-9% faster than 256 x 128), not where wave quantization
     or narrow N makes them lose: 8 x 128 rows at N = 4096 (two waves of them against one of 256 x 128), N = 256."""
-    from deepgemm.configs.heuristics import contiguous_tile
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import contiguous_tile
 
     for m_total, groups, n, k in ((34152, 4, 4096, 7168), (32784, 4, 7168, 2048), (33696, 8, 4096, 7168),
                                   (38240, 8, 7168, 2048)):
@@ -180,7 +185,8 @@ def test_contiguous_layouts_take_128x192_tiles_where_they_pay() -> None:
 
 def test_masked_tiles_stay_at_most_128_wide() -> None:
     """Masked groups never get tiles wider than 128 (their rows vary, so wave counts are guesses)."""
-    from deepgemm.configs.heuristics import choose_fp8_gemm_config, masked_config_m, masked_tile
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import masked_config_m, masked_tile
 
     # The model alone goes wider here (block_m 256 is not allowed for masked groups at K = 2048). (Since
     # session 12 the model itself keeps 2 x ~512 rows at N = 7168, K = 2048 at 128 x 128, where 128 x 160 measured
@@ -194,8 +200,9 @@ def test_masked_tiles_stay_at_most_128_wide() -> None:
 
 
 def test_masked_block_m_256_compiles_without_spills() -> None:
-    from deepgemm.configs.heuristics import make_config
-    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, compile_spec
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, compile_spec
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 
     config = make_config(1024, 4096, 7168, 256, 128, 132, 2, cluster_m=1)
     compiled = compile_spec(Fp8GemmSpec(4096, 7168, torch.bfloat16, config, GemmKind.GROUPED_MASKED))
@@ -204,7 +211,7 @@ def test_masked_block_m_256_compiles_without_spills() -> None:
 
 
 def test_masked_block_m_256_only_with_long_k() -> None:
-    from deepgemm.configs.heuristics import masked_allows_block_m_256
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import masked_allows_block_m_256
 
     assert masked_allows_block_m_256(7168) and not masked_allows_block_m_256(2048)
 
@@ -212,7 +219,8 @@ def test_masked_block_m_256_only_with_long_k() -> None:
 def test_masked_decode_tiles_leave_headroom_for_row_spread() -> None:
     """Decode-sized masked groups size their tile for expected_m plus a quarter (capped at max_m), so a
     group a little above expected_m still fits one M-block; larger groups use expected_m as given."""
-    from deepgemm.configs.heuristics import choose_fp8_gemm_config, masked_config_m
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import masked_config_m
 
     assert [masked_config_m(e, 128) for e in (1, 8, 16, 32, 64, 100, 128, 500)] == [1, 10, 20, 40, 80, 125, 128, 128]
     assert masked_config_m(1024, 4096) == 1024 and masked_config_m(0, 128) == 1
@@ -225,8 +233,9 @@ def test_masked_decode_tiles_leave_headroom_for_row_spread() -> None:
 @pytest.mark.parametrize("block_m", [64, 128])
 def test_masked_partial_a_loads_compile_without_spills(block_m: int) -> None:
     """Masked tiles of 64 and 128 rows load A in 16- and 64-row boxes (the host's box matches: static_assert)."""
-    from deepgemm.configs.heuristics import make_config
-    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, a_box_rows, compile_spec
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, a_box_rows, compile_spec
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 
     assert a_box_rows(GemmKind.GROUPED_MASKED, block_m) == (16 if block_m == 64 else 64)
     assert a_box_rows(GemmKind.DENSE, block_m) == block_m
@@ -277,7 +286,7 @@ def test_masked_scale_layouts_used_in_place() -> None:
     M-major [G * max_m, K/128] tensor (what quantize_per_token_group returns for A viewed 2-D) and padded group
     strides are used as is; K-major scales and strides TMA cannot take are copied into the per-group form."""
     from deepgemm.api.grouped import _masked_sfa_layout
-    from deepgemm.api.layout import masked_sfa_strides
+    from deepgemm.kernels.common.layout import masked_sfa_strides
 
     groups, max_m, k_groups = 3, 128, 5
     one_m_major = torch.randn(k_groups, groups * max_m).t().reshape(groups, max_m, k_groups)

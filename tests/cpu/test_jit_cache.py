@@ -17,8 +17,8 @@ import pytest
 
 from deepgemm.errors import CompileError
 from deepgemm.jit import compiler
-from deepgemm.jit.cache import LAYOUT_VERSION, KernelCache, cache_key, tree_digest
-from deepgemm.jit.compiler import KernelSource, compile_kernel, include_dir, kernel_key
+from deepgemm.jit.cache import LAYOUT_VERSION, cache_key, KernelCache, tree_digest
+from deepgemm.jit.compiler import compile_kernel, include_dir, kernel_key, KernelSource
 from tests.cpu.test_jit_compiler import private_cache, shared_nvrtc_headers  # noqa: F401 (fixtures)
 
 KERNEL = KernelSource(

@@ -19,7 +19,7 @@ from deepgemm.jit.compiler import (
     compiler_choice,
     default_cache_dir,
 )
-from deepgemm.jit.resources import PtxasResources, parse_ptxas_log
+from deepgemm.jit.resources import parse_ptxas_log, PtxasResources
 
 # wgmma.fence only assembles for sm_90a, so this fails for any other target.
 WGMMA_KERNEL = KernelSource(

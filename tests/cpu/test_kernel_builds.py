@@ -17,29 +17,34 @@ import pytest
 import torch
 
 import deepgemm
-from deepgemm.configs import GemmConfig
-from deepgemm.configs.heuristics import SMEM_CAPACITY, fp8_gemm_smem_bytes, make_config, max_stages, pipelined_for
+from deepgemm.api.gemm import planned_spec
 from deepgemm.errors import CompileError
 from deepgemm.jit import compile_kernel
-from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, GemmKind, compile_spec, last_box_rows_b, render_source
-from deepgemm.kernels.quantize import _block_source, _token_group_source
+from deepgemm.kernels.common.hopper import SMEM_CAPACITY, elem_bytes
+from deepgemm.kernels.quantize_fp8.launch import _block_source, _token_group_source
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import clusters_allowed, make_config, pipelined_for
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import fp8_gemm_smem_bytes, max_stages
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import compile_spec, Fp8GemmSpec, last_box_rows_b, render_source
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
-# Through precompile_fp8_gemm_nt: (id, m, n, k, out_dtype, num_sms, DEEPGEMM_CLUSTER_M or None).
+# Through precompile_fp8_gemm_nt: (id, m, n, k, out_dtype, num_sms, cluster) - cluster: the model's tile as a 2-CTA
+# cluster (a config the tuner times; the model never picks clusters).
 PLANNED = [
-    ("n8", 1, 8, 128, BF16, 132, None),
-    ("large_compute_bound", 4096, 7168, 16384, BF16, 132, None),
-    ("k144_fp32", 4096, 136, 144, FP32, 132, None),
-    ("k7296_sms114", 1000, 2056, 7296, BF16, 114, None),
-    ("fp32_wide_sms78", 129, 7168, 16384, FP32, 78, None),
-    ("n32768_k512_sms78", 65, 32768, 512, BF16, 78, None),
-    ("decode_sms114", 129, 2112, 7168, BF16, 114, None),
-    ("n7_k16", 1, 7, 16, BF16, 132, None),
-    ("k7184_fp32", 4096, 4100, 7184, FP32, 132, None),
-    ("cluster_large", 4096, 7168, 16384, BF16, 132, "2"),
-    ("cluster_k144", 4096, 136, 144, BF16, 78, "2"),
-    ("cluster_fp32_k7296", 1000, 2056, 7296, FP32, 132, "2"),
+    ("n8", 1, 8, 128, BF16, 132, False),
+    ("large_compute_bound", 4096, 7168, 16384, BF16, 132, False),
+    ("k144_fp32", 4096, 136, 144, FP32, 132, False),
+    ("k7296_sms114", 1000, 2056, 7296, BF16, 114, False),
+    ("fp32_wide_sms78", 129, 7168, 16384, FP32, 78, False),
+    ("n32768_k512_sms78", 65, 32768, 512, BF16, 78, False),
+    ("decode_sms114", 129, 2112, 7168, BF16, 114, False),
+    ("n7_k16", 1, 7, 16, BF16, 132, False),
+    ("k7184_fp32", 4096, 4100, 7184, FP32, 132, False),
+    ("cluster_large", 4096, 7168, 16384, BF16, 132, True),
+    ("cluster_k144", 4096, 136, 144, BF16, 78, True),
+    ("cluster_fp32_k7296", 1000, 2056, 7296, FP32, 132, True),
 ]
 
 # Hand-built configs (tiles the candidate set allows), to cover what the current heuristic may not
@@ -97,7 +102,16 @@ def explicit_spec(block_m: int, block_n: int, cluster_m: int, n: int, k: int, ou
 
 
 def _precompile(request) -> Build:
-    name, m, n, k, out_dtype, num_sms, _ = request
+    name, m, n, k, out_dtype, num_sms, cluster = request
+    if cluster:
+        c = planned_spec(m, n, k, out_dtype, num_sms).config  # as a cluster where the tile allows one
+        cluster_m = 2 if clusters_allowed(m, c.block_m, c.block_n, num_sms) else 1
+        config = make_config(m, n, k, c.block_m, c.block_n, num_sms, elem_bytes(out_dtype), cluster_m=cluster_m)
+        spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
+        compiled = compile_spec(spec)
+        return Build(name, spec, compiled.resources, compiled.log,
+                     {"m": m, "label": spec.label(), "cubin": str(compiled.cubin_path), "same_cubin": True},
+                     Path(compiled.cubin_path))
     info = deepgemm.precompile_fp8_gemm_nt(m, n, k, out_dtype=out_dtype, num_sms=num_sms)
     spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=info.config)
     compiled = compile_kernel(render_source(spec))  # memo/disk hit: the same build, with its log
@@ -127,14 +141,8 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
             mp.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "deepgemm-cache"))
         results: list[Build] = []
         with ThreadPoolExecutor(max_workers=4) as pool:
-            # The cluster choice reads the environment when the config is planned, so the planned
-            # builds go in two batches; everything else compiles alongside the first batch.
-            mp.delenv("DEEPGEMM_CLUSTER_M", raising=False)
             others = [pool.submit(_explicit, r) for r in EXPLICIT] + [pool.submit(_quantize, r) for r in QUANTIZE]
-            results += pool.map(_precompile, [r for r in PLANNED if r[6] is None])
-            mp.setenv("DEEPGEMM_CLUSTER_M", "2")
-            results += pool.map(_precompile, [r for r in PLANNED if r[6] == "2"])
-            mp.delenv("DEEPGEMM_CLUSTER_M")
+            results += pool.map(_precompile, PLANNED)
             results += [f.result() for f in others]
     by_name = {b.name: b for b in results}
     print("\ncovered GEMM configs:")
@@ -193,18 +201,15 @@ def test_wgmma_not_serialized_in_sass(builds: dict[str, Build], name: str) -> No
     assert 2 * waits <= mmas, f"{name}: {waits} wgmma waits for {mmas} QGMMA: ptxas serialized the MMAs"
 
 
-def test_narrow_last_block_switch_is_fixed_per_spec(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DEEPGEMM_NARROW_LAST_N is read once, when a spec is made: the kernel the spec renders and the B box its plan
-    packs agree even if the variable changes later (a plan cached before the change packing a full-width box for a
-    narrow kernel would overfill the stage's expected bytes and hang the kernel: found in review, on the H200)."""
-    monkeypatch.delenv("DEEPGEMM_NARROW_LAST_N", raising=False)
+def test_narrow_last_block_is_a_config_field() -> None:
+    """GemmConfig.narrow_last_n decides both the kernel the spec renders and the B box its plan packs, so they always
+    agree (a full-width box for a narrow kernel would overfill the stage's expected bytes and hang the kernel)."""
     narrow = explicit_spec(128, 192, 1, 4096, 7168, BF16)
-    monkeypatch.setenv("DEEPGEMM_NARROW_LAST_N", "0")
-    assert narrow.narrow_last_n and last_box_rows_b(narrow) == 64
+    assert narrow.config.narrow_last_n and last_box_rows_b(narrow) == 64
     assert "#define DEEPGEMM_NARROW_LAST_N" not in render_source(narrow).code
-    full = explicit_spec(128, 192, 1, 4096, 7168, BF16)
-    monkeypatch.delenv("DEEPGEMM_NARROW_LAST_N")
-    assert not full.narrow_last_n and last_box_rows_b(full) == 192
+    full = explicit_spec(128, 192, 1, 4096, 7168, BF16, narrow_last_n=False)
+    assert not full.config.narrow_last_n and last_box_rows_b(full) == 192
+    assert full.label().endswith(" wide-last-n") and not narrow.label().endswith(" wide-last-n")
     assert render_source(full).code.startswith("#define DEEPGEMM_NARROW_LAST_N 0\n")
     assert compile_spec(full).resources.spill_stores == 0  # its static_assert: host and device agree on the box
 
@@ -233,7 +238,7 @@ def test_configs_covered(builds: dict[str, Build]) -> None:
     assert any(s.out_dtype == FP32 for s in specs)
     assert any(s.out_dtype == FP32 and c.cluster_m == 2 for s, c in zip(specs, configs))
     # Clusters were really planned (not only hand-built) when enabled.
-    assert any(builds[r[0]].spec.config.cluster_m == 2 for r in PLANNED if r[6] == "2")
+    assert any(builds[r[0]].spec.config.cluster_m == 2 for r in PLANNED if r[6])
 
 
 def test_static_assert_catches_smem_mismatch(builds: dict[str, Build]) -> None:

@@ -81,7 +81,7 @@ def test_empty_groups_and_numpy_ks() -> None:
 
 @pytest.mark.parametrize("m,n", [(7168, 4096), (4100, 2056), (100, 36), (129, 7)])
 def test_kernel_builds_for_sm90a_without_spills(m: int, n: int) -> None:
-    from deepgemm.kernels.kgrouped import KGroupedSpec, compile_spec, kgrouped_smem_bytes
+    from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec, compile_spec, kgrouped_smem_bytes
 
     spec = KGroupedSpec.for_shape(m, n)
     assert spec.block_n % 16 == 0 and spec.block_n >= min(n, 128)
@@ -94,7 +94,6 @@ def test_kernel_builds_for_sm90a_without_spills(m: int, n: int) -> None:
 def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The checks that guard the GPU kernel (alignment, TMA rows, 32-bit K) run before any launch."""
     import deepgemm.api.kgrouped as api
-    import deepgemm.kernels.kgrouped as kernels
 
     launches = []
 
@@ -103,7 +102,7 @@ def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -
             launches.append(args)
 
     monkeypatch.setattr(api, "backend_for", lambda *tensors: "sm90")
-    monkeypatch.setattr(kernels, "get_kgrouped_plan", lambda device, m, n: FakePlan())
+    monkeypatch.setattr(api, "get_kgrouped_plan", lambda device, m, n: FakePlan())
     monkeypatch.setattr(api._offsets, "get", lambda device, ks: torch.tensor([0, *ks]).cumsum(0).int())
     ks = [128, 256]
     a, b = _operands(16, 8, 384, 4)

@@ -10,11 +10,15 @@ import pytest
 import torch
 
 import deepgemm
-from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
-from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
-from deepgemm.configs.heuristics import (SMEM_CAPACITY, contiguous_tile, dense_wide_tile_share, fp8_gemm_smem_bytes, masked_tile,
-                                        ranked_candidates, split_tail_applies)
-from deepgemm.kernels.fp8_gemm import dense_last_box_rows
+from deepgemm.kernels.common.hopper import SMEM_CAPACITY
+from deepgemm.kernels.common.layout import mn_major_row_stride, tma_row_stride
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import (choose_fp8_gemm_config, clusters_allowed, dense_wide_tile_share, make_config,
+                                                            ranked_candidates)
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import contiguous_tile, masked_tile
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import split_tail_applies
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import fp8_gemm_smem_bytes
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import dense_last_box_rows
 
 # ---------------------------------------------------------------- layouts
 
@@ -165,11 +169,6 @@ NKS = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (
 SMS = [132, 114, 78]
 
 
-@pytest.fixture(autouse=True)
-def _no_cluster_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("DEEPGEMM_CLUSTER_M", raising=False)
-
-
 def check_config(c: GemmConfig, m: int, n: int, k: int, num_sms: int, out_bytes: int) -> None:
     where = f"m={m} n={n} k={k} sms={num_sms} out={out_bytes}: {c}"
     assert c.num_sms == num_sms, where
@@ -203,24 +202,25 @@ def check_config(c: GemmConfig, m: int, n: int, k: int, num_sms: int, out_bytes:
     assert c.num_threads == 128 * (1 + {64: 1, 128: 2, 192: 3, 256: 2}[c.block_m])
 
 
-@pytest.mark.parametrize("cluster_env", [None, "2"])
 @pytest.mark.parametrize("num_sms", SMS)
 @pytest.mark.parametrize("out_bytes", [2, 4])
-def test_config_grid(num_sms: int, out_bytes: int, cluster_env: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every invariant on the whole grid, with the default cluster policy and with clusters enabled."""
-    if cluster_env is not None:
-        monkeypatch.setenv("DEEPGEMM_CLUSTER_M", cluster_env)
+def test_config_grid(num_sms: int, out_bytes: int) -> None:
+    """Every invariant on the whole grid, for the model's picks and for their 2-CTA-cluster variants (a config the
+    tuner times) where the tile allows clusters."""
     for m, (n, k) in itertools.product(MS, NKS):
         c = choose_fp8_gemm_config(m, n, k, num_sms, out_bytes)
         check_config(c, m, n, k, num_sms, out_bytes)
+        if clusters_allowed(m, c.block_m, c.block_n, num_sms):
+            clustered = make_config(m, n, k, c.block_m, c.block_n, num_sms, out_bytes, cluster_m=2)
+            check_config(clustered, m, n, k, num_sms, out_bytes)
+            assert clustered.cluster_m == 2
 
 
-def test_config_odd_sm_count_never_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DEEPGEMM_CLUSTER_M", "2")
+def test_config_odd_sm_count_never_clusters() -> None:
     for m, (n, k) in itertools.product(MS, NKS):
         c = choose_fp8_gemm_config(m, n, k, 133)
         check_config(c, m, n, k, 133, 2)
-        assert c.cluster_m == 1
+        assert c.cluster_m == 1 and not clusters_allowed(m, c.block_m, c.block_n, 133)
 
 
 def test_config_small_m_uses_block_m_64() -> None:
@@ -338,19 +338,15 @@ def test_config_is_deterministic() -> None:
     assert first == second
 
 
-def test_config_covers_a_variety_of_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The grid exercises every block_m value the model picks (192 only on request), pipelining and (with clusters
-    enabled) cluster_m 2."""
+def test_config_covers_a_variety_of_tiles() -> None:
+    """The grid exercises every block_m value the model picks (192 only on request) and pipelining; the model never
+    picks 2-CTA clusters (measured slower; a config asks for them)."""
     grid = list(itertools.product(MS, NKS, SMS, (2, 4)))
     configs = {choose_fp8_gemm_config(m, n, k, s, o) for m, (n, k), s, o in grid}
     assert {c.block_m for c in configs} == {64, 128, 256}
     assert 192 in {choose_fp8_gemm_config(m, n, k, s, o, allow_block_m_192=True).block_m for m, (n, k), s, o in grid}
     assert {c.pipelined for c in configs} == {True, False}
-    monkeypatch.setenv("DEEPGEMM_CLUSTER_M", "2")
-    clustered = {choose_fp8_gemm_config(m, n, k, s, o) for m, (n, k), s, o in grid}
-    assert {c.cluster_m for c in clustered} == {1, 2}
-    monkeypatch.setenv("DEEPGEMM_CLUSTER_M", "1")
-    assert {choose_fp8_gemm_config(m, n, k, s, o).cluster_m for m, (n, k), s, o in grid} == {1}
+    assert {c.cluster_m for c in configs} == {1}
 
 
 @pytest.mark.parametrize(
@@ -392,7 +388,7 @@ def test_smem_grows_with_stages_and_k() -> None:
 
 
 def test_block_m_256_store_layout() -> None:
-    from deepgemm.configs.heuristics import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
 
     wide = make_config(4096, 7168, 16384, 256, 128, 132)
     assert not wide.chunked_store and wide.num_stages == 3
@@ -406,7 +402,8 @@ def test_block_m_256_store_layout() -> None:
 
 
 def test_make_config_takes_a_pipeline_depth_within_what_fits() -> None:
-    from deepgemm.configs.heuristics import make_config, max_stages
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import max_stages
 
     deepest = max_stages(128, 128, 7168, 2)
     assert make_config(4096, 2112, 7168, 128, 128, 132).num_stages == deepest
@@ -427,7 +424,7 @@ def test_make_config_takes_a_pipeline_depth_within_what_fits() -> None:
     (1, 132, 1),
 ])
 def test_balanced_grid_keeps_the_waves_and_evens_the_tiles(tiles: int, slots: int, grid: int) -> None:
-    from deepgemm.configs.heuristics import balanced_grid
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import balanced_grid
 
     assert balanced_grid(tiles, slots) == grid
     waves = -(-tiles // slots)
@@ -436,23 +433,37 @@ def test_balanced_grid_keeps_the_waves_and_evens_the_tiles(tiles: int, slots: in
 
 
 def test_balanced_grid_rejects_empty_input() -> None:
-    from deepgemm.configs.heuristics import balanced_grid
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import balanced_grid
 
     with pytest.raises(ValueError, match="positive"):
         balanced_grid(0, 132)
 
 
-def test_balanced_grid_applies_from_k_1024() -> None:
-    from deepgemm.configs.heuristics import balanced_grid_applies
+def test_balanced_grid_is_a_config_field_from_k_1024() -> None:
+    """Dense configs get a balanced grid from K = 1024 (measured 0.5-2.4% faster; 5% slower at K = 512); a config
+    may turn it off, and grouped configs never have it."""
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind, GemmProblem
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import balanced_grid_applies
 
     assert not balanced_grid_applies(512) and balanced_grid_applies(1024) and balanced_grid_applies(16384)
+    assert choose_fp8_gemm_config(4096, 4096, 7168, 132).balanced_grid
+    assert not choose_fp8_gemm_config(4096, 32768, 512, 132).balanced_grid
+    assert not make_config(4096, 4096, 7168, 128, 128, 132, balanced_grid=False).balanced_grid
+    grouped = choose_config(GemmProblem(8192, 4096, 7168, 132, kind=GemmKind.GROUPED_CONTIGUOUS, groups=4))
+    assert not grouped.balanced_grid
 
 
-def test_balanced_grid_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from deepgemm.configs.heuristics import balanced_grid_applies
+@pytest.mark.parametrize("name", ["DEEPGEMM_SPLIT_TAIL", "DEEPGEMM_NARROW_LAST_N", "DEEPGEMM_CLUSTER_M",
+                                  "DEEPGEMM_BALANCED_GRID"])
+def test_removed_switch_warns_and_changes_nothing(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A removed algorithm switch that is still set gets a warning naming the config field that replaces it; the
+    choice stays the cost model's."""
+    from deepgemm.utils import REMOVED_ENVIRONMENT, warn_removed_environment
 
-    monkeypatch.setenv("DEEPGEMM_BALANCED_GRID", "0")
-    assert not balanced_grid_applies(7168)
-    monkeypatch.setenv("DEEPGEMM_BALANCED_GRID", "off")
-    with pytest.raises(ValueError, match="DEEPGEMM_BALANCED_GRID"):
-        balanced_grid_applies(7168)
+    before = choose_fp8_gemm_config(4096, 2112, 7168, 132)
+    monkeypatch.setenv(name, "0" if name in ("DEEPGEMM_NARROW_LAST_N", "DEEPGEMM_BALANCED_GRID") else "2")
+    with pytest.warns(UserWarning, match=f"{name} is no longer read.*GemmConfig"):
+        warn_removed_environment()
+    assert REMOVED_ENVIRONMENT[name].startswith("GemmConfig.")
+    assert choose_fp8_gemm_config(4096, 2112, 7168, 132) == before

@@ -1,4 +1,4 @@
-"""The split-tail scratch bookkeeping (deepgemm/kernels/split_scratch.py), with CPU tensors standing in for
+"""The split-tail scratch bookkeeping (deepgemm/kernels/common/split_scratch.py), with CPU tensors standing in for
 device memory: per-stream reuse and growth, the per-device cap, and the arena slices of captured launches."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepgemm.kernels import split_scratch as module
+from deepgemm.kernels.common import split_scratch as module
 
 
 @pytest.fixture

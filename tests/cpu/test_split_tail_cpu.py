@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from deepgemm.configs.heuristics import make_config, model_split_tail
-from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec, plan_spec
+from deepgemm.api.gemm import planned_spec
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import model_split_tail
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import compile_spec, Fp8GemmSpec, render_source
 
 
 @pytest.mark.parametrize("m,n,k,block_m,block_n,out_dtype,mode", [
@@ -31,19 +35,19 @@ def test_tail_kernels_build_without_spills(m: int, n: int, k: int, block_m: int,
     assert (compiled.resources.spill_stores, compiled.resources.stack_frame) == (0, 0)
 
 
-def test_split_tail_is_opt_in_except_for_block_m_192(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("DEEPGEMM_SPLIT_TAIL", raising=False)
-    monkeypatch.delenv("DEEPGEMM_CLUSTER_M", raising=False)
-    plain = plan_spec(4096, 7168, 2048, torch.bfloat16, 132).config
+def test_split_tail_is_opt_in_except_for_block_m_192() -> None:
+    """The model builds plain tiles (block_m 192, on request, as the split-tail kernel); a split tail is a config
+    choice (the tuner's, or an experiment's), which the spec renders as the split kernel."""
+    plain = planned_spec(4096, 7168, 2048, torch.bfloat16, 132).config
     assert plain.block_m == 256 and not plain.split_tail and not plain.stream_tail
     assert model_split_tail(768, 3072, 7168, 192, 128, 132)  # block_m 192 (on request) builds as the split-tail kernel
-    monkeypatch.setenv("DEEPGEMM_SPLIT_TAIL", "1")
-    forced = plan_spec(4096, 7168, 16384, torch.bfloat16, 132).config
+    forced = dataclasses.replace(planned_spec(4096, 7168, 16384, torch.bfloat16, 132).config, split_tail=True)
     assert forced.split_tail and not forced.stream_tail
+    assert "TailMode::kSplit" in render_source(Fp8GemmSpec(7168, 16384, torch.bfloat16, forced)).code
 
 
 def test_block_m_192_split_tail_only_with_long_ranges() -> None:
-    from deepgemm.configs.heuristics import split_tail_for, split_tail_ranges
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import split_tail_for, split_tail_ranges
 
     assert split_tail_ranges(544, 132, 56) == 8 and split_tail_ranges(374, 132, 56) == 1
     assert split_tail_ranges(176, 132, 12) == 3 and split_tail_ranges(132, 132, 56) == 1
@@ -76,7 +80,7 @@ def stream_schedule(tiles: int, grid: int, k_blocks: int, split: int) -> list[li
     (199, 100, 3, None),
 ])
 def test_stream_tail_schedule_balances_heads_against_ends(tiles: int, grid: int, k_blocks: int, split: int | None) -> None:
-    from deepgemm.configs.heuristics import STREAM_TAIL_WRITE_BLOCKS, stream_tail_pieces, stream_tail_split
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import STREAM_TAIL_WRITE_BLOCKS, stream_tail_pieces, stream_tail_split
 
     assert stream_tail_split(tiles, grid, k_blocks) == split
     if split is None:
@@ -93,9 +97,10 @@ def test_stream_tail_schedule_balances_heads_against_ends(tiles: int, grid: int,
 
 
 def test_stream_tail_is_the_tuners_choice_not_the_models(tmp_path) -> None:  # noqa: ANN001
-    from deepgemm.configs.heuristics import choose_fp8_gemm_config, stream_tail_applies, stream_tail_pieces
-    from deepgemm.configs.tuner import candidate_configs
-    from deepgemm.configs.tuning_db import TuningDB
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import stream_tail_applies, stream_tail_pieces
+    from deepgemm.tuning.tuner import candidate_configs
+    from deepgemm.tuning.db import TuningDB
 
     assert stream_tail_pieces(3072, 132, 12) == 1  # a tail of 36 tiles: at most half the grid
     assert stream_tail_pieces(528, 132, 56) == 1  # whole waves

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from deepgemm.configs.heuristics import (choose_fp8_gemm_config, fp8_gemm_smem_bytes, make_config, max_stages,
-                                        model_split_tail, split_tail_applies)
-from deepgemm.configs.tuning_db import TuningDB, entry_key, gpu_slug, m_bucket, tuning_db
-from deepgemm.kernels.fp8_gemm import plan_spec
+from deepgemm.api.gemm import planned_spec
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config, make_config
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import model_split_tail, split_tail_applies
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import fp8_gemm_smem_bytes, max_stages
+from deepgemm.tuning.db import entry_key, gpu_slug, m_bucket, tuning_db, TuningDB
 
 
 def test_m_bucket_rounds_up_to_powers_of_two() -> None:
@@ -60,7 +61,7 @@ def test_invalid_entries_are_ignored(tmp_path: Path, entry: dict) -> None:
 
 
 def test_block_m_192_entries_and_tuner_candidates_follow_the_model(tmp_path: Path) -> None:
-    from deepgemm.configs.tuner import candidate_configs
+    from deepgemm.tuning.tuner import candidate_configs
 
     path = tmp_path / "t.json"
     TuningDB(path).record(4096, 2112, 7168, 132, make_config(4096, 2112, 7168, 192, 128, 132, 2), 110.0)
@@ -77,7 +78,7 @@ def test_block_m_192_entries_and_tuner_candidates_follow_the_model(tmp_path: Pat
 
 
 def test_split_tail_choices_round_trip_and_the_tuner_times_split_k_at_decode_sizes(tmp_path: Path) -> None:
-    from deepgemm.configs.tuner import candidate_configs
+    from deepgemm.tuning.tuner import candidate_configs
 
     path = tmp_path / "t.json"
     split = make_config(64, 2112, 7168, 64, 32, 132, 2, cluster_m=1, split_tail=True)
@@ -130,9 +131,9 @@ def test_plan_spec_prefers_the_tuned_choice(tmp_path: Path, monkeypatch: pytest.
     tuned = make_config(4096, 2112, 7168, 128, 192, 132, cluster_m=2)
     assert model != tuned
     tuning_db("Fake GPU").record(4096, 2112, 7168, 132, tuned, 100.0)
-    assert plan_spec(4096, 2112, 7168, torch.bfloat16, 132, "Fake GPU").config == tuned
-    assert plan_spec(4096, 2112, 7168, torch.bfloat16, 132, "Other GPU").config == model
-    assert plan_spec(4096, 2112, 7168, torch.bfloat16, 132).config == model
+    assert planned_spec(4096, 2112, 7168, torch.bfloat16, 132, "Fake GPU").config == tuned
+    assert planned_spec(4096, 2112, 7168, torch.bfloat16, 132, "Other GPU").config == model
+    assert planned_spec(4096, 2112, 7168, torch.bfloat16, 132).config == model
     assert (tmp_path / "tuning" / "fake-gpu.json").is_file()
 
 
@@ -145,7 +146,7 @@ def test_cli_tune_without_gpu_says_so(tmp_path: Path) -> None:
 
 
 def test_shipped_choices_are_valid_and_rebuild() -> None:
-    files = sorted((Path(__file__).resolve().parents[2] / "deepgemm" / "configs" / "tuned").glob("*.json"))
+    files = sorted((Path(__file__).resolve().parents[2] / "deepgemm" / "tuning" / "tuned").glob("*.json"))
     assert files, "the package ships measured choices"
     for path in files:
         raw = json.loads(path.read_text())
@@ -165,19 +166,19 @@ def test_shipped_choices_are_valid_and_rebuild() -> None:
 def test_shipped_choice_backs_the_users_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path))
     model = choose_fp8_gemm_config(4096, 2112, 7168, 132)
-    shipped = plan_spec(4096, 2112, 7168, torch.bfloat16, 132, "NVIDIA H200").config
+    shipped = planned_spec(4096, 2112, 7168, torch.bfloat16, 132, "NVIDIA H200").config
     # Measured on the H200: 128 x 192 tiles (2.7 waves) run 105 us where the model's pick runs 116-123, and
     # 104.4 with the stream tail (the 88 tiles of the last wave cut at K block 39, ends on the 44 idle CTAs).
     assert (shipped.block_m, shipped.block_n, shipped.stream_tail) == (128, 192, True) and shipped != model
-    assert plan_spec(4096, 2112, 7168, torch.bfloat16, 114, "NVIDIA H200").config == choose_fp8_gemm_config(
+    assert planned_spec(4096, 2112, 7168, torch.bfloat16, 114, "NVIDIA H200").config == choose_fp8_gemm_config(
         4096, 2112, 7168, 114)  # another SM count: the model
     # Decode sizes of the same N and K: split-K (the model's 64 x 16 tiles ran 15.6 us; 64 x 32 split into two
     # K ranges 13.9, and for M in 65..128, 64 x 64 split in two 14.4 against 15.8, in CUDA graphs).
     for m, block_n in ((64, 32), (128, 64)):
-        decode = plan_spec(m, 2112, 7168, torch.bfloat16, 132, "NVIDIA H200").config
+        decode = planned_spec(m, 2112, 7168, torch.bfloat16, 132, "NVIDIA H200").config
         assert (decode.block_m, decode.block_n, decode.split_tail) == (64, block_n, True)
     # The user's own measurement wins over the shipped one, and is written to the user's file only.
     own = make_config(4096, 2112, 7168, 128, 128, 132)
     tuning_db("NVIDIA H200").record(4096, 2112, 7168, 132, own, 90.0)
-    assert plan_spec(4096, 2112, 7168, torch.bfloat16, 132, "NVIDIA H200").config == own
+    assert planned_spec(4096, 2112, 7168, torch.bfloat16, 132, "NVIDIA H200").config == own
     assert (tmp_path / "tuning" / "nvidia-h200.json").is_file()

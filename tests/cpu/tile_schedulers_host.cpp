@@ -395,7 +395,7 @@ void check_stream_tail(u32 m, u32 grid, u32 expected_split) {
     }
 }
 
-// The host model's cut (deepgemm/configs/heuristics.py stream_tail_split), 0 where nothing splits.
+// The host model's cut (kernels/sm90_fp8_gemm_1d2d/schedule.py stream_tail_split), 0 where nothing splits.
 u32 model_stream_split(u32 tiles, u32 grid, u32 k_blocks) {
     const u32 tail = tiles % grid;
     if (tail * 2 <= grid) {

@@ -54,7 +54,7 @@ def test_cublas_blockwise_refuses_m1_as_not_applicable() -> None:
 def test_bench_gpu_samples_and_spread() -> None:
     import torch
 
-    from deepgemm.bench.timing import bench_gpu
+    from deepgemm.tuning.timing import bench_gpu
 
     x = torch.randn(4096, 4096, device="cuda")
     timing = bench_gpu(lambda: x.mul_(1.0), iters=30, warmup=2)
@@ -67,7 +67,7 @@ def test_interleaved_timing_takes_one_sample_of_each_per_round() -> None:
     its own samples. Eager launches (no graph) so the Python calls show the order."""
     import torch
 
-    from deepgemm.bench.timing import bench_gpu_interleaved
+    from deepgemm.tuning.timing import bench_gpu_interleaved
 
     sources = [torch.randn(1 << 20, device="cuda") for _ in range(3)]
     outs = [torch.empty_like(x) for x in sources]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 
@@ -55,8 +57,8 @@ def test_odd_shapes(m: int, n: int, k: int) -> None:
 @pytest.mark.parametrize("m,n,k,block_m,block_n", [(300, 2112, 7168, 128, 128), (129, 4096, 7296, 64, 192), (4097, 136, 144, 128, 64)])
 def test_cluster_multicast_configs(m: int, n: int, k: int, block_m: int, block_n: int) -> None:
     """The opt-in 2-CTA B-multicast path (odd M-block counts leave a CTA with no rows)."""
-    from deepgemm.configs.heuristics import make_config
-    from deepgemm.kernels.fp8_gemm import get_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 
     config = make_config(m, n, k, block_m, block_n, torch.cuda.get_device_properties(0).multi_processor_count, cluster_m=2)
     plan = get_plan(0, m, n, k, torch.bfloat16, config)
@@ -96,8 +98,8 @@ BLOCK_M_256 = [
 @pytest.mark.parametrize("m,n,k,block_n,cluster_m,out_dtype,chunked,sms", BLOCK_M_256, ids=lambda v: str(v))
 def test_block_m_256_configs(m: int, n: int, k: int, block_n: int, cluster_m: int, out_dtype: torch.dtype,
                              chunked: bool | None, sms: int | None) -> None:
-    from deepgemm.configs.heuristics import make_config
-    from deepgemm.kernels.fp8_gemm import get_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 
     out_bytes = 4 if out_dtype == torch.float32 else 2
     sms = sms or torch.cuda.get_device_properties(0).multi_processor_count
@@ -132,8 +134,8 @@ STRADDLING = [
 
 @pytest.mark.parametrize("m,n,k,block_m,block_n,out_dtype", STRADDLING, ids=lambda v: str(v))
 def test_straddling_block_n(m: int, n: int, k: int, block_m: int, block_n: int, out_dtype: torch.dtype) -> None:
-    from deepgemm.configs.heuristics import make_config
-    from deepgemm.kernels.fp8_gemm import get_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 
     out_bytes = 4 if out_dtype == torch.float32 else 2
     config = make_config(m, n, k, block_m, block_n, torch.cuda.get_device_properties(0).multi_processor_count, out_bytes)
@@ -154,8 +156,8 @@ BLOCK_M_192 = [
 
 @pytest.mark.parametrize("m,n,k,block_n,out_dtype", BLOCK_M_192, ids=lambda v: str(v))
 def test_block_m_192_configs(m: int, n: int, k: int, block_n: int, out_dtype: torch.dtype) -> None:
-    from deepgemm.configs.heuristics import make_config
-    from deepgemm.kernels.fp8_gemm import get_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 
     out_bytes = 4 if out_dtype == torch.float32 else 2
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -174,8 +176,8 @@ def test_cluster_plan_before_any_cuda_work() -> None:
 
     code = (
         "import torch\n"
-        "from deepgemm.configs.heuristics import make_config\n"
-        "from deepgemm.kernels.fp8_gemm import get_plan\n"
+        "from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config\n"
+        "from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan\n"
         "sms = torch.cuda.get_device_properties(0).multi_processor_count\n"
         "plan = get_plan(0, 4096, 4096, 7168, torch.bfloat16, make_config(4096, 4096, 7168, 128, 128, sms, cluster_m=2))\n"
         "assert plan.grid % 2 == 0 and 2 <= plan.grid <= sms, plan.grid\n"
@@ -257,22 +259,19 @@ def test_capturing_a_cold_shape_raises() -> None:
             deepgemm.fp8_gemm_nt(a, b)
 
 
-def test_balanced_grid_gives_every_cta_the_same_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_balanced_grid_gives_every_cta_the_same_tiles() -> None:
     """Dense plans with K >= 1024 launch the fewest CTAs that keep the wave count (512 tiles of 256 x 128 on
-    132 SMs: 128 CTAs of four); DEEPGEMM_BALANCED_GRID=0 keeps one CTA per SM. Both compute the same."""
-    from deepgemm.configs.heuristics import make_config
-    from deepgemm.kernels.fp8_gemm import get_plan
+    132 SMs: 128 CTAs of four); a config with balanced_grid=False keeps one CTA per SM. Both compute the same."""
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 
     m, n, k = 4096, 4096, 1024
     a, b = random_operands(m, n, k, "cuda")
     outs = []
-    for balanced, sms, grid in ((None, 132, 128), ("0", 132, 132), (None, 100, 86)):
-        if balanced is None:
-            monkeypatch.delenv("DEEPGEMM_BALANCED_GRID", raising=False)
-        else:
-            monkeypatch.setenv("DEEPGEMM_BALANCED_GRID", balanced)
-        # A config per case (num_sms differs, or a fresh stages value) so the plan cache gives a new plan.
-        config = make_config(m, n, k, 256, 128, sms, num_stages=3 if balanced is None else 2, cluster_m=1)
+    for balanced, sms, grid in ((True, 132, 128), (False, 132, 132), (True, 100, 86)):
+        config = make_config(m, n, k, 256, 128, sms, cluster_m=1)
+        assert config.balanced_grid  # the default from K = 1024
+        config = dataclasses.replace(config, balanced_grid=balanced)
         plan = get_plan(0, m, n, k, torch.bfloat16, config)
         assert plan.grid == grid
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")

@@ -78,7 +78,8 @@ def test_contiguous_random_experts_with_padding_segment() -> None:
 
 
 def planned_tile(m_total: int, groups: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
-    from deepgemm.kernels.fp8_gemm import Geometry, GemmKind, get_grouped_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Geometry, get_grouped_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 
     plan = get_grouped_plan(0, GemmKind.GROUPED_CONTIGUOUS, Geometry(rows=m_total, groups=groups), n, k, out_dtype, m_total)
     return plan.spec.config.block_m, plan.spec.config.block_n
@@ -92,11 +93,11 @@ def planned_block_m(m_total: int, groups: int, n: int, k: int) -> int:
 def block_m_256(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     """Contiguous plans built with 256 x 128 tiles (the layout's own choice is 128 x 192 wherever those are faster),
     so the half-tile path runs; grouped plans built before or with it are dropped."""
-    import deepgemm.kernels.fp8_gemm as fp8_gemm
+    import deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics as heuristics
     from deepgemm.api.grouped import clear_grouped_plans
 
     clear_grouped_plans()
-    monkeypatch.setattr(fp8_gemm, "contiguous_tile", lambda *args: (256, 128))
+    monkeypatch.setattr(heuristics, "contiguous_tile", lambda *args: (256, 128))
     yield
     clear_grouped_plans()
 
@@ -175,9 +176,9 @@ def test_contiguous_block_m_256_on_few_sms(monkeypatch: pytest.MonkeyPatch) -> N
     """With fewer CTAs than N-blocks one CTA visits an M-block once per N-block; the psum cursor must still
     find the block's first half (a look-ahead that moved it past there zeroed those rows). The layout also
     ends in a block with one half."""
-    import deepgemm.kernels.fp8_gemm as fp8_gemm
+    import deepgemm.kernels.sm90_fp8_gemm_1d2d.plan as plan_module
 
-    monkeypatch.setattr(fp8_gemm, "sm_count", lambda device_index: 16)
+    monkeypatch.setattr(plan_module, "sm_count", lambda device_index: 16)
     counts, n, k = [1000, 1100, 0, 2300, 129, 3000], 4096, 1152  # a (n, k) no other test plans
     m_indices = contiguous_layout(counts, extra_padding_segments=2)
     assert m_indices.numel() % 256 == 128
@@ -303,7 +304,8 @@ def test_masked_graph_replay_with_new_counts() -> None:
 def test_masked_block_m_256_tails() -> None:
     """Large masked groups with long K run 256-row tiles; a group's last tile computes (and stores) only the
     64-row pieces that start below masked_m, like 128-row tiles do."""
-    from deepgemm.kernels.fp8_gemm import Geometry, GemmKind, get_grouped_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Geometry, get_grouped_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 
     groups, max_m, n, k = 4, 1024, 2048, 7168
     geometry = Geometry(rows=groups * max_m, groups=groups, max_m=max_m, tiles_known=False)
@@ -325,8 +327,9 @@ def test_masked_block_m_256_tails() -> None:
 def test_masked_loads_only_the_a_rows_a_tile_needs(block_m: int, expected_m: int, counts: list[int]) -> None:
     """Masked tiles load A in 16-row (block_m 64) or 64-row boxes, as many as their valid rows need: counts
     on and around the box edges, including FP32 output (block_m 256 then stores in chunks)."""
-    from deepgemm.configs.heuristics import masked_config_m
-    from deepgemm.kernels.fp8_gemm import Geometry, GemmKind, get_grouped_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import masked_config_m
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Geometry, get_grouped_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 
     groups, n = len(counts), 4096
     max_m, k, out_dtype = (1024, 7168, torch.float32) if block_m == 256 else (128, 7168, torch.bfloat16)

@@ -27,8 +27,8 @@ CASES = [
 
 
 def overlap_plan(m: int, n: int, k: int, block_m: int, block_n: int, sms: int):  # noqa: ANN201
-    from deepgemm.configs.heuristics import make_config
-    from deepgemm.kernels.fp8_gemm import get_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 
     config = make_config(m, n, k, block_m, block_n, sms, 2, cluster_m=1)
     assert not config.pipelined and not config.split_tail and not config.stream_tail and not config.chunked_store

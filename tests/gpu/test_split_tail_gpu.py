@@ -46,8 +46,8 @@ def finite_rows(m: int, block_m: int) -> int:
 
 def split_plan(m: int, n: int, k: int, block_m: int, block_n: int, sms: int, out_dtype: torch.dtype,
                stream: bool = False):  # noqa: ANN201
-    from deepgemm.configs.heuristics import make_config
-    from deepgemm.kernels.fp8_gemm import get_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 
     config = make_config(m, n, k, block_m, block_n, sms, 4 if out_dtype == torch.float32 else 2, cluster_m=1,
                          split_tail=not stream, stream_tail=stream)
@@ -124,8 +124,8 @@ def test_split_scratch_is_reused_per_stream_and_fresh_under_capture() -> None:
     for a bigger plan; plans of both tail kinds take turns on it. Captured launches take zeroed counters of
     their own from the arena (no memset node), or, with the arena spent, zero fresh ones in the graph."""
     from deepgemm.jit.runtime import current_raw_stream
-    from deepgemm.kernels import split_scratch as scratch_module
-    from deepgemm.kernels.split_scratch import split_scratch
+    from deepgemm.kernels.common import split_scratch as scratch_module
+    from deepgemm.kernels.common.split_scratch import split_scratch
 
     split_scratch.clear()
     small = split_plan(129, 7168, 2048, 64, 112, 60, torch.bfloat16)  # one math warpgroup

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import deepgemm
-from deepgemm.configs.tuner import tune_fp8_gemm_nt
-from deepgemm.configs.tuning_db import TuningDB
-from deepgemm.kernels.fp8_gemm import get_plan
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
+from deepgemm.tuning.db import TuningDB
+from deepgemm.tuning.tuner import tune_fp8_gemm_nt
 from tests.helpers import assert_close_to_reference, random_operands, reference_abs_fp64, reference_fp64
 
 pytestmark = pytest.mark.gpu

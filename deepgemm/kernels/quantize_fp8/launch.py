@@ -7,7 +7,7 @@ import torch
 from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import KernelSource
 from deepgemm.jit.runtime import current_raw_stream, launch_on_device
-from deepgemm.kernels.loader import load_kernel
+from deepgemm.kernels.common.loader import load_kernel
 from deepgemm.utils import align_up, ceil_div
 
 INPUT_KINDS = {

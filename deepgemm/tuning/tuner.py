@@ -13,11 +13,18 @@ from dataclasses import dataclass
 
 import torch
 
-from deepgemm.configs.config import GemmConfig
-from deepgemm.configs.heuristics import (clusters_allowed, make_config, model_split_tail, ranked_candidates, split_tail_applies,
-                                        stream_tail_applies)
-from deepgemm.configs.tuning_db import tuning_db
 from deepgemm.errors import UnsupportedError
+from deepgemm.jit.runtime import refuse_during_capture
+from deepgemm.kernels.common.device import is_sm90, sm_count
+from deepgemm.kernels.common.hopper import elem_bytes
+from deepgemm.kernels.quantize_fp8.launch import quantize_per_block_cuda, quantize_per_token_group_cuda
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import clusters_allowed, make_config, ranked_candidates
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import model_split_tail, split_tail_applies, stream_tail_applies
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, compile_spec
+from deepgemm.tuning.db import tuning_db
+from deepgemm.tuning.timing import bench_gpu
 
 
 @dataclass(frozen=True)
@@ -45,18 +52,12 @@ def candidate_configs(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int,
 def tune_fp8_gemm_nt(m: int, n: int, k: int, *, out_dtype: torch.dtype = torch.bfloat16, device: int | None = None,
                      top: int = 6, iters: int = 20) -> TuneResult:
     """Measure the candidates for (m, n, k) on an sm_90 GPU and record the fastest."""
-    import deepgemm
-    from deepgemm.bench.timing import bench_gpu
-    from deepgemm.jit.runtime import refuse_during_capture
-    from deepgemm.kernels.device import sm_count
-    from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec, get_plan
-
     index = torch.cuda.current_device() if device is None else device
-    if not deepgemm.supported(index):
+    if not torch.cuda.is_available() or not is_sm90(index):
         raise UnsupportedError("tuning needs an sm_90 (Hopper) GPU")
     refuse_during_capture(f"tuning fp8_gemm_nt m={m} n={n} k={k}")
     num_sms = sm_count(index)
-    out_elem_bytes = 4 if out_dtype == torch.float32 else 2
+    out_elem_bytes = elem_bytes(out_dtype)
     configs = candidate_configs(m, n, k, num_sms, out_elem_bytes, top)
     with ThreadPoolExecutor(max_workers=min(8, len(configs))) as pool:
         list(pool.map(lambda c: compile_spec(Fp8GemmSpec(n, k, out_dtype, c)), configs))
@@ -64,8 +65,8 @@ def tune_fp8_gemm_nt(m: int, n: int, k: int, *, out_dtype: torch.dtype = torch.b
         gen = torch.Generator(device="cpu").manual_seed(0)
         x = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
         w = torch.randn(n, k, generator=gen).to("cuda", torch.bfloat16)
-        a = deepgemm.quantize_per_token_group(x)
-        b = deepgemm.quantize_per_block(w)
+        a = quantize_per_token_group_cuda(x, 128)
+        b = quantize_per_block_cuda(w, 128)
         out = torch.empty(m, n, dtype=out_dtype, device="cuda")
         timings = []
         for config in configs:

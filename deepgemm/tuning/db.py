@@ -7,7 +7,7 @@ that won; the full config (stages, shared memory, pipelining) is rebuilt by the 
 so a stale or hand-edited entry can never produce an inconsistent kernel. Unreadable files or entries
 are ignored. Writes are read-modify-write under a file lock, published by atomic rename.
 
-Behind the user's file, the package ships measured choices (``deepgemm/configs/tuned/<gpu>.json``, same
+Behind the user's file, the package ships measured choices (``deepgemm/tuning/tuned/<gpu>.json``, same
 format, read-only) for shapes where the cost model is known to pick a slower tile; the user's own
 entries (``deepgemm tune``, ``DEEPGEMM_AUTOTUNE=1``) take precedence.
 """
@@ -23,9 +23,12 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepgemm.configs.config import GemmConfig
-from deepgemm.configs.heuristics import (candidate_tiles, clusters_allowed, make_config, max_stages, model_split_tail,
-                                        split_tail_applies, stream_tail_applies)
+from deepgemm.jit.compiler import default_cache_dir
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import candidate_tiles, clusters_allowed, make_config
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind, GemmProblem
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import model_split_tail, split_tail_applies, stream_tail_applies
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import max_stages
 
 FORMAT = "deepgemm-tuning"
 VERSION = 1
@@ -42,8 +45,6 @@ def gpu_slug(gpu_name: str) -> str:
 
 
 def default_tuning_path(gpu_name: str) -> Path:
-    from deepgemm.jit.compiler import default_cache_dir
-
     return default_cache_dir() / "tuning" / f"{gpu_slug(gpu_name)}.json"
 
 
@@ -99,6 +100,12 @@ class TuningDB:
                 if self._entries is None:
                     self._entries = self._read()
         return self._entries
+
+    def lookup_problem(self, problem: GemmProblem) -> GemmConfig | None:
+        """The tuned config for a dense problem (grouped layouts have no tuned entries), or None."""
+        if problem.kind != GemmKind.DENSE:
+            return None
+        return self.lookup(problem.m, problem.n, problem.k, problem.num_sms, problem.out_elem_bytes)
 
     def lookup(self, m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2) -> GemmConfig | None:
         """The tuned config for this shape's bucket, rebuilt and re-checked (else the fallback's), or None."""

@@ -1,88 +1,19 @@
-"""K-grouped FP8 GEMM with 1D1D scaling (MoE expert weight gradient): instantiation, compile, launch."""
+"""Launch plans of the k-grouped FP8 GEMM (1D1D): kernel, persistent grid, packed arguments per pointer set."""
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
 import torch
 
-from deepgemm.api.layout import mn_major_row_stride, tma_row_stride
-from deepgemm.configs.heuristics import SMEM_CAPACITY
 from deepgemm.jit.args import U32, U64, PackedArgs
-from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
 from deepgemm.jit.tma import encode_2d
-from deepgemm.kernels.device import sm_count
-from deepgemm.kernels.loader import load_kernel
-from deepgemm.utils import align_up, ceil_div
-
-BLOCK_M = 128
-BLOCK_K = 128
-THREADS = 384
-
-
-def kgrouped_block_n(n: int) -> int:
-    """128 columns per tile, or N rounded up to 16 when N is narrower."""
-    return min(128, align_up(max(n, 1), 16))
-
-
-def kgrouped_smem_bytes(block_n: int, stages: int) -> int:
-    """Mirrors Sm90Fp8GemmKGrouped1D1D::kSmemBytes."""
-    stage = BLOCK_M * BLOCK_K + block_n * BLOCK_K + BLOCK_M * 4 + align_up(block_n * 4, 128)
-    return stages * stage + 2 * stages * 8
-
-
-def kgrouped_stages(block_n: int) -> int:
-    stages = 2
-    while stages < 16 and kgrouped_smem_bytes(block_n, stages + 1) <= SMEM_CAPACITY:
-        stages += 1
-    return stages
-
-
-@dataclass(frozen=True)
-class KGroupedSpec:
-    """One instantiation: M and N are compiled in; groups and their K extents stay run-time values."""
-
-    m: int
-    n: int
-    block_n: int
-    num_stages: int
-
-    @classmethod
-    def for_shape(cls, m: int, n: int) -> KGroupedSpec:
-        block_n = kgrouped_block_n(n)
-        return cls(m, n, block_n, kgrouped_stages(block_n))
-
-    @property
-    def smem_bytes(self) -> int:
-        return kgrouped_smem_bytes(self.block_n, self.num_stages)
-
-    def label(self) -> str:
-        return f"k_grouped_fp8_gemm_tn m={self.m} n={self.n} bm{BLOCK_M} bn{self.block_n} st{self.num_stages}"
-
-
-def render_source(spec: KGroupedSpec) -> KernelSource:
-    code = f"""\
-#include <deepgemm/kernels/sm90_fp8_gemm_kgrouped_1d1d.cuh>
-
-using Kernel = deepgemm::Sm90Fp8GemmKGrouped1D1D<{spec.m}u, {spec.n}u, {spec.block_n}u, {spec.num_stages}u>;
-static_assert(Kernel::kSmemBytes == {spec.smem_bytes}u, "host and device disagree on the shared-memory size");
-
-extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
-deepgemm_fp8_gemm_kgrouped_1d1d(const __grid_constant__ deepgemm::TmaDescriptor tma_a,
-                                const __grid_constant__ deepgemm::TmaDescriptor tma_b,
-                                const __grid_constant__ deepgemm::TmaDescriptor tma_sfa,
-                                const __grid_constant__ deepgemm::TmaDescriptor tma_sfb,
-                                const int* k_offsets, deepgemm::u32 num_groups, float* d, const float* c) {{
-    Kernel::run(&tma_a, &tma_b, &tma_sfa, &tma_sfb, deepgemm::KGroupedProblem{{k_offsets, num_groups, d, c}});
-}}
-"""
-    return KernelSource(code=code, entry="deepgemm_fp8_gemm_kgrouped_1d1d", label=spec.label())
-
-
-def compile_spec(spec: KGroupedSpec) -> CompiledKernel:
-    return compile_kernel(render_source(spec))
+from deepgemm.kernels.common.device import sm_count
+from deepgemm.kernels.common.layout import mn_major_row_stride, tma_row_stride
+from deepgemm.kernels.common.loader import load_kernel
+from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import BLOCK_K, BLOCK_M, THREADS, KGroupedSpec, render_source
+from deepgemm.utils import ceil_div
 
 
 class KGroupedPlan:

@@ -1,144 +1,28 @@
-"""FP8 GEMM with 1x128 (A) and 128x128 (B) scales: instantiation, compile, and launch plans."""
+"""Launch plans of the FP8 1D2D GEMM: a loaded kernel, its grid, and packed arguments per pointer set."""
 
 from __future__ import annotations
 
-import enum
 import os
 import sys
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
-from deepgemm.api.layout import masked_sfa_strides, mn_major_row_stride, tma_row_stride
-from deepgemm.configs import GemmConfig, choose_fp8_gemm_config
-from deepgemm.configs.heuristics import (balanced_grid, balanced_grid_applies, contiguous_tile,
-                                        make_config, masked_tile, max_block_n_for, spans_at_most_two_scale_blocks,
-                                        split_tail_ranges, stream_tail_pieces)
 from deepgemm.jit.args import U32, U64, PackedArgs
-from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device, stream_capturing
 from deepgemm.jit.tma import encode_2d, encode_3d
-from deepgemm.kernels.device import device_name, sm_count
-from deepgemm.kernels.loader import load_kernel
-from deepgemm.kernels.split_scratch import split_scratch
-from deepgemm.utils import align_up, ceil_div
-
-OUT_DTYPES = (torch.bfloat16, torch.float32)
-
-
-class GemmKind(enum.IntEnum):
-    """Mirrors deepgemm::GemmKind in sm90_fp8_gemm_1d2d.cuh."""
-
-    DENSE = 0
-    GROUPED_CONTIGUOUS = 1
-    GROUPED_MASKED = 2
-    GROUPED_CONTIGUOUS_PSUM = 3
-
-
-def narrow_last_block_enabled() -> bool:
-    """DEEPGEMM_NARROW_LAST_N=0 compiles full-width last N-blocks (an A/B switch, read once per spec: a plan's kernel
-    and the descriptors packed for it always agree)."""
-    return os.environ.get("DEEPGEMM_NARROW_LAST_N", "1") != "0"
-
-
-@dataclass(frozen=True)
-class Fp8GemmSpec:
-    """Everything that is compiled into one instantiation (M and the group counts stay run-time arguments)."""
-
-    n: int
-    k: int
-    out_dtype: torch.dtype
-    config: GemmConfig
-    kind: GemmKind = GemmKind.DENSE
-    # A partial last N-block runs narrower MMAs from its own B box (DEEPGEMM_NARROW_LAST_N when the spec is made).
-    narrow_last_n: bool = field(default_factory=narrow_last_block_enabled)
-
-    @property
-    def out_elem_bytes(self) -> int:
-        return 4 if self.out_dtype == torch.float32 else 2
-
-    def label(self) -> str:
-        out = "fp32" if self.out_dtype == torch.float32 else "bf16"
-        name = {GemmKind.DENSE: "fp8_gemm_nt", GemmKind.GROUPED_CONTIGUOUS: "m_grouped_fp8_gemm_nt_contiguous",
-                GemmKind.GROUPED_MASKED: "m_grouped_fp8_gemm_nt_masked",
-                GemmKind.GROUPED_CONTIGUOUS_PSUM: "m_grouped_fp8_gemm_nt_contiguous_psum"}[self.kind]
-        return f"{name} n={self.n} k={self.k} out={out} {self.config.label()}" + ("" if self.narrow_last_n else " wide-last-n")
-
-
-def plan_spec(m: int, n: int, k: int, out_dtype: torch.dtype, num_sms: int, gpu_name: str | None = None) -> Fp8GemmSpec:
-    """The instantiation for a shape: a tuned choice for this GPU model if one is recorded, else the cost model."""
-    out_elem_bytes = 4 if out_dtype == torch.float32 else 2
-    config = None
-    if gpu_name is not None:
-        from deepgemm.configs.tuning_db import tuning_db
-
-        config = tuning_db(gpu_name).lookup(m, n, k, num_sms, out_elem_bytes)
-    if config is None:
-        config = choose_fp8_gemm_config(m, n, k, num_sms, out_elem_bytes)
-    if os.environ.get("DEEPGEMM_SPLIT_TAIL") == "1" and config.cluster_m == 1:
-        config = replace(config, split_tail=True, stream_tail=False)  # experimental opt-in, see docs/perf-notes.md
-    return Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
-
-
-def a_box_rows(kind: GemmKind, block_m: int) -> int:
-    """Rows per TMA box of A; mirrors kLoadRowsA: masked tiles load only the boxes their valid rows need."""
-    if kind == GemmKind.GROUPED_MASKED:
-        return 16 if block_m == 64 else 64
-    return block_m
-
-
-def dense_last_box_rows(block_m: int, rows: int) -> int:
-    """Rows per TMA box of A and sfa for the last M-block of a dense GEMM of `rows` rows; mirrors
-    dense_last_box_rows in the kernel: the block's rows rounded up to 8 (block_m when M fills it)."""
-    rows = max(rows, 1)
-    return align_up(rows - (ceil_div(rows, block_m) - 1) * block_m, 8)
-
-
-def last_box_rows_b(spec: Fp8GemmSpec) -> int:
-    """Rows per TMA box of B for the last N-block; mirrors kLastBoxRowsB: its columns rounded up to 8 when N leaves
-    that block partial (narrow last block), else block_n."""
-    block_n = spec.config.block_n
-    last = align_up(spec.n - (ceil_div(spec.n, block_n) - 1) * block_n, 8)
-    return last if spec.config.cluster_m == 1 and last < block_n and spec.narrow_last_n else block_n
-
-
-def render_source(spec: Fp8GemmSpec) -> KernelSource:
-    c = spec.config
-    fp32 = "true" if spec.out_dtype == torch.float32 else "false"
-    narrow = "" if spec.narrow_last_n else "#define DEEPGEMM_NARROW_LAST_N 0\n"
-    code = f"""\
-{narrow}#include <deepgemm/kernels/sm90_fp8_gemm_1d2d.cuh>
-
-using Kernel = deepgemm::Sm90Fp8Gemm1D2D<{spec.n}u, {spec.k}u, {c.block_m}u, {c.block_n}u, {c.num_stages}u, {c.group_m}u,
-                                         {c.cluster_m}u, {"true" if c.pipelined else "false"}, {fp32},
-                                         static_cast<deepgemm::GemmKind>({int(spec.kind)}), deepgemm::TailMode::{tail_mode(c)},
-                                         {"true" if c.chunked_store else "false"}>;
-static_assert(Kernel::kSmemBytes == {c.smem_bytes}u, "host and device disagree on the shared-memory size");
-static_assert(Kernel::kLoadRowsA == {a_box_rows(spec.kind, c.block_m)}u, "host and device disagree on A's TMA box rows");
-static_assert(Kernel::kLastBoxRowsB == {last_box_rows_b(spec)}u, "host and device disagree on B's last box");
-
-extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
-deepgemm_fp8_gemm_1d2d(const __grid_constant__ deepgemm::TmaDescriptor tma_a, const __grid_constant__ deepgemm::TmaDescriptor tma_b,
-                const __grid_constant__ deepgemm::TmaDescriptor tma_sfa, const __grid_constant__ deepgemm::TmaDescriptor tma_a_last,
-                const __grid_constant__ deepgemm::TmaDescriptor tma_sfa_last, const __grid_constant__ deepgemm::TmaDescriptor tma_b_last,
-                const __grid_constant__ deepgemm::OutputDescriptors tma_d,
-                const float* sfb, deepgemm::u32 m, const int* grouping, deepgemm::u32 num_groups, deepgemm::u32 max_m,
-                float* workspace, deepgemm::u32* counters) {{
-    Kernel::run(&tma_a, &tma_b, &tma_sfa, &tma_a_last, &tma_sfa_last, &tma_b_last, &tma_d, sfb, deepgemm::GemmProblem{{m, grouping, num_groups, max_m, workspace, counters}});
-}}
-"""
-    return KernelSource(code=code, entry="deepgemm_fp8_gemm_1d2d", label=spec.label())
-
-
-def tail_mode(config: GemmConfig) -> str:
-    """The kernel's TailMode for a config: whole tiles, an evenly split tail or a stream tail."""
-    return "kStream" if config.stream_tail else ("kSplit" if config.split_tail else "kWhole")
-
-
-def compile_spec(spec: Fp8GemmSpec) -> CompiledKernel:
-    """Compile (or fetch from the cache) without loading: works on machines without a GPU."""
-    return compile_kernel(render_source(spec))
+from deepgemm.kernels.common.device import sm_count
+from deepgemm.kernels.common.layout import masked_sfa_strides, mn_major_row_stride, tma_row_stride
+from deepgemm.kernels.common.loader import load_kernel
+from deepgemm.kernels.common.split_scratch import split_scratch
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_config
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind, GemmProblem
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import balanced_grid, split_tail_ranges, stream_tail_pieces
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import (Fp8GemmSpec, a_box_rows, dense_last_box_rows, last_box_rows_b,
+                                                      render_source)
+from deepgemm.utils import ceil_div
 
 
 @dataclass(frozen=True)
@@ -174,7 +58,7 @@ class Fp8GemmPlan:
             # (A split-tail grid keeps every SM: fewer tiles than SMs are then split along K.)
             cluster_tiles = ceil_div(ceil_div(geometry.rows, c.block_m), c.cluster_m) * ceil_div(spec.n, c.block_n)
             resident = min(resident, cluster_tiles)
-            if resident > 0 and spec.kind == GemmKind.DENSE and balanced_grid_applies(spec.k):
+            if resident > 0 and spec.kind == GemmKind.DENSE and c.balanced_grid:
                 resident = balanced_grid(cluster_tiles, resident)  # every CTA the same number of tiles
         self.grid = max(resident, 1) * c.cluster_m
         self.block = c.num_threads
@@ -315,70 +199,53 @@ class Fp8GemmPlan:
         self.launch_packed(self.packed_args(a, sfa, b, sfb, d, grouping))
 
 
-_plans: dict[tuple[int, int, int, int, torch.dtype, GemmConfig | None], Fp8GemmPlan] = {}
+_plans: dict[tuple, Fp8GemmPlan] = {}
+_grouped_plans: dict[tuple, Fp8GemmPlan] = {}
 _plans_lock = threading.Lock()
-_PLANS_CAPACITY = 512  # plans are cheap to rebuild (compiled kernels stay loaded): bound host memory
+_PLANS_CAPACITY = 512  # per table; plans are cheap to rebuild (compiled kernels stay loaded): bound host memory
 
 
 def get_plan(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype,
              config: GemmConfig | None = None) -> Fp8GemmPlan:
-    """The plan for a shape; `config` overrides the heuristic's choice (used by the tuner)."""
+    """The plan for a dense shape: `config` (a tuned or experimental choice) or the heuristic's."""
     key = (device_index, m, n, k, out_dtype, config)
     plan = _plans.get(key)
     if plan is not None:
         return plan
     if config is None:
-        if os.environ.get("DEEPGEMM_AUTOTUNE") == "1":
-            _autotune_if_missing(device_index, m, n, k, out_dtype)
-        spec = plan_spec(m, n, k, out_dtype, sm_count(device_index), device_name(device_index))
-    else:
-        spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
-    if os.environ.get("DEEPGEMM_PRINT_CONFIGS"):
-        print(f"deepgemm: m={m} {spec.label()}", file=sys.stderr)
-    kernel = load_kernel(render_source(spec), spec.config.smem_bytes)
-    with _plans_lock, torch.cuda.device(device_index):  # occupancy queries use the current context
-        if len(_plans) >= _PLANS_CAPACITY:
-            _plans.clear()
-        plan = _plans.setdefault(key, Fp8GemmPlan(device_index, Geometry(rows=m), spec, kernel))
-    return plan
-
-
-def _autotune_if_missing(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype) -> None:
-    """DEEPGEMM_AUTOTUNE=1: measure this shape's M bucket once (then it is read from the tuning file)."""
-    from deepgemm.configs.tuner import tune_fp8_gemm_nt
-    from deepgemm.configs.tuning_db import tuning_db
-
-    out_elem_bytes = 4 if out_dtype == torch.float32 else 2
-    if tuning_db(device_name(device_index)).lookup(m, n, k, sm_count(device_index), out_elem_bytes) is None:
-        tune_fp8_gemm_nt(m, n, k, out_dtype=out_dtype, device=device_index)
-
-
-_grouped_plans: dict[tuple, Fp8GemmPlan] = {}
+        config = choose_config(GemmProblem(m, n, k, sm_count(device_index), out_dtype))
+    spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
+    return _build(_plans, key, device_index, Geometry(rows=m), spec, f"m={m}")
 
 
 def get_grouped_plan(device_index: int, kind: GemmKind, geometry: Geometry, n: int, k: int, out_dtype: torch.dtype,
-                     work_m: int) -> Fp8GemmPlan:
-    """Plan for a grouped GEMM. `work_m` sizes the config: rows per group times groups for contiguous
-    (all of A), expected rows per group for masked (its tile count is then work_m/bm x groups x N-blocks)."""
-    key = (device_index, kind, geometry, n, k, out_dtype, work_m)
+                     config_m: int, config: GemmConfig | None = None) -> Fp8GemmPlan:
+    """Plan for a grouped GEMM. `config_m` sizes the heuristic's config: all rows of A for contiguous, the expected
+    rows per group for masked (its tile count is then about config_m/bm x groups x N-blocks)."""
+    key = (device_index, kind, geometry, n, k, out_dtype, config_m, config)
     plan = _grouped_plans.get(key)
     if plan is not None:
         return plan
-    sms = sm_count(device_index)
-    if kind == GemmKind.GROUPED_MASKED:
-        block_m, block_n = masked_tile(work_m, geometry.groups, n, k, sms, 4 if out_dtype == torch.float32 else 2)
-        config = make_config(max(work_m, 1), n, k, block_m, block_n, sms, 4 if out_dtype == torch.float32 else 2, cluster_m=1)
-    else:
-        block_m, block_n = contiguous_tile(work_m, geometry.groups, n, k, sms, 4 if out_dtype == torch.float32 else 2)
-        config = make_config(max(work_m, 1), n, k, block_m, block_n, sms, 4 if out_dtype == torch.float32 else 2, cluster_m=1)
+    if config is None:
+        problem = GemmProblem(config_m, n, k, sm_count(device_index), out_dtype, kind, geometry.groups, geometry.max_m)
+        config = choose_config(problem)
     spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config, kind=kind)
+    return _build(_grouped_plans, key, device_index, geometry, spec, str(geometry))
+
+
+def _build(table: dict[tuple, Fp8GemmPlan], key: tuple, device_index: int, geometry: Geometry, spec: Fp8GemmSpec,
+           what: str) -> Fp8GemmPlan:
     if os.environ.get("DEEPGEMM_PRINT_CONFIGS"):
-        print(f"deepgemm: {geometry} {spec.label()}", file=sys.stderr)
+        print(f"deepgemm: {what} {spec.label()}", file=sys.stderr)
     kernel = load_kernel(render_source(spec), spec.config.smem_bytes)
-    with _plans_lock, torch.cuda.device(device_index):
-        if len(_grouped_plans) >= _PLANS_CAPACITY:
-            _grouped_plans.clear()
-        plan = _grouped_plans.setdefault(key, Fp8GemmPlan(device_index, geometry, spec, kernel))
-    return plan
+    with _plans_lock, torch.cuda.device(device_index):  # occupancy queries use the current context
+        if len(table) >= _PLANS_CAPACITY:
+            table.clear()
+        return table.setdefault(key, Fp8GemmPlan(device_index, geometry, spec, kernel))
 
 
+def clear_plans() -> None:
+    """Forget every dense and grouped plan (tools that swap tile choices; loaded kernels stay loaded)."""
+    with _plans_lock:
+        _plans.clear()
+        _grouped_plans.clear()

@@ -1,0 +1,1 @@
+"""What every kernel family shares: device facts, kernel loading, split scratch, TMA layouts."""

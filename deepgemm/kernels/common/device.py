@@ -1,0 +1,41 @@
+"""Per-device facts the planners need, read once."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+DEFAULT_NUM_SMS = 132  # H200/H100 SXM; used when compiling without a GPU
+
+
+def _sm_cap() -> int | None:
+    override = os.environ.get("DEEPGEMM_NUM_SMS")
+    return max(1, int(override)) if override else None
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    """SMs the persistent kernels spread over (DEEPGEMM_NUM_SMS caps it, e.g. to leave SMs to NCCL)."""
+    available = torch.cuda.get_device_properties(device_index).multi_processor_count
+    cap = _sm_cap()
+    return available if cap is None else min(available, cap)
+
+
+def planning_sm_count() -> int:
+    """SMs to plan for: the current GPU's (capped), or an H100/H200's under the same cap without a GPU."""
+    if torch.cuda.is_available():
+        return sm_count(torch.cuda.current_device())
+    cap = _sm_cap()
+    return DEFAULT_NUM_SMS if cap is None else min(DEFAULT_NUM_SMS, cap)
+
+
+@functools.cache
+def device_name(device_index: int) -> str:
+    return torch.cuda.get_device_name(device_index)
+
+
+@functools.cache
+def is_sm90(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) == (9, 0)

@@ -1,0 +1,90 @@
+"""Grid and tail scheduling of the FP8 1D2D kernel, mirrored on the host: balanced grids, split and stream tails.
+
+The split and stream tail functions mirror SplitTailTileScheduler and StreamTailTileScheduler
+(scheduler/persistent_tiles.cuh): the host sizes workspaces and counts K ranges with them.
+"""
+
+from __future__ import annotations
+
+from deepgemm.utils import ceil_div
+
+# Dense GEMMs with at least this K get a balanced grid (balanced_grid): measured on the H200 0.5-2.4% faster
+# on six shapes with K of 1536-16384, 5% slower at K = 512 (4096 x 32768 x 512: 32 waves, 4 tiles in the last).
+BALANCED_GRID_MIN_K = 1024
+
+
+def balanced_grid_applies(k: int) -> bool:
+    """Whether make_config gives a dense GEMM with this K a balanced grid by default (GemmConfig.balanced_grid)."""
+    return k >= BALANCED_GRID_MIN_K
+
+
+def balanced_grid(tiles: int, slots: int) -> int:
+    """The fewest CTAs that run `tiles` in as many waves as `slots` CTAs would: every CTA then gets the same
+    number of tiles (512 tiles on 132 SMs: 128 CTAs of four, not 116 of four and 16 of three). The time in
+    waves is unchanged; the SMs left idle leave power to the busy ones (the M = 4096 kernels run at the
+    H200's power cap)."""
+    if tiles <= 0 or slots <= 0:
+        raise ValueError(f"balanced_grid needs positive tiles and slots, got {tiles}, {slots}")
+    return ceil_div(tiles, ceil_div(tiles, slots))
+
+
+def model_split_tail(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> bool:
+    """The split-tail choice for a tile without clusters (the cost model, the tuner and tuned entries agree)."""
+    return split_tail_for(block_m, ceil_div(m, block_m) * ceil_div(n, block_n), num_sms, ceil_div(k, 128))
+
+
+def split_tail_for(block_m: int, tiles: int, num_sms: int, k_blocks: int) -> bool:
+    """Whether the cost model builds a tile choice as the split-tail kernel (see choose_fp8_gemm_config)."""
+    ranges = split_tail_ranges(tiles, num_sms, k_blocks)
+    return block_m == 192 and (ranges == 1 or k_blocks >= MIN_K_BLOCKS_PER_SPLIT * ranges)
+
+
+def split_tail_applies(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> bool:
+    """Whether a split-tail build of this tile (without clusters) would split at this M, into K ranges of at
+    least MIN_K_BLOCKS_PER_SPLIT blocks (shorter ranges measured slower). At decode sizes, where the tiles fill
+    at most half of the SMs, that is split-K: the tuner times such builds next to the plain ones."""
+    k_blocks = ceil_div(k, 128)
+    ranges = split_tail_ranges(ceil_div(m, block_m) * ceil_div(n, block_n), num_sms, k_blocks)
+    return ranges > 1 and k_blocks >= MIN_K_BLOCKS_PER_SPLIT * ranges
+
+
+def stream_tail_applies(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> bool:
+    """Whether a stream-tail build of this tile (without clusters) would split anything at this M: at least
+    one full wave and a last wave of more than half of the grid, with a head shorter than K. The tuner
+    times such builds next to the plain ones; the cost model does not pick them."""
+    tiles = ceil_div(m, block_m) * ceil_div(n, block_n)
+    return tiles >= num_sms and stream_tail_split(tiles, num_sms, ceil_div(k, 128)) is not None
+
+
+STREAM_TAIL_WRITE_BLOCKS = 2  # mirrors StreamTailTileScheduler::kWriteBlocks
+
+
+def stream_tail_split(tiles: int, grid: int, k_blocks: int) -> int | None:
+    """The K block where a stream-tail launch cuts each tail tile into a head and an end (None: nothing is
+    split); mirrors StreamTailTileScheduler: a tail of more than half of the grid, each head on its own CTA,
+    the ends shared by the CTAs that would idle, at most ceil(tail / idle) each."""
+    tail = tiles % grid
+    if tail * 2 <= grid:
+        return None
+    ends_per_cta = ceil_div(tail, grid - tail)
+    split = ceil_div(ends_per_cta * (k_blocks + STREAM_TAIL_WRITE_BLOCKS), ends_per_cta + 1)
+    return split if split < k_blocks else None
+
+
+def stream_tail_pieces(tiles: int, grid: int, k_blocks: int) -> int:
+    """K ranges per tail tile of a stream-tail launch: 2 (head and end), or 1 where nothing is split."""
+    return 1 if stream_tail_split(tiles, grid, k_blocks) is None else 2
+
+
+MAX_SPLITS = 8  # mirrors SplitTailTileScheduler::kMaxSplits
+MIN_K_BLOCKS_PER_SPLIT = 7
+
+
+def split_tail_ranges(tiles: int, grid: int, k_blocks: int) -> int:
+    """K ranges per tail tile of a split-tail launch (1: nothing splits); mirrors SplitTailTileScheduler:
+    the tiles of a last wave that fills at most half of the grid are cut into min(grid / tail, 8, K blocks)."""
+    tail = tiles % grid
+    if tail == 0 or 2 * tail > grid:
+        return 1
+    return min(grid // tail, MAX_SPLITS, k_blocks)
+
