@@ -4,7 +4,7 @@ Token counts per expert are drawn uniformly in 0.7-1.3x the expected value; FLOP
 only; GB/s counts A and D on valid rows plus every expert's weights. Where DeepGEMM (``deep_gemm``) is
 installed it runs every case too, timed interleaved with ours (one sample of each per round), with its
 scales converted to its layout before timing; its output is checked against ours on the valid rows. The cases and their inputs
-(issue5_cases, contiguous_inputs, masked_inputs) are shared with grouped_tile_ab.py and masked_gap_probe.py.
+(issue5_cases, contiguous_inputs, masked_inputs) are shared with grouped_tile_ab.py.
 """
 
 from __future__ import annotations
@@ -13,14 +13,17 @@ import random
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.helpers, dev.*
 
-import deepgemm
-from deepgemm.bench import deepseek
-from deepgemm.bench.timing import Timing, bench_gpu_interleaved
-from deepgemm.utils import calc_diff
-from tests.helpers import random_activations, random_grouped_weights
+import torch  # noqa: E402
+
+import deepgemm  # noqa: E402
+from deepgemm.bench import deepseek  # noqa: E402
+from deepgemm.tuning.timing import Timing, bench_gpu_interleaved  # noqa: E402
+from deepgemm.utils import calc_diff  # noqa: E402
+from tests.helpers import random_activations, random_grouped_weights  # noqa: E402
 
 CONTIGUOUS = [(4, 8192, 4096, 7168, 1340), (4, 8192, 7168, 2048, 1190), (8, 4096, 4096, 7168, 1320), (8, 4096, 7168, 2048, 1190)]
 MASKED = [(1, 1024, 4096, 4096, 7168, "1050 TFLOPS"), (2, 512, 4096, 4096, 7168, "652 TFLOPS"),
@@ -200,7 +203,7 @@ def main() -> None:
     # Each case's tensors are freed and torch's cached segments returned before the next case, so every case
     # runs on freshly mapped memory, as it would alone: carved out of the previous case's freed segments, the
     # masked 64 x ~32 case measured 270 us instead of 250 with the zeroing L2 flush (249 alone, 244 with a
-    # reading flush in both placements; docs/perf-notes.md, session 13).
+    # reading flush in both placements; docs/performance.md).
     for case in contiguous:
         if only in case.label:
             print(contiguous_row(case, with_peer), flush=True)

@@ -11,7 +11,7 @@ from typing import Any
 def build_kernels(specs: Iterable[Any], print_each: bool = False) -> list[Any]:
     """Compile (or fetch from DEEPGEMM_CACHE_DIR) each distinct Fp8GemmSpec, eight at a time, without a GPU; report
     every build that spills or has a stack frame (every build with `print_each`). Returns the distinct specs."""
-    from deepgemm.kernels.fp8_gemm import compile_spec
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import compile_spec
 
     distinct = list(dict.fromkeys(specs))
     with ThreadPoolExecutor(8) as pool:

@@ -11,15 +11,20 @@ import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.helpers, dev.*
 
-from deepgemm.bench.timing import bench_gpu
-from deepgemm.configs.heuristics import (candidate_tiles, choose_fp8_gemm_config, clusters_allowed, make_config, max_stages,
-                                        ranked_candidates)
-from deepgemm.kernels.fp8_gemm import Fp8GemmSpec, compile_spec, get_plan
-from deepgemm.kernels.device import sm_count
-from tests.helpers import random_operands
+import torch  # noqa: E402
+
+from deepgemm.tuning.timing import bench_gpu  # noqa: E402
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import (candidate_tiles, choose_fp8_gemm_config, clusters_allowed,  # noqa: E402
+                                                        make_config, ranked_candidates)
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import max_stages  # noqa: E402
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan  # noqa: E402
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, compile_spec  # noqa: E402
+from deepgemm.kernels.common.device import sm_count  # noqa: E402
+from tests.helpers import random_operands  # noqa: E402
 
 NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 SHAPES = [(m, n, k) for m in (64, 128, 4096) for n, k in NK]
@@ -52,7 +57,7 @@ def main() -> None:
         out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
         timed = []
         for config in configs:
-            plan = get_plan(0, m, n, k, torch.bfloat16, config)
+            plan = get_plan(0, m, n, k, torch.bfloat16, config=config)
             sfa = a[1]
             t = bench_gpu(lambda: plan.launch(a[0], sfa, b[0], b[1], out), iters=20, warmup=3)
             timed.append((t.median_us, config.label()))

@@ -12,7 +12,7 @@ import random
 import torch
 
 import deepgemm
-from deepgemm.bench.timing import bench_gpu
+from deepgemm.tuning.timing import bench_gpu
 
 CASES = [(4, 8192, 4096, 7168), (8, 4096, 4096, 7168), (4, 8192, 7168, 2048), (8, 4096, 7168, 2048)]
 

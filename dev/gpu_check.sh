@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
-# print the benchmark table last. Full logs go to $OUT. Usage: scripts/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench grouped kgrouped ablate clusters ncu power overlap split decode trace tail flush (default:
-# the first seven). ablate times the FP8 GEMM with one part removed at a time (scripts/ablate.py); power compares
-# steady-state clock and TFLOPS/GHz with cuBLAS (scripts/power_probe.py); overlap asks whether FFMAs overlap wgmma
-# (scripts/overlap_probe.py); split tests and times the split tail / split-K (scripts/bench_split.py); trace stamps
-# the consumer's steps with clock64 (scripts/trace_run.sh, TRACE_SHAPE / TRACE_CONFIG); tail stamps each CTA's tiles and
-# tail pieces with %globaltimer (scripts/tail_trace.py, TAIL_SHAPE / TAIL_CONFIG); flush times decode shapes with
-# the benchmark's L2 flush, a clean (read) flush and none, next to the harness floor (scripts/flush_probe.py).
+# print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
+# Steps: install smoke tests sanitize host sass bench grouped kgrouped ncu split clusters (default: the first seven).
+# grouped / kgrouped run the grouped tests and dev/bench_grouped.py / dev/bench_kgrouped.py; ncu profiles NCU_SHAPES
+# (dev/profile_shape.py) with the stall reasons; split tests and times the split tail / stream tail / split-K
+# (dev/bench_split.py); clusters builds 2-CTA cluster plans (GemmConfig.cluster_m = 2).
 set -uo pipefail
 OUT=${OUT:-/tmp/deepgemm-out}
 mkdir -p "$OUT"
@@ -21,17 +18,17 @@ if has install; then
   python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"
 fi
 if has smoke; then
-  timeout 120 python3 scripts/sanitize_check.py 2>&1 | tee "$OUT/smoke.log" | tail -12
+  timeout 120 python3 dev/sanitize_check.py 2>&1 | tee "$OUT/smoke.log" | tail -12
 fi
 if has tests; then
   timeout 420 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/pytest_gpu.log" | grep -E "passed|failed|Error|error" | tail -25
 fi
 if has sanitize; then
-  compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 scripts/sanitize_check.py >"$OUT/sanitizer.log" 2>&1
+  compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 dev/sanitize_check.py >"$OUT/sanitizer.log" 2>&1
   echo "memcheck exit=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
 fi
 if has host; then
-  python3 scripts/host_overhead.py 2>&1 | tee "$OUT/host.txt"
+  python3 dev/host_overhead.py 2>&1 | tee "$OUT/host.txt"
 fi
 if has sass; then
   cubin=$(grep -l "fp8_gemm_nt n=7168 k=16384" "$DEEPGEMM_CACHE_DIR"/kernels/*/*/meta.json 2>/dev/null | head -1 | xargs -r dirname)/kernel.cubin
@@ -46,7 +43,7 @@ if has bench; then
 fi
 if has grouped; then
   timeout 300 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider tests/gpu/test_grouped_gpu.py 2>&1 | tee "$OUT/pytest_grouped.log" | grep -E "passed|failed|Error|error" | tail -15
-  timeout 200 python3 scripts/bench_grouped.py 2>&1 | tee "$OUT/bench_grouped.md"
+  timeout 200 python3 dev/bench_grouped.py 2>&1 | tee "$OUT/bench_grouped.md"
 fi
 if has ncu; then
   for tag in ${NCU_SHAPES:-4096x7168x16384}; do
@@ -54,47 +51,26 @@ if has ncu; then
     stalls=$(for r in barrier long_scoreboard wait math_pipe_throttle mio_throttle membar sleeping short_scoreboard dispatch_stall misc no_instruction branch_resolving selected not_selected lg_throttle; do printf "smsp__average_warps_issue_stalled_%s_per_issue_active.ratio," $r; done)
     ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --section SpeedOfLight \
       --metrics ${stalls}l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum,lts__t_sectors.sum,dram__bytes.sum \
-      python3 scripts/profile_shape.py $shape >"$OUT/ncu_$tag.txt" 2>&1
+      python3 dev/profile_shape.py $shape >"$OUT/ncu_$tag.txt" 2>&1
     echo "ncu $tag:"; grep -E "Duration|SM Frequency|stalled|pipe_|bank_conflicts|wavefronts|inst_executed|sectors|dram__bytes" "$OUT/ncu_$tag.txt" | awk '{print $1, $NF}' | head -30
   done
 fi
 if has kgrouped; then
-  timeout 200 python3 scripts/bench_kgrouped.py 2>&1 | tee "$OUT/bench_kgrouped.md"
-fi
-if has ablate; then
-  timeout 400 python3 scripts/ablate.py 2>&1 | tee "$OUT/ablate.md" | tail -5
-fi
-if has power; then
-  timeout 300 python3 scripts/power_probe.py ${POWER_SHAPES:-4096x7168x16384} 2>&1 | tee "$OUT/power.md" | tail -8
-fi
-if has decode; then  # split-K against the model's pick at decode sizes (build first: decode_split_sweep.py --compile-only)
-  timeout 400 python3 scripts/decode_split_sweep.py 2>&1 | tee "$OUT/decode_split.md" | tail -40
-fi
-if has trace; then
-  timeout 300 scripts/trace_run.sh 2>&1 | grep -v "^cta [1-9]" | cut -c1-1200
-fi
-if has tail; then
-  timeout 300 python3 scripts/tail_trace.py "${TAIL_SHAPE:-4096x4096x7168}" "${TAIL_CONFIG:-256,128,whole;256,128,stream}" 2>&1 | tee "$OUT/tail.txt"
-fi
-if has flush; then
-  timeout 150 python3 scripts/flush_probe.py 2>&1 | tee "$OUT/flush.md"
-fi
-if has overlap; then
-  timeout 120 python3 scripts/overlap_probe.py 2>&1 | tee "$OUT/overlap.md"
+  timeout 200 python3 dev/bench_kgrouped.py 2>&1 | tee "$OUT/bench_kgrouped.md"
 fi
 if has split; then
   timeout 300 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider tests/gpu/test_split_tail_gpu.py 2>&1 | tee "$OUT/pytest_split.log" | grep -E "passed|failed|Error|error" | tail -8
-  timeout 300 python3 scripts/bench_split.py 2>&1 | tee "$OUT/bench_split.md"
+  timeout 300 python3 dev/bench_split.py 2>&1 | tee "$OUT/bench_split.md"
 fi
 if has clusters; then
   python3 - <<'PY'
 import torch
-from deepgemm.configs.heuristics import make_config
-from deepgemm.kernels.fp8_gemm import get_plan
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import make_config
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 torch.zeros(1, device="cuda")
 for m, n, k in [(4096, 7168, 16384), (4096, 2112, 7168)]:
     config = make_config(m, n, k, 128, 128, 132, cluster_m=2)
-    plan = get_plan(0, m, n, k, torch.bfloat16, config)
+    plan = get_plan(0, m, n, k, torch.bfloat16, config=config)
     print(f"cluster plan {m}x{n}x{k}: {plan.spec.label()} grid={plan.grid} (132 SMs)")
 PY
 fi

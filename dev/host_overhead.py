@@ -5,13 +5,17 @@ A tiny shape keeps the GPU ahead of the CPU, so the loop measures launch-path co
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.helpers, dev.*
 
-import deepgemm
-from tests.helpers import random_operands
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import deepgemm  # noqa: E402
+from tests.helpers import random_operands  # noqa: E402
 
 
 def per_call_us(fn, calls: int = 3000) -> float:
@@ -104,13 +108,13 @@ SPLIT_SHAPE = (128, 512, 1024, 64, 128)  # m, n, k, block_m, block_n: 8 tiles sp
 def split_launch_us() -> float:
     """Host time per warm eager launch of a split-tail plan (its workspace and counters come from the
     per-stream scratch: no allocation or memset once warm)."""
-    from deepgemm.configs.heuristics import make_config
-    from deepgemm.kernels.device import sm_count
-    from deepgemm.kernels.fp8_gemm import get_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import make_config
+    from deepgemm.kernels.common.device import sm_count
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 
     m, n, k, block_m, block_n = SPLIT_SHAPE
     config = make_config(m, n, k, block_m, block_n, sm_count(0), 2, cluster_m=1, split_tail=True)
-    plan = get_plan(0, m, n, k, torch.bfloat16, config)
+    plan = get_plan(0, m, n, k, torch.bfloat16, config=config)
     if plan.split_count() < 2:
         raise SystemExit(f"{SPLIT_SHAPE} does not split on this GPU")
     a, b = random_operands(m, n, k, "cuda", seed=2)

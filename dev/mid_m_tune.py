@@ -1,7 +1,7 @@
 """Candidate tiles at mid-size M (prefill chunks, 160-3072 rows) timed against the cost model's pick, one device call.
 
-scripts/m_sweep.py found the model's pick below cuBLAS block-wise by up to 9% at M = 160-3072 on the DeepSeek-V3
-(N, K) pairs. For each shape this times the model's config and a fixed set of alternatives (block_m 64/128/192/256,
+A sweep against cuBLAS block-wise (benchmarks/h200-m-sweep.md) found the model's pick below it by up to 9% at
+M = 160-3072 on the DeepSeek-V3 (N, K) pairs. For each shape this times the model's config and a fixed set of alternatives (block_m 64/128/192/256,
 block_m 192 as the cost model builds it), interleaved (CUDA graph, L2 flushed, median of 30: bench_split's
 time_configs), and prints the model's pick, the best and each config's time relative to the best; all timings go
 to $OUT/mid_m_tune.json.
@@ -20,10 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from deepgemm.configs.config import GemmConfig  # noqa: E402
-from deepgemm.configs.heuristics import (choose_fp8_gemm_config, make_config, max_stages,  # noqa: E402
-                                        model_split_tail)
-from scripts.sweep_tools import add_shape_grid, build_kernels, shape_grid  # noqa: E402
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig  # noqa: E402
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_fp8_gemm_config, make_config  # noqa: E402
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import model_split_tail  # noqa: E402
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import max_stages  # noqa: E402
+from dev.sweep_tools import add_shape_grid, build_kernels, shape_grid  # noqa: E402
 
 DEFAULT_M = (160, 256, 384, 768, 1536, 2048, 3072)
 TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 192), (192, 128), (256, 128))
@@ -50,13 +51,13 @@ def main() -> None:
     args = parser.parse_args()
     jobs = {shape: candidates(*shape) for shape in shape_grid(args)}
     if args.compile_only:
-        from deepgemm.kernels.fp8_gemm import Fp8GemmSpec
+        from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec
 
         specs = build_kernels(Fp8GemmSpec(n, k, torch.bfloat16, c) for (_, n, k), cs in jobs.items() for c in cs)
         print(f"{len(specs)} kernels built")
         return
 
-    from scripts.bench_split import time_configs
+    from dev.bench_split import time_configs
 
     results = []
     print("| shape | model's pick | model µs | best | best µs | model / best | others (µs / best) |")

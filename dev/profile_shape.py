@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.helpers, dev.*
 
-import deepgemm
-from tests.helpers import random_operands
+import torch  # noqa: E402
+
+import deepgemm  # noqa: E402
+from tests.helpers import random_operands  # noqa: E402
 
 
 def main() -> None:

@@ -50,14 +50,14 @@ def time_configs(m: int, n: int, k: int, configs: list, seed: int) -> list[tuple
     import torch
 
     import deepgemm
-    from deepgemm.bench.timing import bench_gpu_interleaved
-    from deepgemm.kernels.fp8_gemm import get_plan
+    from deepgemm.tuning.timing import bench_gpu_interleaved
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
     from tests.helpers import random_operands
 
     a, b = random_operands(m, n, k, "cuda", seed=seed)
     plans, launches, diffs, baseline = [], [], [], None
     for config in configs:
-        plan = get_plan(0, m, n, k, torch.bfloat16, config)
+        plan = get_plan(0, m, n, k, torch.bfloat16, config=config)
         out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
         plan.launch(a[0], a[1], b[0], b[1], out)
         torch.cuda.synchronize()
@@ -71,8 +71,8 @@ def time_configs(m: int, n: int, k: int, configs: list, seed: int) -> list[tuple
 
 def main() -> None:
     from deepgemm.bench.peers import fp8_blockwise_bytes
-    from deepgemm.configs.heuristics import choose_fp8_gemm_config, make_config
-    from deepgemm.kernels.device import sm_count
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_fp8_gemm_config, make_config
+    from deepgemm.kernels.common.device import sm_count
 
     sms = sm_count(0)
     print("| shape | config | splits | µs | TFLOPS | GB/s | calc_diff vs model |")

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import torch
+import sys
+from pathlib import Path
 
-import deepgemm
-from tests.helpers import random_operands, reference_fp64
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.helpers, dev.*
+
+import torch  # noqa: E402
+
+import deepgemm  # noqa: E402
+from tests.helpers import random_operands, reference_fp64  # noqa: E402
 
 SHAPES = [(1, 8, 128), (7, 136, 144), (65, 2056, 7296), (129, 7168, 128), (300, 24, 7168)]
 # Forced tiles the shapes above do not reach: (m, n, k, block_m, block_n, sms, tail mode, chunked_store); the
@@ -38,14 +43,14 @@ def main() -> None:
             diff = deepgemm.calc_diff(out.double(), reference_fp64(a, b))
             print(f"sanitize m={m} n={n} k={k} {dtype}: calc_diff={diff:.2e}")
             assert diff < 1e-3
-    from deepgemm.configs.heuristics import make_config
-    from deepgemm.kernels.fp8_gemm import get_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 
     for m, n, k, block_m, block_n, sms, tail, chunked in TILES:
         a, b = random_operands(m, n, k, "cuda", seed=m + n + k)
         config = make_config(m, n, k, block_m, block_n, sms, split_tail=tail == "split", stream_tail=tail == "stream",
                              chunked_store=chunked)
-        plan = get_plan(0, m, n, k, torch.bfloat16, config)
+        plan = get_plan(0, m, n, k, torch.bfloat16, config=config)
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         plan.launch(a[0], a[1], b[0], b[1], out)
         torch.cuda.synchronize()

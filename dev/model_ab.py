@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from deepgemm.configs.config import GemmConfig  # noqa: E402
-from scripts.sweep_tools import build_kernels  # noqa: E402
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig  # noqa: E402
+from dev.sweep_tools import build_kernels  # noqa: E402
 
 DEEPSEEK_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 DEEPSEEK_M = [160, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192]
@@ -36,7 +36,7 @@ def grid() -> list[tuple[int, int, int]]:
 
 
 def dump(path: str) -> None:
-    from deepgemm.configs.heuristics import choose_fp8_gemm_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_fp8_gemm_config
 
     picks = {f"{m}x{n}x{k}": dataclasses.asdict(choose_fp8_gemm_config(m, n, k, SMS)) for m, n, k in grid()}
     Path(path).write_text(json.dumps(picks, indent=1))
@@ -63,13 +63,13 @@ def main() -> None:
         return
     cells = differing(*args.picks)
     if args.compile:
-        from deepgemm.kernels.fp8_gemm import Fp8GemmSpec
+        from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec
 
         specs = build_kernels(Fp8GemmSpec(n, k, torch.bfloat16, c) for (_, n, k), old, new in cells for c in (old, new))
         print(f"{len(cells)} shapes differ, {len(specs)} kernels built")
         return
 
-    from scripts.bench_split import time_configs
+    from dev.bench_split import time_configs
 
     short = lambda c: f"{c.block_m}x{c.block_n}{' sk' if c.split_tail else ''}"  # noqa: E731
     print("| shape | old pick | old µs | new pick | new µs | new / old | calc_diff |")
