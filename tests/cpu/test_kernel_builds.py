@@ -206,11 +206,11 @@ def test_narrow_last_block_is_a_config_field() -> None:
     agree (a full-width box for a narrow kernel would overfill the stage's expected bytes and hang the kernel)."""
     narrow = explicit_spec(128, 192, 1, 4096, 7168, BF16)
     assert narrow.config.narrow_last_n and last_box_rows_b(narrow) == 64
-    assert "#define DEEPGEMM_NARROW_LAST_N" not in render_source(narrow).code
+    assert render_source(narrow).code.count(", true>;") == 1  # kNarrowLastN, the template's last argument
     full = explicit_spec(128, 192, 1, 4096, 7168, BF16, narrow_last_n=False)
     assert not full.config.narrow_last_n and last_box_rows_b(full) == 192
     assert full.label().endswith(" wide-last-n") and not narrow.label().endswith(" wide-last-n")
-    assert render_source(full).code.startswith("#define DEEPGEMM_NARROW_LAST_N 0\n")
+    assert render_source(full).code.count(" false, false>;") == 1  # kChunkedStore, kNarrowLastN = false
     assert compile_spec(full).resources.spill_stores == 0  # its static_assert: host and device agree on the box
 
 

@@ -257,7 +257,7 @@ def test_config_mid_m_picks_measured_fastest_tiles(m: int, n: int, k: int, tile:
     assert (c.block_m, c.block_n) == tile
 
 
-# Dense GEMMs with M >= 512 and K >= 4096 (session 14, scripts/bench_split.py, interleaved, bitwise equal outputs):
+# Dense GEMMs with M >= 512 and K >= 4096 (dev/bench_split.py, interleaved, bitwise equal outputs; docs/performance.md):
 # 128 x 192 measured faster than the fitted model's pick, which DENSE_WIDE_TILE_SHARE corrects; short K and the
 # ten-wave 4096 x 7168 x 16384 keep 256 x 128, as measured; grouped layouts rank without the rule.
 @pytest.mark.parametrize("m,n,k,tile", [

@@ -1,7 +1,7 @@
 // Host check of the tile schedulers (deepgemm/scheduler/grouped_tiles.cuh and persistent_tiles.cuh),
 // compiled with the host C++ compiler by tests/cpu/test_tile_schedulers.py. Every CTA of a persistent grid runs a
 // producer and a consumer copy of a scheduler; each tile is then "stored" the way the FP8 GEMM kernel
-// stores it (64-row pieces per warpgroup and wave, the same skip rules as sm90_fp8_gemm_1d2d.cuh), and
+// stores it (64-row pieces per warpgroup and wave, the same skip rules as impls/sm90_fp8_gemm_1d2d.cuh), and
 // every output row of every N-block must be written exactly once with the right group (or as padding).
 // Random layouts over block_m 64/128/256, grid sizes below and above the tile count, both contiguous
 // forms and the masked form. The dense split-tail scheduler must cover every (tile, K block) exactly

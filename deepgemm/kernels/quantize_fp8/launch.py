@@ -20,7 +20,7 @@ _THREADS = 256
 
 def _token_group_source(dtype: torch.dtype, group_size: int) -> KernelSource:
     code = f"""\
-#include <deepgemm/kernels/quantize_fp8.cuh>
+#include <deepgemm/impls/quantize_fp8.cuh>
 using Kernel = deepgemm::QuantizePerTokenGroup<{INPUT_KINDS[dtype]}, {group_size}u>;
 extern "C" __global__ void __launch_bounds__({_THREADS})
 deepgemm_quantize_per_token_group(const void* x, deepgemm::u64 x_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride, float* sf,
@@ -33,7 +33,7 @@ deepgemm_quantize_per_token_group(const void* x, deepgemm::u64 x_row_stride, dee
 
 def _block_source(dtype: torch.dtype, block: int) -> KernelSource:
     code = f"""\
-#include <deepgemm/kernels/quantize_fp8.cuh>
+#include <deepgemm/impls/quantize_fp8.cuh>
 using Kernel = deepgemm::QuantizePerBlock<{INPUT_KINDS[dtype]}, {block}u>;
 extern "C" __global__ void __launch_bounds__({_THREADS})
 deepgemm_quantize_per_block(const void* w, deepgemm::u64 w_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride, float* sf,

@@ -55,7 +55,7 @@ class KGroupedSpec:
 
 def render_source(spec: KGroupedSpec) -> KernelSource:
     code = f"""\
-#include <deepgemm/kernels/sm90_fp8_gemm_kgrouped_1d1d.cuh>
+#include <deepgemm/impls/sm90_fp8_gemm_1d1d.cuh>
 
 using Kernel = deepgemm::Sm90Fp8GemmKGrouped1D1D<{spec.m}u, {spec.n}u, {spec.block_n}u, {spec.num_stages}u>;
 static_assert(Kernel::kSmemBytes == {spec.smem_bytes}u, "host and device disagree on the shared-memory size");

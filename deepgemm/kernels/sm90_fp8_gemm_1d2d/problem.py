@@ -11,7 +11,7 @@ from deepgemm.kernels.common.hopper import elem_bytes
 
 
 class GemmKind(enum.IntEnum):
-    """Mirrors deepgemm::GemmKind in impls/sm90_fp8_gemm_1d2d.cuh."""
+    """Mirrors deepgemm::GemmKind in scheduler/tile_sources.cuh."""
 
     DENSE = 0
     GROUPED_CONTIGUOUS = 1

@@ -1,6 +1,6 @@
 """Shared-memory layout of the FP8 1D2D kernel, mirrored on the host: bytes per stage, output staging, pipeline depth.
 
-Each function mirrors a constant of impls/sm90_fp8_gemm_1d2d.cuh; the rendered source static_asserts that both
+Each function mirrors a constant of impls/sm90_fp8_gemm_1d2d_config.cuh; the rendered source static_asserts that both
 sides agree on the total (Kernel::kSmemBytes).
 """
 
