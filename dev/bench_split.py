@@ -71,7 +71,7 @@ def time_configs(m: int, n: int, k: int, configs: list, seed: int) -> list[tuple
 
 def main() -> None:
     from deepgemm.bench.peers import fp8_blockwise_bytes
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_fp8_gemm_config, make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config, make_config
     from deepgemm.kernels.common.device import sm_count
 
     sms = sm_count(0)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench grouped kgrouped ncu split clusters (default: the first seven).
+# Steps: install smoke tests sanitize host sass bench grouped kgrouped ncu split clusters ab (default: the first seven).
+# ab times another tree, carried as .ab/deepgemm_old (dev/rename_package.sh), interleaved with this one (dev/ab_trees.py).
+# Where .peers/use_deepgemm.sh is carried, DeepGEMM HEAD is made importable first, so bench times it too.
 # grouped / kgrouped run the grouped tests and dev/bench_grouped.py / dev/bench_kgrouped.py; ncu profiles NCU_SHAPES
 # (dev/profile_shape.py) with the stall reasons; split tests and times the split tail / stream tail / split-K
 # (dev/bench_split.py); clusters builds 2-CTA cluster plans (GemmConfig.cluster_m = 2).
@@ -37,9 +39,13 @@ if has sass; then
     echo "sass (n=7168 k=16384 GEMM): QGMMA=$(grep -c QGMMA "$OUT/largest_kernel.sass") LDL/STL=$(grep -cE 'LDL|STL' "$OUT/largest_kernel.sass")"
   fi
 fi
+if has ab; then
+  timeout 300 env PYTHONPATH=$PWD:$PWD/.ab python3 dev/ab_trees.py deepgemm_old 2>&1 | tee "$OUT/ab_trees.md"
+fi
 if has bench; then
-  python3 -m deepgemm bench --suite deepseek-v3 --json "$OUT/bench.json" --markdown "$OUT/bench.md" >"$OUT/bench.log" 2>&1
-  grep -E "deepgemm |blockwise|geometric|rror" "$OUT/bench.log"
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    python3 -m deepgemm bench --suite deepseek-v3 --json "$OUT/bench.json" --markdown "$OUT/bench.md" >"$OUT/bench.log" 2>&1 )
+  grep -E "deepgemm |deepseek|blockwise|geometric|rror|left out" "$OUT/bench.log"
 fi
 if has grouped; then
   timeout 300 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider tests/gpu/test_grouped_gpu.py 2>&1 | tee "$OUT/pytest_grouped.log" | grep -E "passed|failed|Error|error" | tail -15
@@ -65,7 +71,7 @@ fi
 if has clusters; then
   python3 - <<'PY'
 import torch
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import make_config
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 torch.zeros(1, device="cuda")
 for m, n, k in [(4096, 7168, 16384), (4096, 2112, 7168)]:

@@ -40,7 +40,8 @@ def main() -> None:
 
     from deepgemm.api.grouped import clear_grouped_plans
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Geometry, get_grouped_plan
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, GemmKind, compile_spec
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, compile_spec
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 
     cases = [case for case in issue5_cases()[0] if args.only in case.label]
     if args.compile_only:
@@ -85,7 +86,7 @@ def main() -> None:
 
 def contiguous_config(m_total: int, n: int, k: int, block_m: int, block_n: int, narrow_last_n: bool):  # noqa: ANN201
     """The config `get_grouped_plan` would build for a contiguous layout, with this tile and narrow-last-N setting."""
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
 
     config = make_config(max(m_total, 1), n, k, block_m, block_n, 132, 2, cluster_m=1)
     return replace(config, narrow_last_n=narrow_last_n)
@@ -95,9 +96,10 @@ def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool, scale
     """The masked cases with each tile's config passed to `get_grouped_plan` (the same counts bench_grouped draws)."""
     from deepgemm.api.grouped import clear_grouped_plans
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import masked_config_m
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Geometry, get_grouped_plan
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, GemmKind, compile_spec
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, compile_spec
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 
     def config_for(case, bm: int, bn: int):  # noqa: ANN001, ANN202 - as get_grouped_plan sizes a masked config
         return make_config(max(masked_config_m(case.expected, case.max_m), 1), case.n, case.k, bm, bn, 132, 2, cluster_m=1)

@@ -108,7 +108,7 @@ SPLIT_SHAPE = (128, 512, 1024, 64, 128)  # m, n, k, block_m, block_n: 8 tiles sp
 def split_launch_us() -> float:
     """Host time per warm eager launch of a split-tail plan (its workspace and counters come from the
     per-stream scratch: no allocation or memset once warm)."""
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
     from deepgemm.kernels.common.device import sm_count
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig  # noqa: E402
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_fp8_gemm_config, make_config  # noqa: E402
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config, make_config
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import model_split_tail  # noqa: E402
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import max_stages  # noqa: E402
 from dev.sweep_tools import add_shape_grid, build_kernels, shape_grid  # noqa: E402

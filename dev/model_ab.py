@@ -36,7 +36,7 @@ def grid() -> list[tuple[int, int, int]]:
 
 
 def dump(path: str) -> None:
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_fp8_gemm_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config
 
     picks = {f"{m}x{n}x{k}": dataclasses.asdict(choose_fp8_gemm_config(m, n, k, SMS)) for m, n, k in grid()}
     Path(path).write_text(json.dumps(picks, indent=1))

@@ -43,7 +43,7 @@ def main() -> None:
             diff = deepgemm.calc_diff(out.double(), reference_fp64(a, b))
             print(f"sanitize m={m} n={n} k={k} {dtype}: calc_diff={diff:.2e}")
             assert diff < 1e-3
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 
     for m, n, k, block_m, block_n, sms, tail, chunked in TILES:

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 import torch  # noqa: E402
 
 from deepgemm.tuning.timing import bench_gpu  # noqa: E402
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import (candidate_tiles, choose_fp8_gemm_config, clusters_allowed,  # noqa: E402
-                                                        make_config, ranked_candidates)
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import (candidate_tiles, choose_fp8_gemm_config,  # noqa: E402
+                                                            clusters_allowed, make_config, ranked_candidates)
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import max_stages  # noqa: E402
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan  # noqa: E402
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, compile_spec  # noqa: E402
