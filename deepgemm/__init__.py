@@ -1,22 +1,21 @@
 """deepgemm: FP8/BF16 GEMM kernels for NVIDIA Hopper (sm_90a), JIT-compiled with NVRTC."""
 
 from deepgemm.api.backend import backend_for, supported
-from deepgemm.api.gemm import fp8_gemm_nt, precompile_fp8_gemm_nt
-from deepgemm.api.grouped import (
-    get_m_alignment_for_contiguous_layout,
+from deepgemm.api.gemm import precompile_fp8_gemm_nt
+from deepgemm.api.grouped import get_m_alignment_for_contiguous_layout
+from deepgemm.api.layout import to_mn_major_tma_aligned
+from deepgemm.api.quant import dequantize_per_block, dequantize_per_token_group
+from deepgemm.nn import convert, precompile_model
+from deepgemm.errors import CompileError, DeepGemmError, GraphCaptureError, NotDifferentiableError, UnsupportedError
+from deepgemm.ops import (
+    fp8_gemm_nt,
+    k_grouped_fp8_gemm_tn_contiguous,
     m_grouped_fp8_gemm_nt_contiguous,
     m_grouped_fp8_gemm_nt_contiguous_psum,
     m_grouped_fp8_gemm_nt_masked,
-)
-from deepgemm.api.kgrouped import k_grouped_fp8_gemm_tn_contiguous
-from deepgemm.api.layout import to_mn_major_tma_aligned
-from deepgemm.api.quant import (
-    dequantize_per_block,
-    dequantize_per_token_group,
     quantize_per_block,
     quantize_per_token_group,
 )
-from deepgemm.errors import CompileError, DeepGemmError, GraphCaptureError, UnsupportedError
 from deepgemm.utils import calc_diff, warn_removed_environment
 
 __version__ = "0.1.0"
@@ -27,9 +26,11 @@ __all__ = [
     "CompileError",
     "DeepGemmError",
     "GraphCaptureError",
+    "NotDifferentiableError",
     "UnsupportedError",
     "backend_for",
     "calc_diff",
+    "convert",
     "dequantize_per_block",
     "dequantize_per_token_group",
     "fp8_gemm_nt",
@@ -39,6 +40,7 @@ __all__ = [
     "m_grouped_fp8_gemm_nt_contiguous_psum",
     "m_grouped_fp8_gemm_nt_masked",
     "precompile_fp8_gemm_nt",
+    "precompile_model",
     "quantize_per_block",
     "quantize_per_token_group",
     "supported",

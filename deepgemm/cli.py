@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-SUBCOMMANDS: tuple[str, ...] = ("compile", "tune", "shapes", "bench", "report")
+SUBCOMMANDS: tuple[str, ...] = ("compile", "precompile", "tune", "shapes", "bench", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

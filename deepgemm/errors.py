@@ -21,3 +21,7 @@ class UnsupportedError(DeepGemmError):
 
 class GraphCaptureError(DeepGemmError):
     """A kernel would need compiling or loading while a CUDA graph is being captured."""
+
+
+class NotDifferentiableError(UnsupportedError):
+    """An op without a backward was called on inputs that require grad, with grad mode on."""

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench grouped kgrouped ncu split clusters ab (default: the first seven).
+# Steps: install smoke tests sanitize host sass bench grouped kgrouped ncu split clusters ab nn route block
+# (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
+# against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times another tree, carried as .ab/deepgemm_old (dev/rename_package.sh), interleaved with this one (dev/ab_trees.py).
 # Where .peers/use_deepgemm.sh is carried, DeepGEMM HEAD is made importable first, so bench times it too.
 # grouped / kgrouped run the grouped tests and dev/bench_grouped.py / dev/bench_kgrouped.py; ncu profiles NCU_SHAPES
@@ -38,6 +40,17 @@ if has sass; then
     cuobjdump --dump-sass "$cubin" >"$OUT/largest_kernel.sass" 2>&1
     echo "sass (n=7168 k=16384 GEMM): QGMMA=$(grep -c QGMMA "$OUT/largest_kernel.sass") LDL/STL=$(grep -cE 'LDL|STL' "$OUT/largest_kernel.sass")"
   fi
+fi
+if has nn; then
+  timeout 400 python3 -m pytest -x --timeout 200 -q -p no:cacheprovider tests/gpu/test_ops_gpu.py 2>&1 | tee "$OUT/pytest_nn.log" | grep -E "passed|failed|Error|error" | tail -25
+fi
+if has route; then
+  timeout 300 python3 dev/fp8_linear_route.py 2>&1 | tee "$OUT/route.md"
+fi
+if has block; then
+  for model in ${BLOCK_MODELS:-llama-3-8b qwen3-30b-a3b}; do
+    timeout 300 python3 -m deepgemm bench --model $model --tokens 1,64,4096 --json "$OUT/block_$model.json" 2>&1 | tee "$OUT/block_$model.txt"
+  done
 fi
 if has ab; then
   timeout 300 env PYTHONPATH=$PWD:$PWD/.ab python3 dev/ab_trees.py deepgemm_old 2>&1 | tee "$OUT/ab_trees.md"

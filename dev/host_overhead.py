@@ -79,6 +79,26 @@ def main() -> None:
     breakdown(a, b, out)
     print(f"host_us split-tail plan launch {split_launch_us():.2f}")
     grouped_host_us()
+    integration_host_us(a, b, out)
+
+
+def integration_host_us(a, b, out) -> None:
+    """Host time of the PyTorch-facing paths: the custom op called directly, and a warm Fp8Linear forward."""
+    from deepgemm.nn import Fp8Linear
+
+    op = torch.ops.deepgemm.fp8_gemm_nt
+    direct = busy_gpu_per_call_us(lambda: op(a[0], a[1], b[0], b[1]))
+    direct_out = busy_gpu_per_call_us(lambda: torch.ops.deepgemm.fp8_gemm_nt_out(a[0], a[1], b[0], b[1], out))
+    layer = Fp8Linear.from_linear(torch.nn.Linear(512, 512, dtype=torch.bfloat16, device="cuda"))
+    layer.route = "fp8"
+    x = torch.randn(16, 512, dtype=torch.bfloat16, device="cuda")
+    with torch.inference_mode():
+        linear_us = busy_gpu_per_call_us(lambda: layer(x))
+    grad_mode = busy_gpu_per_call_us(lambda: deepgemm.fp8_gemm_nt(a, b, out))
+    quant = busy_gpu_per_call_us(lambda: deepgemm.quantize_per_token_group(x))
+    print(f"host_us_gpu_busy torch.ops.deepgemm.fp8_gemm_nt {direct:.2f} | fp8_gemm_nt_out op {direct_out:.2f} | "
+          f"Fp8Linear forward (inference_mode, bias) {linear_us:.2f} | public call, grad mode on {grad_mode:.2f} | "
+          f"quantize_per_token_group {quant:.2f}")
 
 
 def grouped_host_us() -> None:

@@ -220,7 +220,7 @@ def source(case: dict):  # noqa: ANN201 - (label, KernelSource)
         kspec = kgrouped.KGroupedSpec.for_shape(case["m"], case["n"])
         return kspec.label(), kgrouped.render_source(kspec)
     dtype = getattr(torch, case["dtype"])
-    made = quantize._token_group_source if kind == "quantize_token_group" else quantize._block_source
+    made = quantize.token_group_source if kind == "quantize_token_group" else quantize.block_source
     src = made(dtype, case["size"])
     return src.label, src
 

@@ -10,7 +10,12 @@ import torch
 
 from deepgemm.kernels.common.device import is_sm90
 
-Backend = Literal["sm90", "reference"]
+Backend = Literal["sm90", "reference", "bf16"]
+Route = Literal["fp8", "bf16"]
+
+# Below this many weight elements an FP8 layer is slower than a BF16 matmul of its dequantized weight: the
+# activation quantizer's launch costs more than the halved weight read saves (measured: docs/performance.md).
+FP8_LINEAR_MIN_WEIGHT_ELEMENTS = 512 * 512
 
 
 @functools.cache
@@ -39,8 +44,22 @@ def supported(device: torch.device | int | str | None = None) -> bool:
     return is_sm90(index)
 
 
-def backend_for(*tensors: torch.Tensor) -> Backend:
-    """The path a call on these tensors takes: "sm90" (our kernels) or "reference"."""
+def fp8_linear_route(n: int, k: int) -> Route:
+    """How an FP8 linear layer with an [n, k] weight runs: "fp8" (quantize + FP8 GEMM), or "bf16" (a matmul of the
+    dequantized weight) where the kernel cannot take the shape (K % 16 != 0: TMA rows are 16-byte units) or is
+    measured slower (a tiny weight)."""
+    if k % 16 != 0 or n * k < FP8_LINEAR_MIN_WEIGHT_ELEMENTS:
+        return "bf16"
+    return "fp8"
+
+
+def backend_for(*tensors: torch.Tensor, shape: tuple[int, int, int] | None = None) -> Backend:
+    """The path a call on these tensors takes: "sm90" (our kernels) or "reference" (dequantize + matmul).
+
+    With `shape` = (M, N, K) of an FP8 linear layer, the path `deepgemm.nn.Fp8Linear` takes: "bf16" where
+    `fp8_linear_route` sends the shape to a matmul of the dequantized weight."""
+    if shape is not None and fp8_linear_route(shape[1], shape[2]) == "bf16":
+        return "bf16"
     if not tensors:
         return "reference"
     return _backend_for_device(tensors[0].device)

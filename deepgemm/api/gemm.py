@@ -20,6 +20,7 @@ from deepgemm.api.validation import (
     require_row_count,
     require_tensor,
     require_tma_rows,
+    refuse_grad,
 )
 from deepgemm.jit.resources import PtxasResources
 from deepgemm.kernels.common.device import device_name, planning_sm_count, sm_count
@@ -41,13 +42,14 @@ OUT_DTYPES = (torch.bfloat16, torch.float32)
 _ELEMS_PER_16B = {torch.bfloat16: 8, torch.float32: 4}  # of OUT_DTYPES (a lookup: a 0-d tensor costs ~2-3 us)
 
 
-def _allocate_out(m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def allocate_out(m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[m, n] output whose rows are 16-byte aligned (a narrowed view when n is not a multiple of 16 bytes)."""
     padded = align_up(max(n, 1), _ELEMS_PER_16B[dtype])
     storage = torch.empty((m, padded), dtype=dtype, device=device)
     return storage if padded == n else storage[:, :n]
 
 
+_grad_enabled = torch.is_grad_enabled
 _ready: dict[tuple, tuple] = {}  # deepgemm.api.ready_launches: metadata key -> (plan, packed kernel arguments)
 
 
@@ -83,19 +85,22 @@ def fp8_gemm_nt(
             if out is None:
                 dtype = torch.bfloat16 if out_dtype is None else out_dtype
                 if dtype in OUT_DTYPES and a[0].dim() == 2 and b[0].dim() == 2:
-                    out, out_dtype = _allocate_out(a[0].shape[0], b[0].shape[0], dtype, a[0].device), None
+                    out, out_dtype = allocate_out(a[0].shape[0], b[0].shape[0], dtype, a[0].device), None
             ready = _ready.get(_metadata_key(a[0], a[1], b[0], b[1], out)) if out is not None and out_dtype is None else None
         except (AttributeError, TypeError, RuntimeError):
             ready = None
-        if ready is not None and out is not None:
+        if ready is not None and out is not None and not (_grad_enabled() and (
+                a[0].requires_grad or a[1].requires_grad or b[0].requires_grad or b[1].requires_grad
+                or out.requires_grad)):
             ready[0].launch_packed(ready[1])
             return out
     return _fp8_gemm_nt_checked(a, b, out, out_dtype)
 
 
-def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
-                         out: torch.Tensor | None, out_dtype: torch.dtype | None) -> torch.Tensor:
-    """The full path: validate everything, normalize layouts, plan, launch, and remember the result."""
+def check_fp8_gemm_nt(a: object, b: object, out: torch.Tensor | None, out_dtype: torch.dtype | None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype, torch.device]:
+    """Every rule that needs only metadata (types, dtypes, shapes, devices, grad): shared by the eager path and the
+    custom op's fake kernel. Returns (A, sfa, B, sfb, output dtype, device)."""
     a_q, sfa = require_pair(a, "a", _WHERE)
     b_q, sfb = require_pair(b, "b", _WHERE)
     require_dtype(a_q, "a[0]", _WHERE, (FP8,))
@@ -118,13 +123,23 @@ def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Te
         if out_dtype is not None and out_dtype != out.dtype:
             raise ValueError(f"{_WHERE}: 'out_dtype' is {out_dtype} but 'out' has dtype {out.dtype}")
         device = require_same_device(_WHERE, a=a_q, sfa=sfa, b=b_q, sfb=sfb, out=out)
+        dtype = out.dtype
     else:
         dtype = torch.bfloat16 if out_dtype is None else out_dtype
         if dtype not in OUT_DTYPES:
             raise TypeError(f"{_WHERE}: 'out_dtype' must be torch.bfloat16 or torch.float32, got {dtype}")
         device = require_same_device(_WHERE, a=a_q, sfa=sfa, b=b_q, sfb=sfb)
-        out = _allocate_out(m, n, dtype, device)
+    refuse_grad(_WHERE, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out})
+    return a_q, sfa, b_q, sfb, dtype, device
 
+
+def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
+                         out: torch.Tensor | None, out_dtype: torch.dtype | None) -> torch.Tensor:
+    """The full path: validate everything, normalize layouts, plan, launch, and remember the result."""
+    a_q, sfa, b_q, sfb, dtype, device = check_fp8_gemm_nt(a, b, out, out_dtype)
+    (m, k), n = a_q.shape, b_q.shape[0]
+    if out is None:
+        out = allocate_out(m, n, dtype, device)
     if m == 0 or n == 0:
         return out
     if k == 0:

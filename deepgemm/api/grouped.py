@@ -18,6 +18,7 @@ from deepgemm.api.validation import (
     require_row_count,
     require_tensor,
     require_tma_rows,
+    refuse_grad,
 )
 from deepgemm.jit.args import PackedArgs
 from deepgemm.kernels.common.layout import masked_sfa_strides
@@ -65,7 +66,8 @@ def _launch_if_ready(form: object, a: object, b: object, out: Any, grouping: Any
         ready = _ready.get(_metadata_key(form, a[0], a[1], b[0], b[1], out, grouping))
     except (AttributeError, TypeError, RuntimeError):
         return False
-    if ready is None:
+    if ready is None or (torch.is_grad_enabled() and (a[0].requires_grad or a[1].requires_grad or b[0].requires_grad
+                                                       or b[1].requires_grad or out.requires_grad)):
         return False
     ready[0].launch_packed(ready[1])
     return True
@@ -139,10 +141,8 @@ def m_grouped_fp8_gemm_nt_contiguous(
     """
     if _launch_if_ready(_CONTIGUOUS_FORM, a, b, out, m_indices):
         return out
-    where = "m_grouped_fp8_gemm_nt_contiguous"
-    a_q, sfa, b_q, sfb, out = _check_contiguous(a, b, out, where)
-    _check_grouping(m_indices, "m_indices", where, a_q, a_q.shape[0], "one expert index per row of A")
-    return _run_contiguous(where, a_q, sfa, b_q, sfb, out, m_indices, psum_form=False)
+    a_q, sfa, b_q, sfb, out = check_contiguous(a, b, out, m_indices, psum_form=False)
+    return _run_contiguous(_CONTIGUOUS_WHERE, a_q, sfa, b_q, sfb, out, m_indices, psum_form=False)
 
 
 def m_grouped_fp8_gemm_nt_contiguous_psum(
@@ -162,10 +162,25 @@ def m_grouped_fp8_gemm_nt_contiguous_psum(
     """
     if _launch_if_ready(_PSUM_FORM, a, b, out, psum):
         return out
-    where = "m_grouped_fp8_gemm_nt_contiguous_psum"
-    a_q, sfa, b_q, sfb, out = _check_contiguous(a, b, out, where)
-    _check_grouping(psum, "psum", where, a_q, b_q.shape[0], "one cumulative end row per expert")
-    return _run_contiguous(where, a_q, sfa, b_q, sfb, out, psum, psum_form=True)
+    a_q, sfa, b_q, sfb, out = check_contiguous(a, b, out, psum, psum_form=True)
+    return _run_contiguous(_PSUM_WHERE, a_q, sfa, b_q, sfb, out, psum, psum_form=True)
+
+
+_CONTIGUOUS_WHERE = "m_grouped_fp8_gemm_nt_contiguous"
+_PSUM_WHERE = "m_grouped_fp8_gemm_nt_contiguous_psum"
+
+
+def check_contiguous(a: object, b: object, out: object, grouping: object, *, psum_form: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The metadata rules of both contiguous forms (shared with the custom ops' fake kernels)."""
+    where = _PSUM_WHERE if psum_form else _CONTIGUOUS_WHERE
+    a_q, sfa, b_q, sfb, out_t = _check_contiguous(a, b, out, where)
+    if psum_form:
+        _check_grouping(grouping, "psum", where, a_q, b_q.shape[0], "one cumulative end row per expert")
+    else:
+        _check_grouping(grouping, "m_indices", where, a_q, a_q.shape[0], "one expert index per row of A")
+    refuse_grad(where, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out_t})
+    return a_q, sfa, b_q, sfb, out_t
 
 
 def _check_grouping(grouping: object, name: str, where: str, a_q: torch.Tensor, length: int, rule: str) -> None:
@@ -254,7 +269,17 @@ def m_grouped_fp8_gemm_nt_masked(
     """
     if _launch_if_ready(_masked_form(expected_m), a, b, out, masked_m):
         return out
-    where = "m_grouped_fp8_gemm_nt_masked"
+    a_q, sfa, b_q, sfb, out = check_masked(a, b, out, masked_m, expected_m)
+    return _run_masked(a_q, sfa, b_q, sfb, out, masked_m, expected_m)
+
+
+_MASKED_WHERE = "m_grouped_fp8_gemm_nt_masked"
+
+
+def check_masked(a: object, b: object, out: object, masked_m: object, expected_m: object
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The metadata rules of the masked form (shared with the custom ops' fake kernels)."""
+    where = _MASKED_WHERE
     a_q, sfa = require_pair(a, "a", where)
     require_dtype(a_q, "a[0]", where, (FP8,))
     require_rank(a_q, "a[0]", where, 3)
@@ -264,16 +289,24 @@ def m_grouped_fp8_gemm_nt_masked(
         raise ValueError(f"{where}: 'a[0]' has {groups_a} groups but 'b[0]' has {groups}; they must match")
     require_dtype(sfa, "a[1]", where, (torch.float32,))
     require_shape(sfa, "a[1]", where, (groups, max_m, ceil_div(k, 128)), "[G, max_m, ceil(K/128)]")
-    _check_out(out, where, (groups, max_m, n))
-    require_tensor(masked_m, "masked_m", where)
-    require_dtype(masked_m, "masked_m", where, (torch.int32,))
-    require_shape(masked_m, "masked_m", where, (groups,), "one row count per expert")
+    out_t = _check_out(out, where, (groups, max_m, n))
+    masked_t = require_tensor(masked_m, "masked_m", where)
+    require_dtype(masked_t, "masked_m", where, (torch.int32,))
+    require_shape(masked_t, "masked_m", where, (groups,), "one row count per expert")
     if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
         raise ValueError(f"{where}: 'expected_m' must be a positive int (a hint for the tile choice), got {expected_m!r}")
     if max_m % MASKED_M_ALIGNMENT:
         raise ValueError(f"{where}: 'a[0]' has max_m={max_m}; it must be a multiple of {MASKED_M_ALIGNMENT} "
                          "so a 64-row output block never crosses into the next expert")
-    require_same_device(where, a=a_q, sfa=sfa, b=b_q, sfb=sfb, out=out, masked_m=masked_m)
+    require_same_device(where, a=a_q, sfa=sfa, b=b_q, sfb=sfb, out=out_t, masked_m=masked_t)
+    refuse_grad(where, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out_t})
+    return a_q, sfa, b_q, sfb, out_t
+
+
+def _run_masked(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor, out: torch.Tensor,
+                masked_m: torch.Tensor, expected_m: int) -> torch.Tensor:
+    where = _MASKED_WHERE
+    (groups, max_m, k), n = a_q.shape, b_q.shape[1]
     if groups == 0 or max_m == 0 or n == 0:
         return out
     if backend_for(a_q) == "reference":

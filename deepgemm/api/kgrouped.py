@@ -22,6 +22,7 @@ from deepgemm.api.validation import (
     require_shape,
     require_tensor,
     require_tma_rows,
+    refuse_grad,
 )
 from deepgemm.jit.runtime import refuse_during_capture
 from deepgemm.kernels.sm90_fp8_gemm_1d1d.plan import get_kgrouped_plan
@@ -159,7 +160,18 @@ def k_grouped_fp8_gemm_tn_contiguous(
     out: float32 [G, M, N], contiguous, written and returned. c: None or float32 [G, M, N], contiguous;
         it may be `out` itself (accumulate in place).
     """
-    where = "k_grouped_fp8_gemm_tn_contiguous"
+    a_q, sfa, b_q, sfb, out_t, c, sizes = check_k_grouped(a, b, out, ks, c)
+    return _run_k_grouped(a_q, sfa, b_q, sfb, out_t, c, sizes)
+
+
+_WHERE = "k_grouped_fp8_gemm_tn_contiguous"
+
+
+def check_k_grouped(a: object, b: object, out: object, ks: object, c: object
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
+                               tuple[int, ...]]:
+    """The metadata rules (shared with the custom ops' fake kernels); returns the tensors and the validated ks."""
+    where = _WHERE
     a_q, sfa = require_pair(a, "a", where)
     b_q, sfb = require_pair(b, "b", where)
     for name, t in (("a[0]", a_q), ("b[0]", b_q)):
@@ -187,6 +199,15 @@ def k_grouped_fp8_gemm_tn_contiguous(
         require_shape(c_t, "c", where, (groups, m, n), "the same [G, M, N] as out")
         tensors["c"] = c_t
     require_same_device(where, **tensors)
+    refuse_grad(where, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out_t,
+                          "c": tensors.get("c")})
+    return a_q, sfa, b_q, sfb, out_t, tensors.get("c"), sizes
+
+
+def _run_k_grouped(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor, out_t: torch.Tensor,
+                   c: torch.Tensor | None, sizes: tuple[int, ...]) -> torch.Tensor:
+    where = _WHERE
+    (m, k_total), n, groups = a_q.shape, b_q.shape[0], len(sizes)
     if groups == 0 or m == 0 or n == 0:
         return out_t
     if backend_for(a_q) == "reference":

@@ -6,7 +6,14 @@ import torch
 
 from deepgemm.api.backend import backend_for
 from deepgemm.kernels.common.layout import tma_aligned_rows
-from deepgemm.api.validation import require_dtype, require_int, require_rank, require_same_device, require_tensor
+from deepgemm.api.validation import (
+    refuse_grad,
+    require_dtype,
+    require_int,
+    require_rank,
+    require_same_device,
+    require_tensor,
+)
 from deepgemm.kernels.quantize_fp8.launch import quantize_per_block_cuda, quantize_per_token_group_cuda
 from deepgemm.reference import (
     dequantize_per_block as _dequantize_per_block,
@@ -21,16 +28,32 @@ GROUP_SIZES = tuple(range(32, 1025, 32))
 BLOCK_SIZES = (32, 64, 128)
 
 
-def _as_mn_major(sf: torch.Tensor) -> torch.Tensor:
-    """Row-major [M, G] scales -> the same values as an M-major view with strides (1, align(M, 4))."""
-    m, groups = sf.shape
-    storage = torch.zeros((groups, tma_aligned_rows(m)), dtype=torch.float32, device=sf.device)
-    storage[:, :m].copy_(sf.t())
+def empty_token_group_scales(m: int, groups: int, device: torch.device) -> torch.Tensor:
+    """[M, G] float32 scales as an M-major view with strides (1, align(M, 4)): the layout both paths return."""
+    storage = torch.zeros((groups, tma_aligned_rows(m)), dtype=torch.float32, device=device)
     return storage[:, :m].t()
+
+
+def _as_mn_major(sf: torch.Tensor) -> torch.Tensor:
+    """Row-major [M, G] scales -> the same values in the M-major layout."""
+    out = empty_token_group_scales(sf.shape[0], sf.shape[1], sf.device)
+    out.copy_(sf)
+    return out
 
 
 def _unit_column_stride(x: torch.Tensor) -> torch.Tensor:
     return x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous()
+
+
+def check_quantize_input(x: object, name: str, group: object, group_name: str, groups: tuple[int, ...],
+                         where: str) -> torch.Tensor:
+    """The quantizers' metadata rules (shared with the custom ops' fake kernels)."""
+    tensor = require_tensor(x, name, where)
+    require_dtype(tensor, name, where, INPUT_DTYPES)
+    require_rank(tensor, name, where, 2)
+    require_int(group, group_name, where, groups)
+    refuse_grad(where, **{name: tensor})
+    return tensor
 
 
 def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,11 +62,7 @@ def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[to
     sf[m, g] = max(amax(x[m, g*G:(g+1)*G]) / 448, FLT_MIN) and q = x / sf rounded to e4m3. sf is an
     M-major view (strides (1, align(M, 4))): exactly what fp8_gemm_nt reads, with no copy.
     """
-    where = "quantize_per_token_group"
-    require_tensor(x, "x", where)
-    require_dtype(x, "x", where, INPUT_DTYPES)
-    require_rank(x, "x", where, 2)
-    require_int(group_size, "group_size", where, GROUP_SIZES)
+    x = check_quantize_input(x, "x", group_size, "group_size", GROUP_SIZES, "quantize_per_token_group")
     x = _unit_column_stride(x)
     if backend_for(x) == "sm90":
         return quantize_per_token_group_cuda(x, group_size)
@@ -53,11 +72,7 @@ def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[to
 
 def quantize_per_block(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """w [N, K] float32/bfloat16/float16 -> (q e4m3 [N, K], sf float32 [ceil(N/b), ceil(K/b)] row-major)."""
-    where = "quantize_per_block"
-    require_tensor(w, "w", where)
-    require_dtype(w, "w", where, INPUT_DTYPES)
-    require_rank(w, "w", where, 2)
-    require_int(block, "block", where, BLOCK_SIZES)
+    w = check_quantize_input(w, "w", block, "block", BLOCK_SIZES, "quantize_per_block")
     w = _unit_column_stride(w)
     if backend_for(w) == "sm90":
         return quantize_per_block_cuda(w, block)

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from deepgemm.errors import NotDifferentiableError
+
 TMA_ALIGNMENT = 16
 
 
@@ -75,3 +77,15 @@ MAX_ROWS = 2**31 - 1  # TMA coordinates and the kernels' row indices are 32-bit 
 def require_row_count(rows: int, what: str, where: str) -> None:
     if rows > MAX_ROWS:
         raise ValueError(f"{where}: {what} = {rows} rows exceeds the kernels' 32-bit row index limit ({MAX_ROWS})")
+
+
+def refuse_grad(where: str, **tensors: torch.Tensor | None) -> None:
+    """FP8 ops have no backward yet: with grad mode on, an input (or `out`) that requires grad is an error on every
+    path (the reference path would otherwise record a graph the kernel path cannot)."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if t is not None and t.requires_grad:
+            raise NotDifferentiableError(
+                f"{where}: '{name}' requires grad, but FP8 GEMMs and quantizers are not differentiable yet; call "
+                "under torch.no_grad() or torch.inference_mode(), or detach the input")

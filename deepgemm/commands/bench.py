@@ -9,8 +9,11 @@ import argparse
 from pathlib import Path
 
 from deepgemm.analysis.gpus import DEFAULT_GPU, GPUS, GpuSpec, get_gpu, match_device_name
+from deepgemm.analysis.models import ModelConfigError
+from deepgemm.analysis.presets import PRESETS, resolve_model
 from deepgemm.analysis.roofline import Ceilings
 from deepgemm.analysis.units import micros
+from deepgemm.bench import block, block_report
 from deepgemm.bench.ceilings import measure_ceilings
 from deepgemm.bench.compare import Comparison, compare
 from deepgemm.bench.console import print_table, say, track, usage_error
@@ -32,6 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     shapes = parser.add_mutually_exclusive_group()
     shapes.add_argument("--suite", help=f"named shape set: {', '.join(suite_names())} (default {DEFAULT_SUITE})")
     shapes.add_argument("--shape", type=parse_shape, action="append", metavar="M,N,K", help="a shape; repeatable")
+    shapes.add_argument("--model", metavar="NAME|config.json",
+                        help=f"time one transformer block's linear layers as PyTorch modules instead ({', '.join(PRESETS)}"
+                             ", or a Hugging Face config.json)")
+    parser.add_argument("--tokens", type=_token_counts, metavar="T,T,...",
+                        help=f"with --model: token counts (default {','.join(map(str, block.DEFAULT_TOKENS))})")
     parser.add_argument("--dtype", choices=("fp8", "bf16"), default="fp8", help="operand precision (default fp8)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the results (format: docs/cli.md)")
     parser.add_argument("--markdown", type=Path, metavar="PATH", help="write a Markdown summary")
@@ -64,6 +72,8 @@ def _skippable() -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.model is not None or args.tokens is not None:
+        return _run_model(args)
     try:
         baseline = BenchResults.load(args.compare) if args.compare else None
         current = BenchResults.load(args.results) if args.results else None
@@ -160,6 +170,42 @@ def _report_comparison(comparison: Comparison) -> int:
     return comparison.exit_code
 
 
+# -- --model: one transformer block (deepgemm.bench.block) ------------------------------------------------------
+
+def _run_model(args: argparse.Namespace) -> int:
+    if args.model is None:
+        return usage_error("bench", "argument --tokens: needs --model NAME")
+    others = [flag for flag, given in (("--compare", args.compare), ("--results", args.results),
+                                       ("--markdown", args.markdown), ("--dtype bf16", args.dtype == "bf16"))
+              if given]
+    if others:
+        return usage_error("bench", f"argument --model: not with {', '.join(others)}")
+    unknown = [name for name in args.skip if name not in block.SKIPPABLE]
+    if unknown:
+        return usage_error("bench", f"argument --skip: with --model only {', '.join(block.SKIPPABLE)}, got {unknown[0]}")
+    try:
+        model = resolve_model(args.model)
+        plans = [block.block_plan(model, count) for count in args.tokens or block.DEFAULT_TOKENS]
+    except ModelConfigError as exc:
+        return usage_error("bench", f"argument --model: {exc}")
+    except ValueError as exc:
+        return usage_error("bench", str(exc) if str(exc).startswith("argument") else f"argument --model: {exc}")
+    no_gpu = cuda_device_problem()
+    if no_gpu is not None:
+        block_report.print_plan(plans, no_gpu)
+        if args.json:
+            say("--json: not written: there are no measurements without a GPU")
+        return 0
+    settings = block.BlockSettings(iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2,
+                                   use_graph=args.use_graph, seed=args.seed, skip=tuple(args.skip))
+    results = block.run_block_bench(model, [plan.tokens for plan in plans], settings, progress=track, log=say)
+    block_report.print_results(results, plans)
+    if args.json:
+        results.save(args.json)
+        say(f"wrote {args.json}")
+    return results.exit_code
+
+
 # -- without a GPU ----------------------------------------------------------------------------------------------
 
 def _offline(args: argparse.Namespace, shapes: list[Shape], gpu: GpuSpec, reason: str) -> int:
@@ -213,6 +259,13 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _token_counts(text: str) -> tuple[int, ...]:
+    try:
+        return block.parse_tokens(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _ratio(text: str) -> float:

@@ -2,8 +2,10 @@
 
 from deepgemm.jit.compiler import (
     CompiledKernel,
+    CompileStats,
     KernelSource,
     compile_kernel,
+    compile_stats,
     compiler_choice,
     default_cache_dir,
     include_dir,
@@ -12,9 +14,11 @@ from deepgemm.jit.resources import PtxasResources, parse_ptxas_log
 
 __all__ = [
     "CompiledKernel",
+    "CompileStats",
     "KernelSource",
     "PtxasResources",
     "compile_kernel",
+    "compile_stats",
     "compiler_choice",
     "default_cache_dir",
     "include_dir",

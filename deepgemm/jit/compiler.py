@@ -2,20 +2,22 @@
 
 ``compile_kernel`` looks up the in-process memo, then the disk cache, and only
 then compiles (under the key's file lock) with NVRTC in a child process or with
-nvcc. Needs no GPU, driver or torch.
+nvcc. ``compile_stats`` counts the three outcomes. Needs no GPU, driver or torch.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +86,49 @@ class CompiledKernel:
     key: str
     resources: PtxasResources | None
     log: str
+
+
+@dataclass(frozen=True)
+class CompileStats:
+    """How ``compile_kernel`` calls of this process ended: ``compiled`` ran NVRTC/nvcc and published a cubin into the
+    disk cache, ``disk_hits`` found one there, ``memo_hits`` found the kernel in the in-process memo."""
+
+    compiled: int = 0
+    disk_hits: int = 0
+    memo_hits: int = 0
+
+    def __sub__(self, earlier: CompileStats) -> CompileStats:
+        """The calls between two snapshots: ``compile_stats() - before``."""
+        return CompileStats(self.compiled - earlier.compiled, self.disk_hits - earlier.disk_hits,
+                            self.memo_hits - earlier.memo_hits)
+
+
+class _EventCount:
+    """A thread-safe count of one event whose ``tick`` is a single C call (itertools.count's ``__next__``, atomic
+    under the GIL), so the memo-hit path takes no lock. Reading ticks it too; reads, serialised by a lock, are
+    counted and subtracted."""
+
+    def __init__(self) -> None:
+        self._ticks = itertools.count()
+        self.tick: Callable[[], int] = self._ticks.__next__
+        self._reads = 0
+        self._lock = threading.Lock()
+
+    def value(self) -> int:
+        with self._lock:
+            events = next(self._ticks) - self._reads
+            self._reads += 1
+        return events
+
+
+_compiles = _EventCount()
+_disk_hits = _EventCount()
+_memo_hits = _EventCount()
+
+
+def compile_stats() -> CompileStats:
+    """Process-wide counts of compiles, disk-cache hits and memo hits so far (diff two snapshots with ``-``)."""
+    return CompileStats(_compiles.value(), _disk_hits.value(), _memo_hits.value())
 
 
 # ---------------------------------------------------------------- settings
@@ -230,6 +275,8 @@ def compile_kernel(
         key = kernel_key(source, compiler)
         kernel = _load_or_compile(source, compiler, key, KernelCache(root))
         _memo[memo_key] = kernel
+    else:
+        _memo_hits.tick()
     return kernel
 
 
@@ -246,7 +293,11 @@ def _load_or_compile(
                     _debug(f"discarding corrupted cache entry {key} ({label})")
                     cache.discard(key)
                 entry = _compile_into_cache(source, compiler, key, cache)
+                _compiles.tick()
+            else:
+                _disk_hits.tick()
     else:
+        _disk_hits.tick()
         _debug(f"disk cache hit {key[:16]} ({label})")
     kernel = _to_kernel(entry, source.entry)
     if _env_flag("DEEPGEMM_PTXAS_VERBOSE"):

@@ -21,7 +21,7 @@ from deepgemm.api.gemm import planned_spec
 from deepgemm.errors import CompileError
 from deepgemm.jit import compile_kernel
 from deepgemm.kernels.common.hopper import SMEM_CAPACITY, elem_bytes
-from deepgemm.kernels.quantize_fp8.launch import _block_source, _token_group_source
+from deepgemm.kernels.quantize_fp8.launch import block_source, token_group_source
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import clusters_allowed, make_config, pipelined_for
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
@@ -72,13 +72,13 @@ EXPLICIT = [
 ]
 
 QUANTIZE = [
-    ("token_group_bf16_128", _token_group_source, BF16, 128),
-    ("token_group_fp32_128", _token_group_source, FP32, 128),
-    ("token_group_fp16_64", _token_group_source, torch.float16, 64),
-    ("block_bf16_128", _block_source, BF16, 128),
-    ("block_fp32_128", _block_source, FP32, 128),
-    ("token_group_fp32_1024", _token_group_source, FP32, 1024),
-    ("block_fp16_32", _block_source, torch.float16, 32),
+    ("token_group_bf16_128", token_group_source, BF16, 128),
+    ("token_group_fp32_128", token_group_source, FP32, 128),
+    ("token_group_fp16_64", token_group_source, torch.float16, 64),
+    ("block_bf16_128", block_source, BF16, 128),
+    ("block_fp32_128", block_source, FP32, 128),
+    ("token_group_fp32_1024", token_group_source, FP32, 1024),
+    ("block_fp16_32", block_source, torch.float16, 32),
 ]
 
 

@@ -64,3 +64,19 @@ def test_nan_groups_match_reference() -> None:
     assert torch.equal(sf.cpu().isnan(), sf_ref.isnan()) and sf.cpu()[3, 0].isnan()
     finite = ~sf_ref.isnan()
     assert torch.equal(sf.cpu()[finite], sf_ref[finite])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("group_size", [32, 64, 128, 256, 1024])
+@pytest.mark.parametrize("layout", ["contiguous", "column-offset", "odd-k", "padded-rows"])
+def test_per_token_group_vector_and_scalar_paths(layout: str, group_size: int, dtype: torch.dtype) -> None:
+    """The 16-byte path (aligned rows, K a multiple of the vector) and the scalar one give the reference's bits."""
+    gen = torch.Generator().manual_seed(group_size)
+    base = (torch.randn(203, 2100, generator=gen) * torch.exp(torch.randn(203, 1, generator=gen) * 2)).to(dtype)
+    views = {"contiguous": lambda t: t[:, :2048].contiguous(), "column-offset": lambda t: t[:, 1:1025],
+             "odd-k": lambda t: t[:, :1001], "padded-rows": lambda t: t[:, :1536]}  # rows 2100 elements apart
+    x = views[layout](base)
+    q, sf = deepgemm.quantize_per_token_group(views[layout](base.cuda()), group_size)
+    q_ref, sf_ref = quantize_per_token_group_reference(x.contiguous(), group_size)
+    assert torch.equal(sf.cpu(), sf_ref)
+    assert torch.equal(q.cpu().view(torch.uint8), q_ref.view(torch.uint8))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import KernelSource
-from deepgemm.jit.runtime import current_raw_stream, launch_on_device
+from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
 from deepgemm.kernels.common.loader import load_kernel
 from deepgemm.utils import align_up, ceil_div
 
@@ -18,20 +20,20 @@ INPUT_KINDS = {
 _THREADS = 256
 
 
-def _token_group_source(dtype: torch.dtype, group_size: int) -> KernelSource:
+def token_group_source(dtype: torch.dtype, group_size: int) -> KernelSource:
     code = f"""\
 #include <deepgemm/impls/quantize_fp8.cuh>
 using Kernel = deepgemm::QuantizePerTokenGroup<{INPUT_KINDS[dtype]}, {group_size}u>;
 extern "C" __global__ void __launch_bounds__({_THREADS})
 deepgemm_quantize_per_token_group(const void* x, deepgemm::u64 x_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride, float* sf,
-                deepgemm::u32 sf_stride, deepgemm::u32 m, deepgemm::u32 k) {{
-    Kernel::run(x, x_row_stride, q, q_row_stride, sf, sf_stride, m, k);
+                deepgemm::u32 sf_stride, deepgemm::u32 m, deepgemm::u32 k, deepgemm::u32 vectorized) {{
+    Kernel::run(x, x_row_stride, q, q_row_stride, sf, sf_stride, m, k, vectorized);
 }}
 """
     return KernelSource(code=code, entry="deepgemm_quantize_per_token_group", label=f"quantize_per_token_group {dtype} g={group_size}")
 
 
-def _block_source(dtype: torch.dtype, block: int) -> KernelSource:
+def block_source(dtype: torch.dtype, block: int) -> KernelSource:
     code = f"""\
 #include <deepgemm/impls/quantize_fp8.cuh>
 using Kernel = deepgemm::QuantizePerBlock<{INPUT_KINDS[dtype]}, {block}u>;
@@ -44,25 +46,62 @@ deepgemm_quantize_per_block(const void* w, deepgemm::u64 w_row_stride, deepgemm:
     return KernelSource(code=code, entry="deepgemm_quantize_per_block", label=f"quantize_per_block {dtype} b={block}")
 
 
+_token_group_kernels: dict[tuple[torch.dtype, int], LoadedKernel] = {}
+# Launch-ready arguments of recent calls, keyed by every pointer, shape and stride they pack and the stream: in a
+# steady state the caching allocator hands out the same blocks, so a warm call packs nothing.
+_token_group_ready: dict[tuple, tuple[LoadedKernel, Any, PackedArgs]] = {}
+_READY_CAPACITY = 1024
+
+
+def _token_group_kernel(dtype: torch.dtype, group_size: int) -> LoadedKernel:
+    kernel = _token_group_kernels.get((dtype, group_size))
+    if kernel is None:
+        kernel = _token_group_kernels[(dtype, group_size)] = load_kernel(token_group_source(dtype, group_size), 0)
+    return kernel
+
+
+def _vectorizable(x: torch.Tensor) -> bool:
+    """The kernel's 16-byte path: x's base and rows 16-byte aligned, K a whole number of vectors (q is fresh and
+    contiguous, so its rows then align too)."""
+    elems = 16 // x.element_size()
+    return x.data_ptr() % 16 == 0 and (x.stride(0) * x.element_size()) % 16 == 0 and x.shape[1] % elems == 0
+
+
+def _groups_per_warp(x: torch.Tensor, group_size: int, vectorized: bool) -> int:
+    """Groups one warp quantizes: 32 / (lanes per group) on the 16-byte path (QuantizePerTokenGroup::kGroupsPerWarp),
+    one on the scalar path."""
+    if not vectorized:
+        return 1
+    vectors = group_size // (16 // x.element_size())
+    return max(1, 32 // vectors)
+
+
 def quantize_per_token_group_cuda(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (unit column stride) -> (q e4m3 [M, K], sf [M, ceil(K/g)] with strides (1, align(M, 4)))."""
     m, k = x.shape
     groups = ceil_div(k, group_size)
-    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-    sf_storage = torch.empty((groups, align_up(m, 4)), dtype=torch.float32, device=x.device)
+    device = x.device
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=device)
+    sf_storage = torch.empty((groups, align_up(m, 4)), dtype=torch.float32, device=device)
     sf = sf_storage[:, :m].t()
     if m == 0 or k == 0:
         return q, sf
-    kernel = load_kernel(_token_group_source(x.dtype, group_size), 0)
-    warps = m * groups
-    grid = ceil_div(warps * 32, _THREADS)
-    args = PackedArgs(
-        [U64(x.data_ptr()), U64(x.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf_storage.data_ptr()),
-         U32(sf_storage.stride(0)), U32(m), U32(k)]
-    )
-    device_index = x.device.index
+    device_index = device.index
     stream = current_raw_stream(device_index)
-    launch_on_device(kernel, device_index, stream, kernel.launch_config(device_index, stream, grid, _THREADS), args.address)
+    key = (x.data_ptr(), m, k, x.stride(0), x.dtype, group_size, q.data_ptr(), sf_storage.data_ptr(), stream)
+    ready = _token_group_ready.get(key)
+    if ready is None:
+        kernel = _token_group_kernel(x.dtype, group_size)
+        vectorized = _vectorizable(x)
+        grid = ceil_div(ceil_div(m * groups, _groups_per_warp(x, group_size, vectorized)) * 32, _THREADS)
+        args = PackedArgs(
+            [U64(x.data_ptr()), U64(x.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf_storage.data_ptr()),
+             U32(sf_storage.stride(0)), U32(m), U32(k), U32(vectorized)]
+        )
+        if len(_token_group_ready) >= _READY_CAPACITY:
+            _token_group_ready.clear()
+        ready = _token_group_ready[key] = (kernel, kernel.launch_config(device_index, stream, grid, _THREADS), args)
+    launch_on_device(ready[0], device_index, stream, ready[1], ready[2].address)
     return q, sf
 
 
@@ -73,7 +112,7 @@ def quantize_per_block_cuda(w: torch.Tensor, block: int) -> tuple[torch.Tensor, 
     sf = torch.empty((ceil_div(n, block), ceil_div(k, block)), dtype=torch.float32, device=w.device)
     if n == 0 or k == 0:
         return q, sf
-    kernel = load_kernel(_block_source(w.dtype, block), 0)
+    kernel = load_kernel(block_source(w.dtype, block), 0)
     args = PackedArgs(
         [U64(w.data_ptr()), U64(w.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf.data_ptr()), U32(n), U32(k)]
     )

@@ -226,11 +226,17 @@ def get_grouped_plan(device_index: int, kind: GemmKind, geometry: Geometry, n: i
     plan = _grouped_plans.get(key)
     if plan is not None:
         return plan
-    if config is None:
-        problem = GemmProblem(config_m, n, k, sm_count(device_index), out_dtype, kind, geometry.groups, geometry.max_m)
-        config = choose_config(problem)
-    spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config, kind=kind)
+    spec = grouped_spec(kind, geometry, n, k, out_dtype, config_m, sm_count(device_index), config)
     return _build(_grouped_plans, key, device_index, geometry, spec, str(geometry))
+
+
+def grouped_spec(kind: GemmKind, geometry: Geometry, n: int, k: int, out_dtype: torch.dtype, config_m: int,
+                 num_sms: int, config: GemmConfig | None = None) -> Fp8GemmSpec:
+    """The instantiation get_grouped_plan builds for `num_sms` SMs: `config`, else the grouped heuristics' choice.
+    Needs no device, so precompiling plans exactly the kernel a launch will load."""
+    if config is None:
+        config = choose_config(GemmProblem(config_m, n, k, num_sms, out_dtype, kind, geometry.groups, geometry.max_m))
+    return Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config, kind=kind)
 
 
 def _build(table: dict[tuple, Fp8GemmPlan], key: tuple, device_index: int, geometry: Geometry, spec: Fp8GemmSpec,

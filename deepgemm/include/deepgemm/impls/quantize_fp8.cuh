@@ -52,14 +52,105 @@ DG_DEVICE float warp_max(float value) {
     return value;
 }
 
-// One warp per (row, group). Lane l handles columns l, l+32, ... of the group (coalesced).
+// Eight (bf16/fp16) or four (fp32) inputs from one 16-byte load, as floats.
+template <InputKind kKind>
+DG_DEVICE void load_vector_as_float(const void* address, float* out) {
+    const uint4 raw = *static_cast<const uint4*>(address);
+    const u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (u32 i = 0; i < 4; ++i) {
+        if constexpr (kKind == InputKind::kFloat32) {
+            out[i] = __uint_as_float(words[i]);
+        } else if constexpr (kKind == InputKind::kBFloat16) {
+            out[2 * i] = __uint_as_float(words[i] << 16);
+            out[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
+        } else {
+            const u16 lo = static_cast<u16>(words[i] & 0xFFFFu), hi = static_cast<u16>(words[i] >> 16);
+            asm("cvt.f32.f16 %0, %1;" : "=f"(out[2 * i]) : "h"(lo));
+            asm("cvt.f32.f16 %0, %1;" : "=f"(out[2 * i + 1]) : "h"(hi));
+        }
+    }
+}
+
+// Per (row, group): scale = amax / 448 and q = x / scale. Two paths with bit-identical results:
+//   vectorized (the host passes it when x's base and rows are 16-byte aligned and K and q's row stride are multiples
+//     of the vector): kLanes lanes per group, each loading 16-byte vectors and storing 4/8 e4m3 bytes at once, so a
+//     warp covers 32 / kLanes groups (two for bf16 with G = 128);
+//   scalar (any layout): one warp per group, lane l handling columns l, l + 32, ...
 template <InputKind kKind, u32 kGroupSize>
 struct QuantizePerTokenGroup {
     static_assert(kGroupSize % 32 == 0 && kGroupSize <= 1024, "group size must be a multiple of 32, at most 1024");
     static constexpr u32 kPerLane = kGroupSize / 32;
+    static constexpr u32 kInputBytes = kKind == InputKind::kFloat32 ? 4 : 2;
+    static constexpr u32 kVec = 16 / kInputBytes;
+    static constexpr u32 kLanes = kGroupSize / kVec < 32 ? kGroupSize / kVec : 32;
+    static constexpr u32 kVecsPerLane = kGroupSize / (kVec * kLanes);
+    static constexpr u32 kGroupsPerWarp = 32 / kLanes;
 
     DG_DEVICE static void run(const void* x, u64 x_row_stride, u8* q, u64 q_row_stride, float* sf, u32 sf_stride, u32 m,
-                              u32 k) {
+                              u32 k, u32 vectorized) {
+        if (vectorized) {
+            run_vectorized(x, x_row_stride, q, q_row_stride, sf, sf_stride, m, k);
+        } else {
+            run_scalar(x, x_row_stride, q, q_row_stride, sf, sf_stride, m, k);
+        }
+    }
+
+    DG_DEVICE static void run_vectorized(const void* x, u64 x_row_stride, u8* q, u64 q_row_stride, float* sf,
+                                         u32 sf_stride, u32 m, u32 k) {
+        const u32 groups_per_row = ceil_div(k, kGroupSize);
+        const u64 warp = (static_cast<u64>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+        const u32 lane = threadIdx.x % 32, sub = lane % kLanes;
+        const u64 item = warp * kGroupsPerWarp + lane / kLanes;
+        const bool valid = item < static_cast<u64>(m) * groups_per_row;  // every lane stays for the shuffles
+        const u32 row = valid ? static_cast<u32>(item / groups_per_row) : 0;
+        const u32 group = valid ? static_cast<u32>(item % groups_per_row) : 0;
+        float values[kVecsPerLane][kVec];
+        float amax = 0.0f;
+#pragma unroll
+        for (u32 v = 0; v < kVecsPerLane; ++v) {
+            const u32 col = group * kGroupSize + (v * kLanes + sub) * kVec;
+            if (valid && col < k) {
+                load_vector_as_float<kKind>(static_cast<const u8*>(x) + (row * x_row_stride + col) * kInputBytes,
+                                            values[v]);
+            } else {
+#pragma unroll
+                for (u32 i = 0; i < kVec; ++i) values[v][i] = 0.0f;
+            }
+#pragma unroll
+            for (u32 i = 0; i < kVec; ++i) amax = max_nan(amax, fabsf(values[v][i]));
+        }
+#pragma unroll
+        for (u32 offset = kLanes / 2; offset > 0; offset /= 2) {
+            amax = max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+        }
+        const float scale = fp8_scale_for(amax);
+#pragma unroll
+        for (u32 v = 0; v < kVecsPerLane; ++v) {
+            const u32 col = group * kGroupSize + (v * kLanes + sub) * kVec;
+            if (valid && col < k) {
+                u32 words[kVec / 4];
+#pragma unroll
+                for (u32 w = 0; w < kVec / 4; ++w) {
+                    const float* f = values[v] + 4 * w;
+                    words[w] = static_cast<u32>(ptx::pack_e4m3x2(f[0] / scale, f[1] / scale)) |
+                               (static_cast<u32>(ptx::pack_e4m3x2(f[2] / scale, f[3] / scale)) << 16);
+                }
+                u8* target = q + row * q_row_stride + col;
+                if constexpr (kVec == 8) {
+                    *reinterpret_cast<uint2*>(target) = make_uint2(words[0], words[1]);
+                } else {
+                    *reinterpret_cast<u32*>(target) = words[0];
+                }
+            }
+        }
+        if (valid && sub == 0) {
+            sf[static_cast<u64>(group) * sf_stride + row] = scale;
+        }
+    }
+
+    DG_DEVICE static void run_scalar(const void* x, u64 x_row_stride, u8* q, u64 q_row_stride, float* sf, u32 sf_stride,
+                                     u32 m, u32 k) {
         const u32 groups_per_row = ceil_div(k, kGroupSize);
         const u64 warp = (static_cast<u64>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
         const u32 lane = threadIdx.x % 32;

@@ -1,0 +1,101 @@
+"""`convert(model)`: replace a model's nn.Linear layers by Fp8Linear, reporting what was replaced and what was left."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from deepgemm.api.backend import fp8_linear_route
+from deepgemm.nn.linear import OUT_DTYPES, Fp8Linear
+
+Selector = Iterable[str] | Callable[[str, nn.Module], bool] | None
+
+
+@dataclass(frozen=True)
+class ConvertedLayer:
+    name: str
+    out_features: int
+    in_features: int
+
+
+@dataclass(frozen=True)
+class LeftLayer:
+    name: str
+    reason: str
+
+
+@dataclass
+class ConversionReport:
+    """What `convert` did: the layers it replaced and those it left as they were, with the reason."""
+
+    replaced: list[ConvertedLayer] = field(default_factory=list)
+    left: list[LeftLayer] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"converted {len(self.replaced)} linear layer(s) to Fp8Linear, left {len(self.left)}"]
+        lines += [f"  left {layer.name}: {layer.reason}" for layer in self.left]
+        return "\n".join(lines)
+
+
+def _selected(selector: Selector, name: str, module: nn.Module) -> bool:
+    if callable(selector):
+        return bool(selector(name, module))
+    patterns = [selector] if isinstance(selector, str) else list(selector or ())
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def _reason_to_leave(name: str, module: nn.Linear, parent: nn.Module, include: Selector, exclude: Selector) -> str | None:
+    if include is not None and not _selected(include, name, module):
+        return "not matched by include"
+    if exclude is not None and _selected(exclude, name, module):
+        return "matched by exclude"
+    if type(module) is not nn.Linear:
+        return f"{type(module).__name__} subclasses nn.Linear (its forward may differ)"
+    if isinstance(parent, nn.MultiheadAttention):
+        return "nn.MultiheadAttention reads this weight directly"
+    weight = module.weight
+    if weight.device.type == "meta":
+        return "weight is on the meta device (load an FP8 checkpoint with load_fp8_checkpoint instead)"
+    if not weight.is_floating_point() or weight.dtype.itemsize == 1:
+        return f"weight dtype {weight.dtype} is not a 16/32-bit float"
+    if fp8_linear_route(module.out_features, module.in_features) == "bf16":
+        rule = "in_features % 16 != 0" if module.in_features % 16 else "weight too small to gain from FP8"
+        return f"kept in {weight.dtype} ({rule}: the FP8 kernel would not be the faster correct path)"
+    return None
+
+
+def convert(model: nn.Module, *, include: Selector = None, exclude: Selector = None,
+            dtype: torch.dtype | None = None) -> ConversionReport:
+    """Replace, in place, every nn.Linear of `model` that FP8 serves well by an Fp8Linear (weights quantized per
+    128x128 block on their device).
+
+    include / exclude: glob patterns on qualified module names (e.g. exclude=["lm_head", "*.gate"]) or a callable
+    (name, module) -> bool. dtype: the Fp8Linear output dtype (default: the layer's own when bfloat16/float32, else
+    bfloat16). Layers left alone keep running as they were, on a correct path; the report says why for each.
+    """
+    if dtype is not None and dtype not in OUT_DTYPES:
+        raise TypeError(f"convert: 'dtype' must be torch.bfloat16 or torch.float32, got {dtype}")
+    report = ConversionReport()
+    parents = {name: module for name, module in model.named_modules()}
+    targets: list[tuple[str, nn.Module, str, nn.Linear]] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        if not name:
+            report.left.append(LeftLayer("(root)", "the model itself is the layer: use Fp8Linear.from_linear"))
+            continue
+        parent_name, _, attribute = name.rpartition(".")
+        parent = parents[parent_name]
+        reason = _reason_to_leave(name, module, parent, include, exclude)
+        if reason is not None:
+            report.left.append(LeftLayer(name, reason))
+        else:
+            targets.append((name, parent, attribute, module))
+    for name, parent, attribute, module in targets:
+        setattr(parent, attribute, Fp8Linear.from_linear(module, dtype=dtype))
+        report.replaced.append(ConvertedLayer(name, module.out_features, module.in_features))
+    return report

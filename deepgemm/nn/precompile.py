@@ -1,0 +1,51 @@
+"""`precompile_model(model)`: compile, before serving, every kernel a model's Fp8Linear layers will load."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from deepgemm.api.precompile import (
+    DEFAULT_TOKENS,
+    Kernel,
+    PrecompileSummary,
+    Progress,
+    compile_sources,
+    dense_kernel,
+    local_target,
+    quantizer_kernel,
+    token_counts,
+    unique_sources,
+)
+from deepgemm.nn.linear import Fp8Linear
+
+
+def fp8_layer_shapes(model: nn.Module) -> list[tuple[int, int, torch.dtype]]:
+    """The distinct (N, K, output dtype) of `model`'s Fp8Linear layers that run the FP8 kernel (route "fp8"; the
+    others multiply a dequantized weight and compile nothing)."""
+    shapes = ((m.out_features, m.in_features, m.out_dtype) for m in model.modules()
+              if isinstance(m, Fp8Linear) and m.route == "fp8")
+    return list(dict.fromkeys(shapes))
+
+
+def precompile_model(model: nn.Module, tokens: Iterable[int] = DEFAULT_TOKENS, *, num_sms: int | None = None,
+                     gpu: str | None = None, input_dtype: torch.dtype = torch.bfloat16, workers: int | None = None,
+                     progress: Progress | None = None) -> PrecompileSummary:
+    """Compile into the disk cache the kernels `model`'s Fp8Linear layers load when called with each of `tokens`
+    rows (the inputs flattened to [tokens, in_features]): one FP8 GEMM per (token count, layer shape) and the
+    per-token-group quantizer of `input_dtype`, deduplicated. Another row count may pick another kernel, which
+    then compiles on its first call.
+
+    num_sms / gpu: the SM count and the GPU model (as torch.cuda.get_device_name() names it; its tuned table picks
+    dense tiles) to plan for; default this GPU's, or 132 SMs and the cost model alone without a GPU. workers:
+    parallel compiles (default os.cpu_count()). progress: called after each kernel with a KernelDone.
+    """
+    target, quantizer = local_target(num_sms, gpu), quantizer_kernel(input_dtype)
+    shapes = fp8_layer_shapes(model)
+    kernels: list[Kernel] = [dense_kernel(m, n, k, out_dtype, target)
+                             for m in token_counts(tokens) for n, k, out_dtype in shapes]
+    if kernels:
+        kernels.append(quantizer)
+    return compile_sources(unique_sources(kernels), workers=workers, progress=progress)

@@ -1,0 +1,24 @@
+"""torch.library custom ops (`torch.ops.deepgemm.*`) and the public functions that route through them when traced.
+
+Importing this package registers the ops. Eager calls of the public functions go straight to deepgemm.api (host
+time); under torch.compile they become graph nodes with fake kernels, so Dynamo never traces our host code.
+"""
+
+from deepgemm.ops.gemm import fp8_gemm_nt
+from deepgemm.ops.grouped import (
+    m_grouped_fp8_gemm_nt_contiguous,
+    m_grouped_fp8_gemm_nt_contiguous_psum,
+    m_grouped_fp8_gemm_nt_masked,
+)
+from deepgemm.ops.kgrouped import k_grouped_fp8_gemm_tn_contiguous
+from deepgemm.ops.quant import quantize_per_block, quantize_per_token_group
+
+__all__ = [
+    "fp8_gemm_nt",
+    "k_grouped_fp8_gemm_tn_contiguous",
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_contiguous_psum",
+    "m_grouped_fp8_gemm_nt_masked",
+    "quantize_per_block",
+    "quantize_per_token_group",
+]

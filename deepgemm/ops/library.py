@@ -1,0 +1,31 @@
+"""The `deepgemm` torch.library namespace: one schema, CPU and CUDA kernels and a fake (meta) kernel per op.
+
+Schemas follow what every supported torch (>= 2.9) accepts: functional ops return new tensors, `_out` ops mutate
+`out` and return nothing, accumulate ops mutate `c` and return nothing; no op returns a mutated input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+NAMESPACE = "deepgemm"
+LIBRARY = torch.library.Library(NAMESPACE, "DEF")  # kept alive for the process: dropping it unregisters the ops
+
+
+def define(schema: str, impl: Callable[..., Any], fake: Callable[..., Any]) -> None:
+    """Register `schema` with `impl` for CPU and CUDA tensors (it picks the kernel or the reference path itself)
+    and `fake` for tracing (shapes, dtypes and the same argument rules; no device work)."""
+    name = schema.split("(", 1)[0]
+    LIBRARY.define(schema)
+    LIBRARY.impl(name, impl, "CPU")
+    LIBRARY.impl(name, impl, "CUDA")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIBRARY)
+
+
+def compiling() -> bool:
+    """True while Dynamo (torch.compile, torch.export) traces: public functions then call the custom ops so the
+    graph holds `torch.ops.deepgemm.*` nodes; eager calls go straight to the implementation (host time)."""
+    return torch.compiler.is_compiling()

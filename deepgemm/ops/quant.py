@@ -1,0 +1,57 @@
+"""The one-pass FP8 quantizers as custom ops (the dequantizers are plain torch code and trace as it)."""
+
+from __future__ import annotations
+
+import torch
+
+from deepgemm.api import quant as api
+from deepgemm.ops.library import compiling, define
+from deepgemm.utils import ceil_div
+
+FP8 = torch.float8_e4m3fn
+
+
+def _token_group_impl(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    return api.quantize_per_token_group(x, group_size)
+
+
+def _token_group_fake(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    api.check_quantize_input(x, "x", group_size, "group_size", api.GROUP_SIZES, "quantize_per_token_group")
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=FP8, device=x.device)
+    return q, api.empty_token_group_scales(m, ceil_div(k, group_size), x.device)
+
+
+def _block_impl(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    return api.quantize_per_block(w, block)
+
+
+def _block_fake(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    api.check_quantize_input(w, "w", block, "block", api.BLOCK_SIZES, "quantize_per_block")
+    n, k = w.shape
+    q = torch.empty((n, k), dtype=FP8, device=w.device)
+    sf = torch.empty((ceil_div(n, block), ceil_div(k, block)), dtype=torch.float32, device=w.device)
+    return q, sf
+
+
+define("quantize_per_token_group(Tensor x, int group_size=128) -> (Tensor, Tensor)", _token_group_impl,
+       _token_group_fake)
+define("quantize_per_block(Tensor w, int block=128) -> (Tensor, Tensor)", _block_impl, _block_fake)
+
+
+def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    if not compiling():
+        return api.quantize_per_token_group(x, group_size)
+    q, sf = torch.ops.deepgemm.quantize_per_token_group(x, group_size)
+    return q, sf
+
+
+def quantize_per_block(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    if not compiling():
+        return api.quantize_per_block(w, block)
+    q, sf = torch.ops.deepgemm.quantize_per_block(w, block)
+    return q, sf
+
+
+quantize_per_token_group.__doc__ = api.quantize_per_token_group.__doc__
+quantize_per_block.__doc__ = api.quantize_per_block.__doc__
