@@ -36,7 +36,7 @@ BUSY_CALLS = 400  # stays below the launch queue's depth, so a launch never wait
 BUSY_SLEEP_CYCLES = 60_000_000  # ~30 ms at the H200's clocks: longer than 400 calls of any path here
 
 
-def busy_gpu_per_call_us(fn) -> float:
+def busy_gpu_per_call_us(fn, calls: int = BUSY_CALLS) -> float:
     """Host time per call while the GPU is held busy by a sleep kernel queued first, so the loop can
     never wait for the GPU to retire earlier launches: pure CPU-side cost (Python + driver submission).
     A batch counts only if the GPU was still busy when its last call returned."""
@@ -47,13 +47,13 @@ def busy_gpu_per_call_us(fn) -> float:
     for _ in range(7):
         torch.cuda._sleep(BUSY_SLEEP_CYCLES)
         start = time.perf_counter()
-        for _ in range(BUSY_CALLS):
+        for _ in range(calls):
             fn()
         elapsed = time.perf_counter() - start
         done = torch.cuda.Event()
         done.record()
         if not done.query():  # the queue had not drained: every call ran against a busy GPU
-            best = min(best, elapsed / BUSY_CALLS * 1e6)
+            best = min(best, elapsed / calls * 1e6)
         torch.cuda.synchronize()
     return best
 
@@ -93,7 +93,7 @@ def integration_host_us(a, b, out) -> None:
     layer.route = "fp8"
     x = torch.randn(16, 512, dtype=torch.bfloat16, device="cuda")
     with torch.inference_mode():
-        linear_us = busy_gpu_per_call_us(lambda: layer(x))
+        linear_us = busy_gpu_per_call_us(lambda: layer(x), calls=BUSY_CALLS // 3)  # 3 launches per call
     grad_mode = busy_gpu_per_call_us(lambda: deepgemm.fp8_gemm_nt(a, b, out))
     quant = busy_gpu_per_call_us(lambda: deepgemm.quantize_per_token_group(x))
     print(f"host_us_gpu_busy torch.ops.deepgemm.fp8_gemm_nt {direct:.2f} | fp8_gemm_nt_out op {direct_out:.2f} | "

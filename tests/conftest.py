@@ -26,3 +26,13 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 
     if "DEEPGEMM_CACHE_DIR" not in os.environ:
         monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "deepgemm-cache"))
+
+
+@pytest.fixture
+def small_fp8_route(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Let small test layers take the FP8 path (the shipped rule routes weights under 8M elements to a BF16 matmul,
+    a measured speed choice; the tests keep CPU work small). Returns the threshold in force."""
+    import deepgemm.api.backend as backend
+
+    monkeypatch.setattr(backend, "FP8_LINEAR_MIN_WEIGHT_ELEMENTS", 256 * 256)
+    return 256 * 256

@@ -13,9 +13,9 @@ from deepgemm.kernels.common.device import is_sm90
 Backend = Literal["sm90", "reference", "bf16"]
 Route = Literal["fp8", "bf16"]
 
-# Below this many weight elements an FP8 layer is slower than a BF16 matmul of its dequantized weight: the
-# activation quantizer's launch costs more than the halved weight read saves (measured: docs/performance.md).
-FP8_LINEAR_MIN_WEIGHT_ELEMENTS = 512 * 512
+# Below this many weight elements an FP8 layer (quantize + FP8 GEMM: two kernels) is slower than a BF16 matmul of
+# its dequantized weight (one) at every token count measured on the H200 (docs/performance.md, "Fp8Linear routing").
+FP8_LINEAR_MIN_WEIGHT_ELEMENTS = 2048 * 4096
 
 
 @functools.cache

@@ -21,6 +21,8 @@ from deepgemm.commands import bench
 from deepgemm.tuning.timing import Timing
 from deepgemm.utils import calc_diff
 
+pytestmark = pytest.mark.usefixtures("small_fp8_route")  # small layers take the FP8 path
+
 TINY_MOE = ModelSpec("tiny-moe", hidden_size=512, intermediate_size=1024, num_layers=2, num_heads=4, num_kv_heads=2,
                      head_dim=128, vocab_size=1000,
                      moe=MoeSpec(num_experts=4, experts_per_token=2, expert_intermediate_size=256, num_shared_experts=1,

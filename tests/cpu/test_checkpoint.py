@@ -18,6 +18,8 @@ from deepgemm.nn.checkpoint import LoadReport, load_fp8_checkpoint, save_fp8_che
 from deepgemm.nn.linear import Fp8Linear  # noqa: E402
 from deepgemm.utils import calc_diff  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("small_fp8_route")  # small layers take the FP8 path
+
 FP8 = torch.float8_e4m3fn
 H, V, Q, I = 256, 96, 200, 1200  # hidden, vocab, q_proj out (partial blocks, the dequantized route), MLP width
 # prefix -> (out, in, bias). up/down run the FP8 GEMM (N resp. K partial in their last block); q_proj is too small

@@ -13,6 +13,8 @@ import deepgemm
 from deepgemm.api.backend import fp8_linear_route
 from deepgemm.nn import Fp8Linear, convert
 
+pytestmark = pytest.mark.usefixtures("small_fp8_route")  # small layers take the FP8 path
+
 
 @pytest.fixture
 def seed() -> int:

@@ -39,6 +39,8 @@ from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec
 from deepgemm.nn.linear import Fp8Linear
 from deepgemm.nn.precompile import fp8_layer_shapes, precompile_model
 
+pytestmark = pytest.mark.usefixtures("small_fp8_route")  # small layers take the FP8 path
+
 H200 = Target(num_sms=132, gpu_name="NVIDIA H200")
 TINY_KERNEL = KernelSource(code='extern "C" __global__ void deepgemm_kernel(int* out) { *out = 1; }',
                            label="test precompile counter")

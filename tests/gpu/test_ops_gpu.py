@@ -19,7 +19,7 @@ import deepgemm.api.quant as api_quant
 from deepgemm.nn import Fp8Linear, convert
 from tests.op_cases import OP_NAMES, fp8_aware_allclose, op_cases
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("small_fp8_route")]
 
 
 @pytest.fixture

@@ -82,21 +82,21 @@ def quantize_per_token_group_cuda(x: torch.Tensor, group_size: int) -> tuple[tor
     groups = ceil_div(k, group_size)
     device = x.device
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=device)
-    sf_storage = torch.empty((groups, align_up(m, 4)), dtype=torch.float32, device=device)
-    sf = sf_storage[:, :m].t()
+    sf_stride = align_up(m, 4)
+    sf = torch.empty_strided((m, groups), (1, sf_stride), dtype=torch.float32, device=device)  # one op, not three
     if m == 0 or k == 0:
         return q, sf
     device_index = device.index
     stream = current_raw_stream(device_index)
-    key = (x.data_ptr(), m, k, x.stride(0), x.dtype, group_size, q.data_ptr(), sf_storage.data_ptr(), stream)
+    key = (x.data_ptr(), m, k, x.stride(0), x.dtype, group_size, q.data_ptr(), sf.data_ptr(), stream)
     ready = _token_group_ready.get(key)
     if ready is None:
         kernel = _token_group_kernel(x.dtype, group_size)
         vectorized = _vectorizable(x)
         grid = ceil_div(ceil_div(m * groups, _groups_per_warp(x, group_size, vectorized)) * 32, _THREADS)
         args = PackedArgs(
-            [U64(x.data_ptr()), U64(x.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf_storage.data_ptr()),
-             U32(sf_storage.stride(0)), U32(m), U32(k), U32(vectorized)]
+            [U64(x.data_ptr()), U64(x.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf.data_ptr()),
+             U32(sf_stride), U32(m), U32(k), U32(vectorized)]
         )
         if len(_token_group_ready) >= _READY_CAPACITY:
             _token_group_ready.clear()
