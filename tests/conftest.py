@@ -36,3 +36,14 @@ def small_fp8_route(monkeypatch: pytest.MonkeyPatch) -> int:
 
     monkeypatch.setattr(backend, "FP8_LINEAR_MIN_WEIGHT_ELEMENTS", 256 * 256)
     return 256 * 256
+
+
+@pytest.fixture
+def seed() -> int:
+    """A fresh seed per test, printed (pytest shows it on failure) and given to torch's global generator."""
+    import random
+
+    value = random.randrange(2**31)
+    print(f"seed={value}")
+    torch.manual_seed(value)
+    return value

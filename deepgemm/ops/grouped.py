@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from deepgemm.api import grouped as api
@@ -21,68 +23,36 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype | None, like: torch.Tensor
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
-# ---- contiguous, per-row expert indices ---------------------------------------------------------------------
+# ---- contiguous: per-row expert indices (m_indices) or cumulative row ends (psum) ----------------------------
 
 
-def _contiguous_impl(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, m_indices: torch.Tensor,
-                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    out = _empty(_contiguous_shape(a, b), out_dtype, a)
-    return api.m_grouped_fp8_gemm_nt_contiguous((a, sfa), (b, sfb), out, m_indices)
+def _define_contiguous(name: str, grouping_name: str, run: Callable[..., torch.Tensor], psum_form: bool) -> None:
+    """Register the functional and `_out` ops of one contiguous form; `run` is its api function."""
+    def impl(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, grouping: torch.Tensor,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        return run((a, sfa), (b, sfb), _empty(_contiguous_shape(a, b), out_dtype, a), grouping)
+
+    def fake(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, grouping: torch.Tensor,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        out = _empty(_contiguous_shape(a, b), out_dtype, a)
+        api.check_contiguous((a, sfa), (b, sfb), out, grouping, psum_form=psum_form)
+        return out
+
+    def out_impl(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, grouping: torch.Tensor,
+                 out: torch.Tensor) -> None:
+        run((a, sfa), (b, sfb), out, grouping)
+
+    def out_fake(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, grouping: torch.Tensor,
+                 out: torch.Tensor) -> None:
+        api.check_contiguous((a, sfa), (b, sfb), out, grouping, psum_form=psum_form)
+
+    operands = f"Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor {grouping_name}"
+    define(f"{name}({operands}, ScalarType? out_dtype=None) -> Tensor", impl, fake)
+    define(f"{name}_out({operands}, Tensor(a!) out) -> ()", out_impl, out_fake)
 
 
-def _contiguous_fake(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, m_indices: torch.Tensor,
-                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    out = _empty(_contiguous_shape(a, b), out_dtype, a)
-    api.check_contiguous((a, sfa), (b, sfb), out, m_indices, psum_form=False)
-    return out
-
-
-def _contiguous_out_impl(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
-                         m_indices: torch.Tensor, out: torch.Tensor) -> None:
-    api.m_grouped_fp8_gemm_nt_contiguous((a, sfa), (b, sfb), out, m_indices)
-
-
-def _contiguous_out_fake(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
-                         m_indices: torch.Tensor, out: torch.Tensor) -> None:
-    api.check_contiguous((a, sfa), (b, sfb), out, m_indices, psum_form=False)
-
-
-define("m_grouped_fp8_gemm_nt_contiguous(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor m_indices, "
-       "ScalarType? out_dtype=None) -> Tensor", _contiguous_impl, _contiguous_fake)
-define("m_grouped_fp8_gemm_nt_contiguous_out(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor m_indices, "
-       "Tensor(a!) out) -> ()", _contiguous_out_impl, _contiguous_out_fake)
-
-
-# ---- contiguous, cumulative row ends ------------------------------------------------------------------------
-
-
-def _psum_impl(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, psum: torch.Tensor,
-               out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    out = _empty(_contiguous_shape(a, b), out_dtype, a)
-    return api.m_grouped_fp8_gemm_nt_contiguous_psum((a, sfa), (b, sfb), out, psum)
-
-
-def _psum_fake(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, psum: torch.Tensor,
-               out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    out = _empty(_contiguous_shape(a, b), out_dtype, a)
-    api.check_contiguous((a, sfa), (b, sfb), out, psum, psum_form=True)
-    return out
-
-
-def _psum_out_impl(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, psum: torch.Tensor,
-                   out: torch.Tensor) -> None:
-    api.m_grouped_fp8_gemm_nt_contiguous_psum((a, sfa), (b, sfb), out, psum)
-
-
-def _psum_out_fake(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, psum: torch.Tensor,
-                   out: torch.Tensor) -> None:
-    api.check_contiguous((a, sfa), (b, sfb), out, psum, psum_form=True)
-
-
-define("m_grouped_fp8_gemm_nt_contiguous_psum(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor psum, "
-       "ScalarType? out_dtype=None) -> Tensor", _psum_impl, _psum_fake)
-define("m_grouped_fp8_gemm_nt_contiguous_psum_out(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor psum, "
-       "Tensor(a!) out) -> ()", _psum_out_impl, _psum_out_fake)
+_define_contiguous("m_grouped_fp8_gemm_nt_contiguous", "m_indices", api.m_grouped_fp8_gemm_nt_contiguous, False)
+_define_contiguous("m_grouped_fp8_gemm_nt_contiguous_psum", "psum", api.m_grouped_fp8_gemm_nt_contiguous_psum, True)
 
 
 # ---- masked -------------------------------------------------------------------------------------------------

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 import torch._dynamo
@@ -14,14 +12,6 @@ from deepgemm.api.backend import fp8_linear_route
 from deepgemm.nn import Fp8Linear, convert
 
 pytestmark = pytest.mark.usefixtures("small_fp8_route")  # small layers take the FP8 path
-
-
-@pytest.fixture
-def seed() -> int:
-    value = random.randrange(2**31)
-    print(f"seed={value}")
-    torch.manual_seed(value)
-    return value
 
 
 def _reference(layer: Fp8Linear, x: torch.Tensor) -> torch.Tensor:

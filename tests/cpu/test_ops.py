@@ -3,8 +3,6 @@ and the refusal of inputs that require grad on every path."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 import torch._dynamo
@@ -13,13 +11,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import deepgemm
 from tests.helpers import random_operands
 from tests.op_cases import OP_NAMES, fp8_aware_allclose, op_cases
-
-
-@pytest.fixture
-def seed() -> int:
-    value = random.randrange(2**31)
-    print(f"seed={value}")
-    return value
 
 
 @pytest.fixture

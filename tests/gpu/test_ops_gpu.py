@@ -4,8 +4,6 @@ disabled here, so every number comes from our kernels."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 import torch._dynamo
@@ -20,14 +18,6 @@ from deepgemm.nn import Fp8Linear, convert
 from tests.op_cases import OP_NAMES, fp8_aware_allclose, op_cases
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("small_fp8_route")]
-
-
-@pytest.fixture
-def seed() -> int:
-    value = random.randrange(2**31)
-    print(f"seed={value}")
-    torch.manual_seed(value)
-    return value
 
 
 @pytest.fixture(autouse=True)
