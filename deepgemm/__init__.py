@@ -6,7 +6,15 @@ from deepgemm.api.grouped import get_m_alignment_for_contiguous_layout
 from deepgemm.api.layout import to_mn_major_tma_aligned
 from deepgemm.api.quant import dequantize_per_block, dequantize_per_token_group
 from deepgemm.nn import convert, precompile_model
-from deepgemm.errors import CompileError, DeepGemmError, GraphCaptureError, NotDifferentiableError, UnsupportedError
+from deepgemm.errors import (
+    CacheError,
+    CompileError,
+    DeepGemmError,
+    GraphCaptureError,
+    LockTimeoutError,
+    NotDifferentiableError,
+    UnsupportedError,
+)
 from deepgemm.ops import (
     fp8_gemm_nt,
     k_grouped_fp8_gemm_tn_contiguous,
@@ -23,9 +31,11 @@ __version__ = "0.1.0"
 warn_removed_environment()
 
 __all__ = [
+    "CacheError",
     "CompileError",
     "DeepGemmError",
     "GraphCaptureError",
+    "LockTimeoutError",
     "NotDifferentiableError",
     "UnsupportedError",
     "backend_for",

@@ -20,8 +20,14 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     """Relative difference 1 - 2*sum(x*y) / sum(x^2 + y^2), computed in float64.
 
     0 for identical tensors, about the squared relative error for close ones. NaN/Inf in either
-    input gives NaN (which compares false against any tolerance).
+    input gives NaN (which compares false against any tolerance). x and y must have the same shape (no
+    broadcasting: a [M, N] result against a [N] reference is a bug, not a comparison).
     """
+    for name, value in (("x", x), ("y", y)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"calc_diff: '{name}' must be a torch.Tensor, got {type(value).__name__}")
+    if x.shape != y.shape:
+        raise ValueError(f"calc_diff: 'x' has shape {tuple(x.shape)} but 'y' has shape {tuple(y.shape)}; they must match")
     x64, y64 = x.double(), y.double()
     denominator = (x64 * x64 + y64 * y64).sum()
     if denominator == 0:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench grouped kgrouped ncu split clusters ab nn route block
+# Steps: install smoke tests sanitize host sass bench grouped kgrouped ncu split clusters ab nn route block racecheck
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times another tree, carried as .ab/deepgemm_old (dev/rename_package.sh), interleaved with this one (dev/ab_trees.py).
@@ -24,8 +24,17 @@ fi
 if has smoke; then
   timeout 120 python3 dev/sanitize_check.py 2>&1 | tee "$OUT/smoke.log" | tail -12
 fi
+# tests: the quick GPU subset (-m "gpu and quick": tests/gpu/conftest.py QUICK plus tests marked quick; meant to
+# finish within 5 minutes, compiles included), stopping at the first failure; QUICK_MARK overrides the selection.
+# full (not a default step): every GPU test (-m full), all failures reported, slowest 30 listed; FULL_MARK narrows it
+# (e.g. "full and not quick" after a tests step), FULL_TIMEOUT bounds it. Every GPU test fails if the reference path
+# ran on CUDA tensors (the gpu_guard fixture, tests/gpu/guard.py). The memcheck subset is dev/sanitize_check.py: run
+# plainly by smoke and under compute-sanitizer memcheck by sanitize.
 if has tests; then
-  timeout 420 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/pytest_gpu.log" | grep -E "passed|failed|Error|error" | tail -25
+  timeout 420 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider -m "${QUICK_MARK:-gpu and quick}" --durations=20 tests 2>&1 | tee "$OUT/pytest_gpu.log" | grep -E "passed|failed|Error|error" | tail -25
+fi
+if has full; then
+  timeout "${FULL_TIMEOUT:-560}" python3 -m pytest --timeout 300 -q -p no:cacheprovider -m "${FULL_MARK:-full}" --durations=30 tests 2>&1 | tee "$OUT/pytest_full.log" | grep -E "passed|failed|Error|error|slowest|^[0-9.]+s (call|setup|teardown)" | tail -70
 fi
 if has sanitize; then
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 dev/sanitize_check.py >"$OUT/sanitizer.log" 2>&1
@@ -51,6 +60,9 @@ if has block; then
   for model in ${BLOCK_MODELS:-llama-3-8b qwen3-30b-a3b}; do
     timeout 300 python3 -m deepgemm bench --model $model --tokens 1,64,4096 --json "$OUT/block_$model.json" 2>&1 | tee "$OUT/block_$model.txt"
   done
+fi
+if has racecheck; then
+  bash dev/racecheck_ab.sh
 fi
 if has ab; then
   timeout 300 env PYTHONPATH=$PWD:$PWD/.ab python3 dev/ab_trees.py deepgemm_old 2>&1 | tee "$OUT/ab_trees.md"

@@ -47,3 +47,19 @@ def seed() -> int:
     print(f"seed={value}")
     torch.manual_seed(value)
     return value
+
+
+@pytest.fixture(autouse=True)
+def gpu_guard(request: pytest.FixtureRequest):  # noqa: ANN201
+    """For every test marked `gpu`: the kernels must serve CUDA tensors here, and the reference path must not run on
+    them; any reference call on CUDA tensors fails the test, even one the code under test swallowed. Yields a
+    tests.gpu.guard.GpuGuard (reference calls, kernel launch counts); None for other tests."""
+    if request.node.get_closest_marker("gpu") is None:
+        yield None
+        return
+    from tests.gpu.guard import guarding, require_kernel_backend
+
+    require_kernel_backend()
+    with guarding() as guard:
+        yield guard
+        guard.verify()

@@ -12,18 +12,22 @@ from deepgemm.api.backend import backend_for
 from deepgemm.api.layout import to_mn_major_tma_aligned
 from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
+    require_aligned,
     require_dtype,
+    require_k_multiple_of_16,
+    require_no_overlap,
+    require_no_self_overlap,
     require_pair,
     require_rank,
     require_same_device,
     require_shape,
     require_row_count,
     require_tensor,
-    require_tma_rows,
+    require_tma_strides,
     refuse_grad,
 )
 from deepgemm.jit.resources import PtxasResources
-from deepgemm.kernels.common.device import device_name, planning_sm_count, sm_count
+from deepgemm.kernels.common.device import DEFAULT_NUM_SMS, device_name, planning_sm_count, sm_count
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_config
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
@@ -129,14 +133,35 @@ def check_fp8_gemm_nt(a: object, b: object, out: torch.Tensor | None, out_dtype:
         if dtype not in OUT_DTYPES:
             raise TypeError(f"{_WHERE}: 'out_dtype' must be torch.bfloat16 or torch.float32, got {dtype}")
         device = require_same_device(_WHERE, a=a_q, sfa=sfa, b=b_q, sfb=sfb)
+    # The kernel's layout rules, on every path (the reference path could take more, the kernel cannot).
+    require_k_multiple_of_16(k, "a[0]", _WHERE)
+    require_tma_strides(a_q, "a[0]", _WHERE)
+    require_tma_strides(b_q, "b[0]", _WHERE)
+    if out is not None:
+        require_tma_strides(out, "out", _WHERE)
+        require_no_self_overlap(out, "out", _WHERE)
+    require_row_count(m, "'a[0]' (M)", _WHERE)
+    require_row_count(n, "'b[0]' (N)", _WHERE)
     refuse_grad(_WHERE, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out})
     return a_q, sfa, b_q, sfb, dtype, device
+
+
+def check_fp8_gemm_nt_memory(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor,
+                             out: torch.Tensor | None) -> None:
+    """The rules that read data pointers (eager calls only; fake tensors have no storage): A, B and a given `out`
+    start 16-byte aligned, and `out` shares no memory with an operand."""
+    require_aligned(a_q, "a[0]", _WHERE)
+    require_aligned(b_q, "b[0]", _WHERE)
+    if out is not None:
+        require_aligned(out, "out", _WHERE)
+        require_no_overlap(_WHERE, "out", out, (("a[0]", a_q), ("a[1]", sfa), ("b[0]", b_q), ("b[1]", sfb)))
 
 
 def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
                          out: torch.Tensor | None, out_dtype: torch.dtype | None) -> torch.Tensor:
     """The full path: validate everything, normalize layouts, plan, launch, and remember the result."""
     a_q, sfa, b_q, sfb, dtype, device = check_fp8_gemm_nt(a, b, out, out_dtype)
+    check_fp8_gemm_nt_memory(a_q, sfa, b_q, sfb, out)
     (m, k), n = a_q.shape, b_q.shape[0]
     if out is None:
         out = allocate_out(m, n, dtype, device)
@@ -148,12 +173,6 @@ def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Te
         out.copy_(fp8_gemm_nt_reference(a_q, sfa, b_q, sfb))
         return out
 
-    if k % 16 != 0:
-        raise ValueError(f"{_WHERE}: K={k} must be a multiple of 16 (each FP8 row must span whole 16-byte TMA units)")
-    require_tma_rows(a_q, "a[0]", _WHERE)
-    require_tma_rows(b_q, "b[0]", _WHERE)
-    require_tma_rows(out, "out", _WHERE)
-    require_row_count(max(m, n), "max(M, N)", _WHERE)
     plan = get_plan(device.index, m, n, k, out.dtype, tuned_config(device.index, m, n, k, out.dtype))
     sfa_tma = to_mn_major_tma_aligned(sfa)
     sfb_rows = sfb.contiguous()
@@ -180,15 +199,24 @@ def precompile_fp8_gemm_nt(
 ) -> PrecompileInfo:
     """Compile (into the disk cache) the kernel fp8_gemm_nt would use for this shape; no GPU needed.
 
-    num_sms defaults to the current GPU's SM count, or 132 (H100/H200 SXM) without a GPU.
+    num_sms defaults to the current GPU's SM count, or 132 (H100/H200 SXM) without a GPU; given, it must be an int
+    from 1 to that GPU's SM count (without a GPU: to 132, the largest Hopper part).
     """
+    where = "precompile_fp8_gemm_nt"
     for name, value in (("m", m), ("n", n), ("k", k)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"precompile_fp8_gemm_nt: '{name}' must be a positive int, got {value!r}")
+            raise ValueError(f"{where}: '{name}' must be a positive int, got {value!r}")
     if k % 16 != 0:
-        raise ValueError(f"precompile_fp8_gemm_nt: K={k} must be a multiple of 16")
-    if out_dtype not in OUT_DTYPES:
-        raise TypeError(f"precompile_fp8_gemm_nt: 'out_dtype' must be torch.bfloat16 or torch.float32, got {out_dtype}")
+        raise ValueError(f"{where}: 'k' is K={k}; it must be a multiple of 16")
+    if not isinstance(out_dtype, torch.dtype) or out_dtype not in OUT_DTYPES:
+        raise TypeError(f"{where}: 'out_dtype' must be torch.bfloat16 or torch.float32, got {out_dtype}")
+    if num_sms is not None:
+        if isinstance(num_sms, bool) or not isinstance(num_sms, int):
+            raise TypeError(f"{where}: 'num_sms' must be an int (SMs to plan for), got {type(num_sms).__name__}")
+        most = _physical_sm_count()
+        if not 1 <= num_sms <= most:
+            raise ValueError(f"{where}: 'num_sms' must be from 1 to {most} (the "
+                             f"{'GPU' if torch.cuda.is_available() else 'largest Hopper part'}'s SM count), got {num_sms}")
     gpu_name = device_name(torch.cuda.current_device()) if torch.cuda.is_available() else None
     spec = planned_spec(m, n, k, out_dtype, planning_sm_count() if num_sms is None else num_sms, gpu_name)
     start = time.perf_counter()
@@ -200,6 +228,13 @@ def precompile_fp8_gemm_nt(
         compile_seconds=time.perf_counter() - start,
         cubin_path=str(compiled.cubin_path),
     )
+
+
+def _physical_sm_count() -> int:
+    """The current GPU's SM count (before any DEEPGEMM_NUM_SMS cap), or DEFAULT_NUM_SMS without a GPU."""
+    if torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
+    return DEFAULT_NUM_SMS
 
 
 def planned_spec(m: int, n: int, k: int, out_dtype: torch.dtype, num_sms: int, gpu_name: str | None = None) -> Fp8GemmSpec:

@@ -10,14 +10,19 @@ from deepgemm.api.backend import backend_for
 from deepgemm.api.layout import to_mn_major_tma_aligned
 from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
+    require_aligned,
     require_dtype,
+    require_k_multiple_of_16,
+    require_no_overlap,
+    require_no_self_overlap,
     require_pair,
     require_rank,
     require_same_device,
     require_shape,
     require_row_count,
+    require_stacked_strides,
     require_tensor,
-    require_tma_rows,
+    require_tma_strides,
     refuse_grad,
 )
 from deepgemm.jit.args import PackedArgs
@@ -104,23 +109,15 @@ def _check_out(out: object, where: str, shape: tuple[int, ...]) -> torch.Tensor:
     return tensor
 
 
-def _require_kernel_rows(where: str, k: int, tensors: dict[str, torch.Tensor]) -> None:
-    if k % 16 != 0:
-        raise ValueError(f"{where}: K={k} must be a multiple of 16 (each FP8 row must span whole 16-byte TMA units)")
-    for name, t in tensors.items():
-        require_tma_rows(t.reshape(-1, t.shape[-1]) if t.is_contiguous() else t, name, where)
-
-
-def _require_stacked(t: torch.Tensor, name: str, where: str) -> None:
-    """Groups of a 3-D tensor must follow each other row after row (so it views as [G*rows, cols])."""
-    if t.shape[0] > 1 and t.stride(0) != t.shape[1] * t.stride(1):
-        raise ValueError(f"{where}: '{name}' groups must be stacked row after row (stride(0) == shape[1] * stride(1)), "
-                         f"got strides {t.stride()}")
-    if t.shape[2] > 1 and t.stride(2) != 1:
-        raise ValueError(f"{where}: '{name}' must have unit stride along its last dimension, got strides {t.stride()}")
-    elem = t.element_size()
-    if t.data_ptr() % 16 or (t.shape[1] > 1 and (t.stride(1) * elem) % 16):
-        raise ValueError(f"{where}: '{name}' rows must start 16-byte aligned and be a multiple of 16 bytes apart (TMA rule)")
+def _check_memory(where: str, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor,
+                  out: torch.Tensor, grouping_name: str, grouping: torch.Tensor) -> None:
+    """The rules that read data pointers (eager calls only; fake tensors have no storage), shared by every form:
+    A, B and out start 16-byte aligned, and out shares no memory with another argument."""
+    require_aligned(a_q, "a[0]", where)
+    require_aligned(b_q, "b[0]", where)
+    require_aligned(out, "out", where)
+    require_no_overlap(where, "out", out, (("a[0]", a_q), ("a[1]", sfa), ("b[0]", b_q), ("b[1]", sfb),
+                                           (grouping_name, grouping)))
 
 
 def m_grouped_fp8_gemm_nt_contiguous(
@@ -142,6 +139,7 @@ def m_grouped_fp8_gemm_nt_contiguous(
     if _launch_if_ready(_CONTIGUOUS_FORM, a, b, out, m_indices):
         return out
     a_q, sfa, b_q, sfb, out = check_contiguous(a, b, out, m_indices, psum_form=False)
+    _check_memory(_CONTIGUOUS_WHERE, a_q, sfa, b_q, sfb, out, "m_indices", m_indices)
     return _run_contiguous(_CONTIGUOUS_WHERE, a_q, sfa, b_q, sfb, out, m_indices, psum_form=False)
 
 
@@ -163,6 +161,7 @@ def m_grouped_fp8_gemm_nt_contiguous_psum(
     if _launch_if_ready(_PSUM_FORM, a, b, out, psum):
         return out
     a_q, sfa, b_q, sfb, out = check_contiguous(a, b, out, psum, psum_form=True)
+    _check_memory(_PSUM_WHERE, a_q, sfa, b_q, sfb, out, "psum", psum)
     return _run_contiguous(_PSUM_WHERE, a_q, sfa, b_q, sfb, out, psum, psum_form=True)
 
 
@@ -179,6 +178,15 @@ def check_contiguous(a: object, b: object, out: object, grouping: object, *, psu
         _check_grouping(grouping, "psum", where, a_q, b_q.shape[0], "one cumulative end row per expert")
     else:
         _check_grouping(grouping, "m_indices", where, a_q, a_q.shape[0], "one expert index per row of A")
+    # The kernel's layout rules, on every path (the reference path could take more, the kernel cannot).
+    (m_total, k), (groups, n, _) = a_q.shape, b_q.shape
+    require_k_multiple_of_16(k, "a[0]", where)
+    require_tma_strides(a_q, "a[0]", where)
+    require_stacked_strides(b_q, "b[0]", where)
+    require_tma_strides(out_t, "out", where)
+    require_no_self_overlap(out_t, "out", where)
+    require_row_count(m_total, "'a[0]' (M_total)", where)
+    require_row_count(groups * n, "'b[0]' (G * N)", where)
     refuse_grad(where, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out_t})
     return a_q, sfa, b_q, sfb, out_t
 
@@ -221,9 +229,6 @@ def _run_contiguous(where: str, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch
         m_indices = m_indices_from_psum(grouping.cpu(), m_total, CONTIGUOUS_M_ALIGNMENT) if psum_form else grouping
         out.copy_(m_grouped_contiguous_reference(a_q, sfa, b_q, sfb, m_indices.to(a_q.device)))
         return out
-    _require_kernel_rows(where, k, {"a[0]": a_q, "out": out})
-    _require_stacked(b_q, "b[0]", where)
-    require_row_count(max(m_total, groups * n), "max(M_total, G * N)", where)
     kind = GemmKind.GROUPED_CONTIGUOUS_PSUM if psum_form else GemmKind.GROUPED_CONTIGUOUS
     plan = get_grouped_plan(a_q.device.index, kind, Geometry(rows=m_total, groups=groups), n, k, out.dtype, m_total)
     sfa_tma, sfb_rows = to_mn_major_tma_aligned(sfa), sfb.contiguous()
@@ -270,6 +275,7 @@ def m_grouped_fp8_gemm_nt_masked(
     if _launch_if_ready(_masked_form(expected_m), a, b, out, masked_m):
         return out
     a_q, sfa, b_q, sfb, out = check_masked(a, b, out, masked_m, expected_m)
+    _check_memory(_MASKED_WHERE, a_q, sfa, b_q, sfb, out, "masked_m", masked_m)
     return _run_masked(a_q, sfa, b_q, sfb, out, masked_m, expected_m)
 
 
@@ -299,13 +305,25 @@ def check_masked(a: object, b: object, out: object, masked_m: object, expected_m
         raise ValueError(f"{where}: 'a[0]' has max_m={max_m}; it must be a multiple of {MASKED_M_ALIGNMENT} "
                          "so a 64-row output block never crosses into the next expert")
     require_same_device(where, a=a_q, sfa=sfa, b=b_q, sfb=sfb, out=out_t, masked_m=masked_t)
+    # The kernel's layout rules, on every path (the reference path could take more, the kernel cannot).
+    if k == 0:
+        raise ValueError(f"{where}: 'a[0]' has K=0; the masked form needs K > 0 (the host never reads masked_m, so "
+                         "it cannot zero the selected rows without a kernel)")
+    require_k_multiple_of_16(k, "a[0]", where)
+    require_stacked_strides(a_q, "a[0]", where)
+    require_stacked_strides(b_q, "b[0]", where)
+    require_stacked_strides(out_t, "out", where)
+    require_no_self_overlap(out_t, "out", where)
+    if not masked_t.is_contiguous():
+        raise ValueError(f"{where}: 'masked_m' must be contiguous")
+    require_row_count(groups * max_m, "'a[0]' (G * max_m)", where)
+    require_row_count(groups * n, "'b[0]' (G * N)", where)
     refuse_grad(where, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out_t})
     return a_q, sfa, b_q, sfb, out_t
 
 
 def _run_masked(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor, out: torch.Tensor,
                 masked_m: torch.Tensor, expected_m: int) -> torch.Tensor:
-    where = _MASKED_WHERE
     (groups, max_m, k), n = a_q.shape, b_q.shape[1]
     if groups == 0 or max_m == 0 or n == 0:
         return out
@@ -314,16 +332,6 @@ def _run_masked(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: to
         rows = torch.arange(max_m, device=out.device)[None, :] < masked_m.to(out.device)[:, None]
         out[rows] = result[rows].to(out.dtype)
         return out
-    if k == 0:
-        raise ValueError(f"{where}: K=0 is not supported on the GPU path (masked rows are unknown to the host)")
-    if k % 16 != 0:
-        raise ValueError(f"{where}: K={k} must be a multiple of 16 (each FP8 row must span whole 16-byte TMA units)")
-    _require_stacked(a_q, "a[0]", where)
-    _require_stacked(b_q, "b[0]", where)
-    _require_stacked(out, "out", where)
-    require_row_count(max(groups * max_m, groups * n), "max(G * max_m, G * N)", where)
-    if not masked_m.is_contiguous():
-        raise ValueError(f"{where}: 'masked_m' must be contiguous")
     geometry = Geometry(rows=groups * max_m, groups=groups, max_m=max_m, tiles_known=False)
     plan = get_grouped_plan(a_q.device.index, GemmKind.GROUPED_MASKED, geometry, n, k, out.dtype, expected_m)
     sfa_tma, sfb_rows = _masked_sfa_layout(sfa), sfb.contiguous()

@@ -14,14 +14,16 @@ from deepgemm.api.backend import backend_for
 from deepgemm.api.layout import to_mn_major_tma_aligned
 from deepgemm.api.validation import (
     MAX_ROWS,
+    require_aligned,
     require_dtype,
+    require_no_overlap,
     require_pair,
     require_rank,
     require_row_count,
     require_same_device,
     require_shape,
     require_tensor,
-    require_tma_rows,
+    require_tma_strides,
     refuse_grad,
 )
 from deepgemm.jit.runtime import refuse_during_capture
@@ -161,6 +163,7 @@ def k_grouped_fp8_gemm_tn_contiguous(
         it may be `out` itself (accumulate in place).
     """
     a_q, sfa, b_q, sfb, out_t, c, sizes = check_k_grouped(a, b, out, ks, c)
+    check_k_grouped_memory(a_q, sfa, b_q, sfb, out_t, c)
     return _run_k_grouped(a_q, sfa, b_q, sfb, out_t, c, sizes)
 
 
@@ -181,7 +184,7 @@ def check_k_grouped(a: object, b: object, out: object, ks: object, c: object
     if k_b != k_total:
         raise ValueError(f"{where}: 'a[0]' has K_total={k_total} tokens but 'b[0]' has {k_b}; they must match")
     if k_total % K_ALIGNMENT:
-        raise ValueError(f"{where}: K_total={k_total} must be a multiple of {K_ALIGNMENT}")
+        raise ValueError(f"{where}: 'a[0]' has K_total={k_total} tokens; K_total must be a multiple of {K_ALIGNMENT}")
     for name, t, rows in (("a[1]", sfa, m), ("b[1]", sfb, n)):
         require_dtype(t, name, where, (torch.float32,))
         require_shape(t, name, where, (rows, k_total // K_ALIGNMENT), "one scale per row and 128 tokens")
@@ -199,29 +202,49 @@ def check_k_grouped(a: object, b: object, out: object, ks: object, c: object
         require_shape(c_t, "c", where, (groups, m, n), "the same [G, M, N] as out")
         tensors["c"] = c_t
     require_same_device(where, **tensors)
+    # The kernel's layout rules, on every path (the reference path could take more, the kernel cannot).
+    for name, maybe in (("out", out_t), ("c", tensors.get("c"))):
+        if maybe is not None and not maybe.is_contiguous():
+            raise ValueError(f"{where}: '{name}' must be contiguous (each group's rows are stored back to back), got "
+                             f"strides {maybe.stride()}")
+    require_tma_strides(a_q, "a[0]", where)
+    require_tma_strides(b_q, "b[0]", where)
+    require_row_count(m, "'a[0]' (M)", where)
+    require_row_count(n, "'b[0]' (N)", where)
+    if k_total > MAX_ROWS:
+        raise ValueError(f"{where}: 'a[0]' has K_total={k_total} tokens, past the kernel's 32-bit K coordinates "
+                         f"({MAX_ROWS})")
     refuse_grad(where, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out_t,
                           "c": tensors.get("c")})
     return a_q, sfa, b_q, sfb, out_t, tensors.get("c"), sizes
 
 
+def check_k_grouped_memory(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor,
+                           out: torch.Tensor, c: torch.Tensor | None) -> None:
+    """The rules that read data pointers (eager calls only; fake tensors have no storage): A, B, out and c start
+    16-byte aligned; out shares no memory with an operand, nor with c unless c is out (accumulate in place; an
+    identical view of out's memory counts as out)."""
+    where = _WHERE
+    require_aligned(a_q, "a[0]", where)
+    require_aligned(b_q, "b[0]", where)
+    for name, maybe in (("out", out), ("c", c)):
+        if maybe is not None and maybe.data_ptr() % 16 and maybe.numel():
+            raise ValueError(f"{where}: '{name}' must start 16-byte aligned (its rows are written and read as "
+                             "float pairs and 16-byte units)")
+    in_place = c is out or (c is not None and c.data_ptr() == out.data_ptr() and c.shape == out.shape
+                            and c.stride() == out.stride())
+    require_no_overlap(where, "out", out, (("a[0]", a_q), ("a[1]", sfa), ("b[0]", b_q), ("b[1]", sfb),
+                                           ("c", None if in_place else c)))
+
+
 def _run_k_grouped(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor, out_t: torch.Tensor,
                    c: torch.Tensor | None, sizes: tuple[int, ...]) -> torch.Tensor:
-    where = _WHERE
     (m, k_total), n, groups = a_q.shape, b_q.shape[0], len(sizes)
     if groups == 0 or m == 0 or n == 0:
         return out_t
     if backend_for(a_q) == "reference":
         out_t.copy_(k_grouped_reference(a_q, sfa, b_q, sfb, list(sizes), c))
         return out_t
-    for name, maybe in (("out", out_t), ("c", c)):
-        if maybe is not None and (not maybe.is_contiguous() or maybe.data_ptr() % 16):
-            raise ValueError(f"{where}: '{name}' must be contiguous and start 16-byte aligned (each group's rows are "
-                             "stored back to back and written as float pairs)")
-    require_tma_rows(a_q, "a[0]", where)
-    require_tma_rows(b_q, "b[0]", where)
-    require_row_count(max(m, n), "max(M, N)", where)
-    if k_total > MAX_ROWS:
-        raise ValueError(f"{where}: K_total={k_total} exceeds the kernel's 32-bit K coordinates ({MAX_ROWS})")
     if k_total == 0:
         return out_t.copy_(c) if c is not None else out_t.zero_()
     plan = get_kgrouped_plan(a_q.device.index, m, n)

@@ -7,6 +7,7 @@ import torch
 from deepgemm.api.backend import backend_for
 from deepgemm.kernels.common.layout import tma_aligned_rows
 from deepgemm.api.validation import (
+    MAX_ROWS,
     refuse_grad,
     require_dtype,
     require_int,
@@ -26,6 +27,10 @@ from deepgemm.utils import ceil_div
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GROUP_SIZES = tuple(range(32, 1025, 32))
 BLOCK_SIZES = (32, 64, 128)
+DEQUANTIZE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+MAX_GRID_X = 2**31 - 1  # CUDA's grid limits: x up to 2^31 - 1 blocks, y up to 65535
+MAX_GRID_Y = 65535
+_TOKEN_GROUP_WARPS_PER_CTA = 8  # the per-token-group kernel's 256-thread CTAs: at worst one group per warp
 
 
 def empty_token_group_scales(m: int, groups: int, device: torch.device) -> torch.Tensor:
@@ -51,9 +56,31 @@ def check_quantize_input(x: object, name: str, group: object, group_name: str, g
     tensor = require_tensor(x, name, where)
     require_dtype(tensor, name, where, INPUT_DTYPES)
     require_rank(tensor, name, where, 2)
-    require_int(group, group_name, where, groups)
+    group_size = require_int(group, group_name, where, groups)
+    _require_quantizable_size(tensor, name, group_size, where)
     refuse_grad(where, **{name: tensor})
     return tensor
+
+
+def _require_quantizable_size(x: torch.Tensor, name: str, group: int, where: str) -> None:
+    """Sizes the GPU kernels index and launch without wrapping (32-bit row/column counts, CUDA grid limits), on
+    every path so a CPU-tested call never fails only on the GPU."""
+    rows, cols = x.shape
+    for what, size in (("rows", rows), ("columns", cols)):
+        if size > MAX_ROWS:
+            raise ValueError(f"{where}: '{name}' has {size} {what}, past the quantizers' 32-bit index limit "
+                             f"({MAX_ROWS})")
+    if where == "quantize_per_block":
+        k_blocks = ceil_div(cols, group)
+        if k_blocks > MAX_GRID_Y:
+            raise ValueError(f"{where}: '{name}' has {cols} columns = {k_blocks} blocks of {group}; the kernel's grid "
+                             f"takes at most {MAX_GRID_Y} (CUDA's grid y limit): use a larger 'block' or split K")
+    else:
+        ctas = ceil_div(rows * ceil_div(cols, group), _TOKEN_GROUP_WARPS_PER_CTA)
+        if ctas > MAX_GRID_X:
+            raise ValueError(f"{where}: '{name}' is [{rows}, {cols}]: {rows} x ceil({cols}/{group}) groups need "
+                             f"{ctas} CTAs, past CUDA's grid limit ({MAX_GRID_X}); use a larger 'group_size' or "
+                             "split the rows")
 
 
 def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,14 +106,19 @@ def quantize_per_block(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor,
     return quantize_per_block_reference(w, block)
 
 
-def _require_quantized(q: torch.Tensor, sf: torch.Tensor, where: str, expected_sf: tuple[int, int], rule: str) -> None:
+def _require_quantized(q: torch.Tensor, sf: torch.Tensor, where: str, expected_sf: tuple[int, int], rule: str,
+                       dtype: object) -> None:
     require_tensor(q, "q", where)
     require_tensor(sf, "sf", where)
     require_dtype(q, "q", where, (torch.float8_e4m3fn,))
     require_rank(q, "q", where, 2)
+    require_dtype(sf, "sf", where, (torch.float32,))
     if tuple(sf.shape) != expected_sf:
         raise ValueError(f"{where}: 'sf' must have shape {expected_sf} ({rule}), got {tuple(sf.shape)}")
     require_same_device(where, q=q, sf=sf)
+    if not isinstance(dtype, torch.dtype) or dtype not in DEQUANTIZE_DTYPES:
+        names = ", ".join(str(d) for d in DEQUANTIZE_DTYPES)
+        raise TypeError(f"{where}: 'dtype' must be one of {names}, got {dtype!r}")
 
 
 def dequantize_per_token_group(q: torch.Tensor, sf: torch.Tensor, group_size: int = 128,
@@ -95,7 +127,7 @@ def dequantize_per_token_group(q: torch.Tensor, sf: torch.Tensor, group_size: in
     where = "dequantize_per_token_group"
     require_int(group_size, "group_size", where, GROUP_SIZES)
     shape = tuple(q.shape) if isinstance(q, torch.Tensor) and q.dim() == 2 else (0, 0)
-    _require_quantized(q, sf, where, (shape[0], ceil_div(shape[1], group_size)), "[M, ceil(K/group_size)]")
+    _require_quantized(q, sf, where, (shape[0], ceil_div(shape[1], group_size)), "[M, ceil(K/group_size)]", dtype)
     return _dequantize_per_token_group(q, sf, group_size, dtype)
 
 
@@ -105,5 +137,6 @@ def dequantize_per_block(q: torch.Tensor, sf: torch.Tensor, block: int = 128,
     where = "dequantize_per_block"
     require_int(block, "block", where, BLOCK_SIZES)
     shape = tuple(q.shape) if isinstance(q, torch.Tensor) and q.dim() == 2 else (0, 0)
-    _require_quantized(q, sf, where, (ceil_div(shape[0], block), ceil_div(shape[1], block)), "[ceil(N/b), ceil(K/b)]")
+    _require_quantized(q, sf, where, (ceil_div(shape[0], block), ceil_div(shape[1], block)), "[ceil(N/b), ceil(K/b)]",
+                       dtype)
     return _dequantize_per_block(q, sf, block, dtype)

@@ -8,10 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from deepgemm.api.backend import fp8_linear_route
-from deepgemm.bench.block import (
-    BF16, BLOCKWISE, DECODE_MAX_TOKENS, DEEPGEMM, DIFF_LIMIT, IMPLEMENTATIONS, BlockLayer, BlockPlan, BlockResults,
-    Timed, TokenResult,
-)
+from deepgemm.bench.block_impls import BF16, BLOCKWISE, DEEPGEMM, IMPLEMENTATIONS
+from deepgemm.bench.block_layers import DECODE_MAX_TOKENS, BlockLayer, BlockPlan
+from deepgemm.bench.block_results import DIFF_LIMIT, BlockResults, Timed, TokenResult
 from deepgemm.bench.console import print_table, say
 from deepgemm.bench.suites import format_shape
 

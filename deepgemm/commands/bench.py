@@ -13,7 +13,10 @@ from deepgemm.analysis.models import ModelConfigError
 from deepgemm.analysis.presets import PRESETS, resolve_model
 from deepgemm.analysis.roofline import Ceilings
 from deepgemm.analysis.units import micros
-from deepgemm.bench import block, block_report
+from deepgemm.bench import block_report
+from deepgemm.bench.block_impls import SKIPPABLE
+from deepgemm.bench.block_layers import DEFAULT_TOKENS, block_plan, parse_tokens
+from deepgemm.bench.block_runner import BlockSettings, run_block_bench
 from deepgemm.bench.ceilings import measure_ceilings
 from deepgemm.bench.compare import Comparison, compare
 from deepgemm.bench.console import print_table, say, track, usage_error
@@ -39,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"time one transformer block's linear layers as PyTorch modules instead ({', '.join(PRESETS)}"
                              ", or a Hugging Face config.json)")
     parser.add_argument("--tokens", type=_token_counts, metavar="T,T,...",
-                        help=f"with --model: token counts (default {','.join(map(str, block.DEFAULT_TOKENS))})")
+                        help=f"with --model: token counts (default {','.join(map(str, DEFAULT_TOKENS))})")
     parser.add_argument("--dtype", choices=("fp8", "bf16"), default="fp8", help="operand precision (default fp8)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the results (format: docs/cli.md)")
     parser.add_argument("--markdown", type=Path, metavar="PATH", help="write a Markdown summary")
@@ -170,7 +173,7 @@ def _report_comparison(comparison: Comparison) -> int:
     return comparison.exit_code
 
 
-# -- --model: one transformer block (deepgemm.bench.block) ------------------------------------------------------
+# -- --model: one transformer block (deepgemm.bench.block_*) ----------------------------------------------------
 
 def _run_model(args: argparse.Namespace) -> int:
     if args.model is None:
@@ -180,12 +183,12 @@ def _run_model(args: argparse.Namespace) -> int:
               if given]
     if others:
         return usage_error("bench", f"argument --model: not with {', '.join(others)}")
-    unknown = [name for name in args.skip if name not in block.SKIPPABLE]
+    unknown = [name for name in args.skip if name not in SKIPPABLE]
     if unknown:
-        return usage_error("bench", f"argument --skip: with --model only {', '.join(block.SKIPPABLE)}, got {unknown[0]}")
+        return usage_error("bench", f"argument --skip: with --model only {', '.join(SKIPPABLE)}, got {unknown[0]}")
     try:
         model = resolve_model(args.model)
-        plans = [block.block_plan(model, count) for count in args.tokens or block.DEFAULT_TOKENS]
+        plans = [block_plan(model, count) for count in args.tokens or DEFAULT_TOKENS]
     except ModelConfigError as exc:
         return usage_error("bench", f"argument --model: {exc}")
     except ValueError as exc:
@@ -196,9 +199,9 @@ def _run_model(args: argparse.Namespace) -> int:
         if args.json:
             say("--json: not written: there are no measurements without a GPU")
         return 0
-    settings = block.BlockSettings(iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2,
-                                   use_graph=args.use_graph, seed=args.seed, skip=tuple(args.skip))
-    results = block.run_block_bench(model, [plan.tokens for plan in plans], settings, progress=track, log=say)
+    settings = BlockSettings(iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2,
+                             use_graph=args.use_graph, seed=args.seed, skip=tuple(args.skip))
+    results = run_block_bench(model, [plan.tokens for plan in plans], settings, progress=track, log=say)
     block_report.print_results(results, plans)
     if args.json:
         results.save(args.json)
@@ -263,7 +266,7 @@ def _int(text: str) -> int:
 
 def _token_counts(text: str) -> tuple[int, ...]:
     try:
-        return block.parse_tokens(text)
+        return parse_tokens(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -43,7 +43,7 @@ from deepgemm.api.precompile import (
     unique_sources,
 )
 from deepgemm.bench.console import usage_error
-from deepgemm.errors import CompileError
+from deepgemm.errors import DeepGemmError
 from deepgemm.jit.compiler import KernelSource
 
 # torch.cuda.get_device_name() of the Hopper parts: the name their tuned tables are kept under (deepgemm.tuning.db).
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     try:
         summary = compile_sources(sources, workers=args.workers, progress=_print_progress)
-    except CompileError as exc:
+    except DeepGemmError as exc:  # a compile failure, a cache failure (CacheError), a lock timeout
         print(f"deepgemm precompile: error: {exc}", file=sys.stderr)
         return 1
     print(summary)

@@ -5,10 +5,14 @@ Layout under the cache root::
     kernels/<key[:2]>/<key>/{kernel.cubin, kernel.cu, meta.json}
     locks/<key>.lock      per-key fcntl.flock lock files (kept)
     tmp/                  staging dirs, renamed atomically into kernels/
+
+Every filesystem failure of the cache (a read-only or full dir, a file where one of these folders should be)
+raises deepgemm.CacheError naming the path and the cause; reads of a damaged entry just miss.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import hashlib
@@ -16,11 +20,14 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from deepgemm.errors import CacheError, LockTimeoutError
 
 #: Bump when the key recipe or the entry layout changes.
 LAYOUT_VERSION = 1
@@ -105,13 +112,18 @@ class KernelCache:
         return self.entry_dir(key).exists()
 
     @contextmanager
-    def locked(self, key: str) -> Iterator[None]:
-        """Hold the exclusive per-key lock (blocks until available)."""
+    def locked(self, key: str, *, timeout: float | None = None, what: str = "") -> Iterator[None]:
+        """Hold the exclusive per-key lock.
+
+        Waits at most ``timeout`` seconds (None: for ever), then raises LockTimeoutError naming the lock file,
+        ``what`` (the kernel) and the key. CacheError if the lock file cannot be created.
+        """
         path = self.root / "locks" / f"{key}.lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        make_dirs(path.parent)
+        with cache_errors("create the lock file", path):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _flock(fd, path, timeout, f"{what} (key {key})" if what else f"key {key}")
             yield
         finally:
             os.close(fd)
@@ -122,10 +134,11 @@ class KernelCache:
         Leftovers of this key from killed processes are removed first.
         """
         tmp = self.root / "tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        for stale in tmp.glob(f"{key}-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        return Path(tempfile.mkdtemp(prefix=f"{key}-", dir=tmp))
+        make_dirs(tmp)
+        with cache_errors("create the staging directory", tmp):
+            for stale in tmp.glob(f"{key}-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            return Path(tempfile.mkdtemp(prefix=f"{key}-", dir=tmp))
 
     def discard(self, key: str) -> None:
         """Remove the entry for ``key`` (call with the key's lock held)."""
@@ -133,17 +146,20 @@ class KernelCache:
         if not directory.exists():
             return
         trash = self.staging_dir(key)
-        os.rename(directory, trash / "old")
+        with cache_errors("move aside the damaged entry", directory):
+            os.rename(directory, trash / "old")
         shutil.rmtree(trash, ignore_errors=True)
 
     def publish(self, key: str, staging: Path, meta: dict[str, Any]) -> CacheEntry:
         """Record the cubin's hash in meta.json, validate, and move into place.
 
         ``staging`` must come from :meth:`staging_dir` and hold kernel.cubin;
-        call with the key's lock held. Raises ValueError if the cubin is bad.
+        call with the key's lock held. Raises ValueError if the cubin is bad,
+        CacheError if the filesystem fails (e.g. ENOSPC writing meta.json).
         If an intact entry appeared meanwhile, that one is returned.
         """
-        cubin = (staging / CUBIN_NAME).read_bytes()
+        with cache_errors("read the staged cubin", staging / CUBIN_NAME):
+            cubin = (staging / CUBIN_NAME).read_bytes()
         if not cubin.startswith(ELF_MAGIC):
             raise ValueError(f"compiler output is not an ELF cubin ({len(cubin)} bytes)")
         meta = {
@@ -153,23 +169,76 @@ class KernelCache:
             "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
             "cubin_size": len(cubin),
         }
-        _write_synced(staging / META_NAME, json.dumps(meta, indent=1).encode())
-        _fsync_file(staging / CUBIN_NAME)
+        with cache_errors("write", staging / META_NAME):
+            _write_synced(staging / META_NAME, json.dumps(meta, indent=1).encode())
+        with cache_errors("sync", staging / CUBIN_NAME):
+            _fsync_file(staging / CUBIN_NAME)
         if _validated_meta(staging, key) is None:
             raise ValueError("staged cache entry failed validation")
         final = self.entry_dir(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(final.parent)
         try:
             os.rename(staging, final)
-        except OSError:
+        except OSError as exc:
             # Someone published without our lock (e.g. flock is a no-op on
             # this filesystem); an intact entry there is as good as ours.
             existing = self.load(key)
             if existing is None:
-                raise
+                raise CacheError.from_os_error("rename the staged entry into kernels/:", staging, exc) from exc
             shutil.rmtree(staging, ignore_errors=True)
             return existing
         return CacheEntry(key, final, meta)
+
+
+@contextmanager
+def cache_errors(action: str, path: Path) -> Iterator[None]:
+    """Turn an OSError raised inside into a CacheError for ``action`` on ``path`` (or the exception's own
+    filename, where it names one)."""
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, CacheError):
+            raise
+        raise CacheError.from_os_error(action, path, exc) from exc
+
+
+def make_dirs(path: Path) -> None:
+    """``mkdir -p path``; a CacheError names the component that failed (ENOTDIR for a file in the way)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as exc:  # path is not a directory (pathlib re-raises EEXIST then)
+        raise CacheError("create the directory", path, errno.ENOTDIR,
+                         "a file of that name is in the way") from exc
+    except OSError as exc:
+        raise CacheError.from_os_error("create the directory", path, exc) from exc
+
+
+def _flock(fd: int, path: Path, timeout: float | None, what: str) -> None:
+    """flock(LOCK_EX) on ``fd``, polling for at most ``timeout`` seconds (None: block)."""
+    try:
+        if timeout is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return
+        deadline, delay = time.monotonic() + timeout, 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LockTimeoutError(
+                    f"deepgemm kernel cache: timed out after {timeout:g} s waiting for the lock {path} of {what}: "
+                    "another process is compiling this kernel, or hangs holding the lock (the wait is "
+                    "DEEPGEMM_COMPILE_TIMEOUT plus a margin; find the holder with `fuser` on the lock file)"
+                )
+            time.sleep(min(delay, remaining))
+            delay = min(2 * delay, 0.05)
+    except OSError as exc:
+        if isinstance(exc, LockTimeoutError):
+            raise
+        raise CacheError.from_os_error("lock", path, exc) from exc
 
 
 def _validated_meta(directory: Path, key: str) -> dict[str, Any] | None:

@@ -12,7 +12,12 @@ writes the cubin to ``cubin_path`` and one JSON reply line on stdout::
 
     {"ok": bool, "status": str, "log": str, "options": [str]}
 
-Exit status 0 on success, EXIT_COMPILE_ERROR when NVRTC rejects the program.
+Exit status 0 on success, EXIT_COMPILE_ERROR when NVRTC rejects the program,
+EXIT_WRITE_ERROR when the cubin cannot be written (status "WRITE_FAILED"; the
+reply adds "errno", "strerror" and "path", e.g. ENOSPC in the cache).
+The worker dies with the thread that started it (Linux PR_SET_PDEATHSIG), and
+exits with EXIT_ORPHANED, compiling nothing, when its caller (the pid in
+DEEPGEMM_WORKER_PARENT) died before that was set.
 Imports only the standard library and cuda.bindings so that it starts fast;
 running in its own process means a compiler crash cannot kill the caller.
 ``cuda_include_dir`` is where NVRTC's bundled CUDA headers (cuda_bf16.h,
@@ -33,6 +38,13 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
     del sys.path[0]
 
 EXIT_COMPILE_ERROR = 3
+EXIT_WRITE_ERROR = 4
+EXIT_ORPHANED = 5
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class _WriteFailure(Exception):
+    """The cubin could not be written: (errno, strerror, path, log)."""
 
 
 class _NvrtcFailure(Exception):
@@ -40,6 +52,7 @@ class _NvrtcFailure(Exception):
 
 
 def main() -> int:
+    _die_with_parent()
     request = json.loads(sys.stdin.read())
     from cuda.bindings import nvrtc
 
@@ -51,8 +64,33 @@ def main() -> int:
     except _NvrtcFailure as failure:
         status, log = failure.args
         reply = {"ok": False, "status": status, "log": header_note + log}
+    except _WriteFailure as failure:
+        number, strerror, path, log = failure.args
+        reply = {"ok": False, "status": "WRITE_FAILED", "log": log, "errno": number, "strerror": strerror,
+                 "path": path}
     sys.stdout.write(json.dumps({**reply, "options": options}) + "\n")
-    return 0 if reply["ok"] else EXIT_COMPILE_ERROR
+    if reply["ok"]:
+        return 0
+    return EXIT_WRITE_ERROR if reply["status"] == "WRITE_FAILED" else EXIT_COMPILE_ERROR
+
+
+def _die_with_parent() -> None:
+    """Have Linux SIGKILL this worker when its caller dies (a caller killed mid-compile leaves no worker
+    running on, writing into a staging dir that another process may be cleaning); a no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):  # no libc or no prctl: nothing to do
+        return
+    parent = os.environ.get("DEEPGEMM_WORKER_PARENT", "")
+    if parent.isdigit() and os.getppid() != int(parent):  # the caller died before prctl took effect
+        os._exit(EXIT_ORPHANED)
 
 
 def _compile(nvrtc: Any, request: dict[str, Any], options: list[str]) -> str:
@@ -72,7 +110,10 @@ def _compile(nvrtc: Any, request: dict[str, Any], options: list[str]) -> str:
         size = _check(nvrtc, nvrtc.nvrtcGetCUBINSize(prog))
         cubin = bytearray(size)
         _check(nvrtc, nvrtc.nvrtcGetCUBIN(prog, cubin))
-        Path(request["cubin_path"]).write_bytes(bytes(cubin))
+        try:
+            Path(request["cubin_path"]).write_bytes(bytes(cubin))
+        except OSError as exc:
+            raise _WriteFailure(exc.errno, exc.strerror, request["cubin_path"], log) from exc
         return log
     finally:
         nvrtc.nvrtcDestroyProgram(prog)

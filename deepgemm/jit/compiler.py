@@ -3,6 +3,10 @@
 ``compile_kernel`` looks up the in-process memo, then the disk cache, and only
 then compiles (under the key's file lock) with NVRTC in a child process or with
 nvcc. ``compile_stats`` counts the three outcomes. Needs no GPU, driver or torch.
+
+A filesystem failure of the cache raises CacheError (never a CompileError that
+hides an ENOSPC); waiting longer than ``lock_timeout()`` for another process's
+compile of the same kernel raises LockTimeoutError.
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deepgemm.errors import CompileError
+from deepgemm.errors import CacheError, CompileError
 from deepgemm.jit.cache import (
     CUBIN_NAME,
     SOURCE_NAME,
     CacheEntry,
     KernelCache,
+    cache_errors,
     cache_key,
     tree_digest,
 )
@@ -58,6 +63,10 @@ NVCC_OPTIONS: tuple[str, ...] = (
 )
 COMPILERS = ("nvrtc", "nvcc")
 _DEFAULT_TIMEOUT_S = 600.0
+#: Added to the compile timeout for a wait on a kernel's lock (the holder compiles, then publishes).
+_LOCK_MARGIN_S = 60.0
+#: Environment of the NVRTC worker: its caller's pid, so that it exits if the caller died before it started.
+WORKER_PARENT_ENV = "DEEPGEMM_WORKER_PARENT"
 
 
 class _Failure(Exception):
@@ -181,6 +190,12 @@ def compile_timeout() -> float:
         raise ValueError(f"DEEPGEMM_COMPILE_TIMEOUT={raw!r} is not a number") from None
 
 
+def lock_timeout() -> float:
+    """How long to wait for a kernel's disk-cache lock, held by another process compiling the same kernel:
+    ``compile_timeout()`` plus a margin, after which the holder's compile has been abandoned anyway."""
+    return compile_timeout() + _LOCK_MARGIN_S
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
@@ -264,12 +279,16 @@ def kernel_key(source: KernelSource, compiler: str) -> str:
 def compile_kernel(
     source: KernelSource, *, compiler: str | None = None, cache_dir: Path | None = None
 ) -> CompiledKernel:
-    """Return the cubin for ``source``: memo, else disk cache, else compile."""
+    """Return the cubin for ``source``: memo, else disk cache, else compile.
+
+    A memo hit whose cubin was deleted meanwhile (one stat) goes to the disk cache again, so a returned
+    ``cubin_path`` existed when it was returned. Raises CompileError, CacheError or LockTimeoutError.
+    """
     compiler = compiler or compiler_choice()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     memo_key = (source, compiler, root, include_dir())
     kernel = _memo.get(memo_key)
-    if kernel is None:
+    if kernel is None or not os.path.isfile(kernel.cubin_path):
         if compiler not in COMPILERS:
             raise ValueError(f"unknown compiler {compiler!r}; expected one of {COMPILERS}")
         key = kernel_key(source, compiler)
@@ -286,7 +305,7 @@ def _load_or_compile(
     label = source.label or source.entry
     entry = cache.load(key)
     if entry is None:
-        with cache.locked(key):
+        with cache.locked(key, timeout=lock_timeout(), what=repr(label)):
             entry = cache.load(key)  # another process may have published it
             if entry is None:
                 if cache.exists(key):
@@ -332,7 +351,8 @@ def _compile_into_cache(
     options = [opt.replace(INCLUDE_PLACEHOLDER, include) for opt in options_template(compiler)]
     staging = cache.staging_dir(key)
     try:
-        (staging / SOURCE_NAME).write_text(source.code)
+        with cache_errors("write", staging / SOURCE_NAME):
+            (staging / SOURCE_NAME).write_text(source.code)
         _debug(f"compiling {where} with {compiler}: {' '.join(options)}")
         start = time.perf_counter()
         run = _run_nvrtc if compiler == "nvrtc" else _run_nvcc
@@ -353,8 +373,8 @@ def _compile_into_cache(
             "log": log,
         }
         try:
-            return cache.publish(key, staging, meta)
-        except (OSError, ValueError) as exc:
+            return cache.publish(key, staging, meta)  # a filesystem failure raises CacheError
+        except ValueError as exc:
             raise _Failure(f"could not cache the cubin of {where}: {exc}", log) from exc
     except _Failure as failure:
         kept = _keep_failed_source(cache.root / "failed" / f"{key}.cu", source.code)
@@ -367,8 +387,10 @@ def _check_entry_symbol(cubin: Path, entry: str, where: str, log: str) -> None:
     """Fail early (not at module load) when the entry function is missing."""
     try:
         data = cubin.read_bytes()
-    except OSError as exc:
+    except FileNotFoundError as exc:
         raise _Failure(f"no cubin was written for {where}: {exc}", log) from exc
+    except OSError as exc:
+        raise CacheError.from_os_error("read the compiled cubin", cubin, exc) from exc
     if f".text.{entry}\0".encode() not in data:
         raise _Failure(
             f"entry {entry!r} is not in the cubin of {where}; "
@@ -413,6 +435,10 @@ def _run_nvrtc(
     reply = _worker_reply(proc.stdout)
     if proc.returncode == 0 and reply is not None and reply.get("ok"):
         return str(reply["log"]), list(reply["options"])
+    if reply is not None and reply.get("status") == "WRITE_FAILED":  # e.g. ENOSPC: the cache's failure
+        number = reply.get("errno")
+        raise CacheError("write", str(reply.get("path") or request["cubin_path"]),
+                         number if isinstance(number, int) else None, str(reply.get("strerror") or "") or None)
     if reply is not None and not reply.get("ok"):
         status = reply.get("status")
         raise _Failure(f"NVRTC failed ({status}) to compile {where}", str(reply["log"]))
@@ -455,7 +481,9 @@ def _run_process(
     """Run a compiler process in its own session; _Failure on timeout or signal.
 
     The whole process group is killed on timeout or when the caller is
-    interrupted, so no ptxas/cicc grandchild is left behind.
+    interrupted, so no ptxas/cicc grandchild is left behind. The NVRTC worker
+    also dies with its caller (compile_worker sets PR_SET_PDEATHSIG, and exits
+    at once if ``WORKER_PARENT_ENV`` is no longer its parent).
     """
     timeout = compile_timeout()
     try:
@@ -467,6 +495,7 @@ def _run_process(
             encoding="utf-8",
             errors="replace",
             start_new_session=True,
+            env={**os.environ, WORKER_PARENT_ENV: str(os.getpid())},
         )
     except OSError as exc:
         raise _Failure(f"could not start {what} for {where}: {exc}") from exc

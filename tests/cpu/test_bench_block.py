@@ -13,10 +13,13 @@ import torch.nn.functional as F
 
 from deepgemm.analysis.models import ModelSpec, MoeSpec
 from deepgemm.analysis.presets import resolve_model
-from deepgemm.bench import block, block_report, console
-from deepgemm.bench.block import (
-    BF16, BLOCKWISE, DEEPGEMM, BlockResults, LayerResult, Routing, RoutingPlan, Timed, TokenResult, block_plan,
-)
+from deepgemm.bench import block_report, block_runner, console
+from deepgemm.bench.block_impls import BF16, BLOCKWISE, DEEPGEMM, DeepgemmBlock
+from deepgemm.bench.block_layers import DECODE_MAX_TOKENS, BlockPlan, RoutingPlan, block_plan, parse_tokens
+from deepgemm.bench.block_modules import Bf16GroupedExperts, CublasBlockwiseLinear, DeepgemmExperts, bf16_linear
+from deepgemm.bench.block_results import DIFF_LIMIT, BlockResults, LayerResult, Timed, TokenResult
+from deepgemm.bench.block_runner import BlockSettings, run_block_bench
+from deepgemm.bench.block_tensors import ExpertWeights, Routing, make_weights
 from deepgemm.commands import bench
 from deepgemm.tuning.timing import Timing
 from deepgemm.utils import calc_diff
@@ -29,7 +32,7 @@ TINY_MOE = ModelSpec("tiny-moe", hidden_size=512, intermediate_size=1024, num_la
                                  shared_intermediate_size=512))
 
 
-def shapes(plan: block.BlockPlan) -> dict[str, tuple[int, int, int]]:
+def shapes(plan: BlockPlan) -> dict[str, tuple[int, int, int]]:
     return {layer.name: layer.shape for layer in plan.layers}
 
 
@@ -39,7 +42,7 @@ def shapes(plan: block.BlockPlan) -> dict[str, tuple[int, int, int]]:
 def test_llama_3_8b_dense_block(tokens: int) -> None:
     plan = block_plan(resolve_model("llama-3-8b"), tokens)
     assert plan.kind == "dense" and plan.routing is None
-    assert plan.phase == ("decode" if tokens <= block.DECODE_MAX_TOKENS else "prefill")
+    assert plan.phase == ("decode" if tokens <= DECODE_MAX_TOKENS else "prefill")
     assert shapes(plan) == {
         "attn.qkv_proj": (tokens, (32 + 2 * 8) * 128, 4096),
         "attn.o_proj": (tokens, 4096, 4096),
@@ -71,7 +74,7 @@ def test_qwen3_30b_a3b_moe_block(tokens: int) -> None:
     assert routing is not None and routing.rows == rows and sum(routing.counts) == rows
     assert max(routing.counts) - min(routing.counts) <= 1  # balanced
     assert routing.counts[0] == -(-rows // 128)
-    if tokens <= block.DECODE_MAX_TOKENS:
+    if tokens <= DECODE_MAX_TOKENS:
         assert routing.form == "masked" and routing.max_m % 64 == 0 and routing.max_m >= tokens
         assert routing.max_m == (64 if tokens <= 64 else 128) and routing.kernel_rows == 128 * routing.max_m
         assert routing.expected_m == (rows + 128) // 128
@@ -131,18 +134,18 @@ def test_routing_tensors_are_balanced_and_padded() -> None:
 
 
 def test_tokens_parsing_and_block_plan_validation() -> None:
-    assert block.parse_tokens("1,64,4096") == (1, 64, 4096)
-    assert block.parse_tokens("64, 64,1") == (64, 1)
+    assert parse_tokens("1,64,4096") == (1, 64, 4096)
+    assert parse_tokens("64, 64,1") == (64, 1)
     for bad in ("", "1,,2", "x", "0", "-3", "1.5"):
         with pytest.raises(ValueError):
-            block.parse_tokens(bad)
+            parse_tokens(bad)
     with pytest.raises(ValueError, match="--tokens"):
         block_plan(TINY_MOE, 0)
 
 
 # -- modules on the CPU reference path -------------------------------------------------------------------------
 
-def _reference_experts(tokens: torch.Tensor, routing: Routing, weights: block.ExpertWeights) -> torch.Tensor:
+def _reference_experts(tokens: torch.Tensor, routing: Routing, weights: ExpertWeights) -> torch.Tensor:
     """float64: for every routed row (in routing order), down(silu(gate) * up) with its expert's BF16 weights."""
     x = tokens.double()[routing.token_of_row]
     out = torch.empty((x.shape[0], weights.down.shape[1]), dtype=torch.float64)
@@ -156,9 +159,9 @@ def _reference_experts(tokens: torch.Tensor, routing: Routing, weights: block.Ex
 @pytest.mark.parametrize("form", ["masked", "contiguous"])
 def test_deepgemm_experts_match_a_float64_reference(form: str) -> None:
     plan = block_plan(TINY_MOE, 40)  # 80 rows over 4 experts
-    weights = block.make_weights(TINY_MOE, [plan], "cpu", seed=3)
+    weights = make_weights(TINY_MOE, [plan], "cpu", seed=3)
     assert weights.experts is not None
-    experts = block.DeepgemmExperts(weights.experts.gate_up_fp8, weights.experts.down_fp8)
+    experts = DeepgemmExperts(weights.experts.gate_up_fp8, weights.experts.down_fp8)
     assert experts.backend == "reference"
     routing = Routing.build(plan.routing, "cpu")  # type: ignore[arg-type]
     tokens = torch.randn(40, 512, generator=torch.Generator().manual_seed(1)).bfloat16()
@@ -176,16 +179,16 @@ def test_deepgemm_experts_match_a_float64_reference(form: str) -> None:
 
 def test_bf16_experts_and_fp8_linear_match_float64() -> None:
     plan = block_plan(TINY_MOE, 40)
-    weights = block.make_weights(TINY_MOE, [plan], "cpu", seed=5)
+    weights = make_weights(TINY_MOE, [plan], "cpu", seed=5)
     assert weights.experts is not None
     routing = Routing.build(plan.routing, "cpu")  # type: ignore[arg-type]
     tokens = torch.randn(40, 512, generator=torch.Generator().manual_seed(2)).bfloat16()
-    bf16 = block.Bf16GroupedExperts(weights.experts.gate_up, weights.experts.down)
+    bf16 = Bf16GroupedExperts(weights.experts.gate_up, weights.experts.down)
     with torch.inference_mode():
         out = bf16(bf16.dispatch(tokens, routing), routing)
     assert calc_diff(out.float(), _reference_experts(tokens, routing, weights.experts)) < 1e-4
 
-    implementation = block.DeepgemmBlock(weights, {})
+    implementation = DeepgemmBlock(weights, {})
     qkv = implementation.modules["attn.qkv_proj"]
     assert implementation.backend(plan.layer("attn.qkv_proj")) == "reference"
     x = torch.randn(40, 512).bfloat16()
@@ -196,20 +199,20 @@ def test_bf16_experts_and_fp8_linear_match_float64() -> None:
 
 def test_cublas_blockwise_pads_weight_scales_to_4_k_blocks() -> None:
     weight = torch.randn(256, 768).bfloat16()
-    module = block.CublasBlockwiseLinear.from_linear(block.bf16_linear(weight))
+    module = CublasBlockwiseLinear.from_linear(bf16_linear(weight))
     assert module.weight.shape == (256, 768) and module.weight_scale_inv.shape == (2, 8)
     assert (module.weight_scale_inv[:, 6:] == 1).all() and (module.weight_scale_inv[:, :6] > 0).all()
-    assert block.CublasBlockwiseLinear.from_linear(block.bf16_linear(weight[:, :512])).weight_scale_inv.shape == (2, 4)
+    assert CublasBlockwiseLinear.from_linear(bf16_linear(weight[:, :512])).weight_scale_inv.shape == (2, 4)
 
 
 def test_weights_are_seeded_random_and_never_zero() -> None:
     plans = [block_plan(TINY_MOE, 8)]
-    first, second = block.make_weights(TINY_MOE, plans, "cpu", 0), block.make_weights(TINY_MOE, plans, "cpu", 0)
+    first, second = make_weights(TINY_MOE, plans, "cpu", 0), make_weights(TINY_MOE, plans, "cpu", 0)
     for name, weight in first.linear.items():
         assert torch.equal(weight, second.linear[name]) and weight.abs().min() >= 0 and weight.std() > 0
     assert first.experts is not None and first.experts.gate_up.shape == (4, 512, 512)
     assert first.experts.down.shape == (4, 512, 256) and first.experts.down.std() > 0
-    assert not torch.equal(block.make_weights(TINY_MOE, plans, "cpu", 1).linear["attn.o_proj"],
+    assert not torch.equal(make_weights(TINY_MOE, plans, "cpu", 1).linear["attn.o_proj"],
                            first.linear["attn.o_proj"])
 
 
@@ -222,8 +225,8 @@ def test_run_block_bench_on_cpu_with_a_fake_timer(monkeypatch: pytest.MonkeyPatc
             fn()  # the timed callables must run
         return [Timing.from_samples([100.0 + 10 * i, 101.0 + 10 * i, 102.0 + 10 * i]) for i in range(len(fns))]
 
-    monkeypatch.setattr(block, "bench_gpu_interleaved", fake_interleaved)
-    results = block.run_block_bench(TINY_MOE, [8, 200], block.BlockSettings(iters=3, warmup=0), device="cpu")
+    monkeypatch.setattr(block_runner, "bench_gpu_interleaved", fake_interleaved)
+    results = run_block_bench(TINY_MOE, [8, 200], BlockSettings(iters=3, warmup=0), device="cpu")
     assert [r.tokens for r in results.results] == [8, 200]
     assert [r.routing.form for r in results.results] == ["masked", "contiguous"]  # type: ignore[union-attr]
     for result in results.results:
@@ -233,7 +236,7 @@ def test_run_block_bench_on_cpu_with_a_fake_timer(monkeypatch: pytest.MonkeyPatc
         assert [layer.layer.name for layer in result.layers][:3] == ["attn.qkv_proj", "attn.o_proj", "moe.router"]
         for layer in result.layers:
             ours = layer.times[DEEPGEMM]
-            assert ours.ok and ours.calc_diff is not None and ours.calc_diff < block.DIFF_LIMIT, layer.layer.name
+            assert ours.ok and ours.calc_diff is not None and ours.calc_diff < DIFF_LIMIT, layer.layer.name
             assert layer.backend == ("bf16" if layer.layer.kind == "router" else "reference")
         assert result.speedup(BF16) == pytest.approx(110.0 / 100.0, rel=0.05)
         assert result.our_kernel_share() == 0.0  # reference path: nothing ran in deepgemm's kernels
@@ -250,7 +253,7 @@ def test_run_block_bench_on_cpu_with_a_fake_timer(monkeypatch: pytest.MonkeyPatc
 
 # -- tables -------------------------------------------------------------------------------------------------------
 
-def _fake_results(model_name: str, tokens: list[int]) -> tuple[BlockResults, list[block.BlockPlan]]:
+def _fake_results(model_name: str, tokens: list[int]) -> tuple[BlockResults, list[BlockPlan]]:
     model = resolve_model(model_name)
     plans = [block_plan(model, t) for t in tokens]
     impls = [DEEPGEMM, BF16, BLOCKWISE]
@@ -266,7 +269,7 @@ def _fake_results(model_name: str, tokens: list[int]) -> tuple[BlockResults, lis
                               {impl: timed(1 + i / 10, i) for i, impl in enumerate(impls)}) for layer in plan.layers]
         block_times = {impl: timed(10 + i, i) for i, impl in enumerate(impls)}
         results.append(TokenResult(plan.tokens, plan.phase, plan.routing, block_times, layers))
-    return BlockResults(model, impls, {}, block.BlockSettings().to_json(), {}, results), plans
+    return BlockResults(model, impls, {}, BlockSettings().to_json(), {}, results), plans
 
 
 @pytest.mark.parametrize("plain", [False, True])

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from deepgemm.analysis.presets import resolve_model
-from deepgemm.bench.block import (
-    BF16, BLOCKWISE, DEEPGEMM, DIFF_LIMIT, BlockSettings, TokenResult, run_block_bench,
-)
+from deepgemm.bench.block_impls import BF16, BLOCKWISE, DEEPGEMM
+from deepgemm.bench.block_results import DIFF_LIMIT, TokenResult
+from deepgemm.bench.block_runner import BlockSettings, run_block_bench
 
 pytestmark = pytest.mark.gpu
 
