@@ -26,6 +26,7 @@ from deepgemm.jit import cache as cache_module
 from deepgemm.jit import compiler
 from deepgemm.jit.cache import KernelCache
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
+from tests.cpu.test_jit_cache import compiles, nvrtc_and_package_headers  # noqa: F401 (fixtures; the second autouse)
 from tests.cpu.test_jit_compiler import private_cache, shared_nvrtc_headers  # noqa: F401 (fixtures)
 
 KERNEL = KernelSource(
@@ -33,26 +34,6 @@ KERNEL = KernelSource(
     label="cache failure test kernel",
 )
 REPO_ROOT = Path(compiler.__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def nvrtc_and_package_headers(private_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DEEPGEMM_COMPILER", "nvrtc")
-    monkeypatch.delenv("DEEPGEMM_INCLUDE_DIR", raising=False)
-
-
-@pytest.fixture
-def compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Records every compiler process that compile_kernel starts."""
-    started: list[str] = []
-    original: Callable[..., Any] = compiler._run_process
-
-    def counted(argv: list[str], what: str, *args: Any, **kwargs: Any) -> Any:
-        started.append(what)
-        return original(argv, what, *args, **kwargs)
-
-    monkeypatch.setattr(compiler, "_run_process", counted)
-    return started
 
 
 def _assert_cache_error(exc: BaseException, path: Path, code: int) -> None:
