@@ -3,6 +3,7 @@
 from deepgemm.api.backend import backend_for, supported
 from deepgemm.api.gemm import precompile_fp8_gemm_nt
 from deepgemm.api.grouped import get_m_alignment_for_contiguous_layout
+from deepgemm.api.grouped_layout import check_grouped_layout
 from deepgemm.api.layout import to_mn_major_tma_aligned
 from deepgemm.api.quant import dequantize_per_block, dequantize_per_token_group
 from deepgemm.nn import convert, precompile_model
@@ -11,11 +12,16 @@ from deepgemm.errors import (
     CompileError,
     DeepGemmError,
     GraphCaptureError,
+    GroupedLayoutError,
     LockTimeoutError,
     NotDifferentiableError,
     UnsupportedError,
 )
 from deepgemm.ops import (
+    bf16_gemm_nn,
+    bf16_gemm_nt,
+    bf16_gemm_tn,
+    bf16_gemm_tt,
     fp8_gemm_nt,
     k_grouped_fp8_gemm_tn_contiguous,
     m_grouped_fp8_gemm_nt_contiguous,
@@ -35,11 +41,17 @@ __all__ = [
     "CompileError",
     "DeepGemmError",
     "GraphCaptureError",
+    "GroupedLayoutError",
     "LockTimeoutError",
     "NotDifferentiableError",
     "UnsupportedError",
     "backend_for",
+    "bf16_gemm_nn",
+    "bf16_gemm_nt",
+    "bf16_gemm_tn",
+    "bf16_gemm_tt",
     "calc_diff",
+    "check_grouped_layout",
     "convert",
     "dequantize_per_block",
     "dequantize_per_token_group",

@@ -65,12 +65,35 @@ def fp8_gemm_nt_reference(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, s
     return a_deq @ b_deq.t()
 
 
+# Rows of one aligned segment of the contiguous layout (get_m_alignment_for_contiguous_layout()).
+CONTIGUOUS_SEGMENT_ROWS = 128
+
+
+def contiguous_row_experts(m_indices: torch.Tensor, num_groups: int,
+                           lookup_rows: int = CONTIGUOUS_SEGMENT_ROWS) -> torch.Tensor:
+    """The expert each row of the contiguous layout is computed with, as the kernel reads `m_indices`; -1 where the
+    row is written as zeros. int32, on m_indices' device, no host synchronisation.
+
+    The kernel looks up one expert per chunk of `lookup_rows` rows (128 with block_m 128 or 256, 64 with block_m 64):
+    the index at the chunk's first row. Row r is computed with that expert when both it and m_indices[r] are in
+    [0, num_groups); otherwise row r is zero (-1, any other out-of-range value: padding). In a well-formed layout
+    (each 128-row segment one expert's rows followed by -1) this is m_indices itself, for either lookup size.
+    """
+    rows = torch.arange(m_indices.numel(), device=m_indices.device)
+    first = m_indices[rows // lookup_rows * lookup_rows]
+    valid = (m_indices >= 0) & (m_indices < num_groups) & (first >= 0) & (first < num_groups)
+    return torch.where(valid, first, torch.full_like(first, -1)).to(torch.int32)
+
+
 def m_grouped_contiguous_reference(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
-                                   m_indices: torch.Tensor, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Rows of group g (m_indices == g) times B[g]; rows with any other index (padding, -1) are zero."""
+                                   m_indices: torch.Tensor, compute_dtype: torch.dtype = torch.float32, *,
+                                   lookup_rows: int = CONTIGUOUS_SEGMENT_ROWS) -> torch.Tensor:
+    """Each row times B of the expert the kernel computes it with (contiguous_row_experts: for a well-formed layout
+    m_indices[r]); rows it writes as zeros (padding, -1, out-of-range indices) are zero."""
     out = torch.zeros((a.shape[0], b.shape[1]), dtype=compute_dtype, device=a.device)
+    experts = contiguous_row_experts(m_indices.to(a.device), b.shape[0], lookup_rows)
     for group in range(b.shape[0]):
-        rows = (m_indices == group).nonzero().flatten()
+        rows = (experts == group).nonzero().flatten()
         if rows.numel():
             out[rows] = fp8_gemm_nt_reference(a[rows], sfa[rows], b[group], sfb[group], compute_dtype)
     return out
@@ -99,25 +122,32 @@ def fp8_gemm_nt_reference_1d1d(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tens
     return dequantize_per_token_group(a, sfa, 128, compute_dtype) @ dequantize_per_token_group(b, sfb, 128, compute_dtype).t()
 
 
-def m_indices_from_psum(psum: torch.Tensor, m_total: int, alignment: int = 128) -> torch.Tensor:
-    """Per-row expert indices of the psum form: group g owns rows [align_up(psum[g-1]), psum[g]), -1 elsewhere.
+def m_indices_from_psum(psum: torch.Tensor, m_total: int, alignment: int = CONTIGUOUS_SEGMENT_ROWS) -> torch.Tensor:
+    """Per-row expert indices of the psum form, as the kernel reads `psum` (int32 [m_total] on psum's device, -1
+    where a row is written as zeros; no host synchronisation).
 
-    Mirrors the kernel's reading of an invalid (decreasing) psum: a group never starts before an earlier end.
+    With ends e[g] = psum[g] clamped to [0, m_total], row r belongs to the first expert g with e[g] > r, provided
+    r >= align_up(max(e[0], ..., e[g - 1]), alignment) (0 for g = 0); otherwise (no such expert, or r inside the
+    alignment gap) it is padding. For a non-decreasing psum: expert g owns rows [align_up(psum[g - 1]), psum[g]).
+    A decreasing psum never moves a start backwards, and an expert whose end falls at or before an earlier one gets
+    no rows. The kernel's forward-only cursor (ContiguousPsumTileScheduler) computes the same, for every block_m.
     """
-    indices = torch.full((m_total,), -1, dtype=torch.int32)
-    previous_end = 0
-    for group, end in enumerate(psum.tolist()):
-        end = max(0, min(int(end), m_total))
-        start = -(-previous_end // alignment) * alignment
-        if end > start:
-            indices[start:end] = group
-        previous_end = max(previous_end, end)
-    return indices.to(psum.device)
+    groups = psum.numel()
+    rows = torch.arange(m_total, device=psum.device)
+    if groups == 0:
+        return torch.full((m_total,), -1, dtype=torch.int32, device=psum.device)
+    reach = torch.cummax(psum.to(torch.int64).clamp(0, m_total), dim=0).values  # max(e[0..g])
+    group = torch.searchsorted(reach, rows, right=True)  # the first g with e[g] > r (= the first with reach > r)
+    before = torch.where(group > 0, reach[(group - 1).clamp(0, groups - 1)], torch.zeros_like(rows))
+    start = (before + alignment - 1) // alignment * alignment
+    valid = (group < groups) & (rows >= start)
+    return torch.where(valid, group, torch.full_like(group, -1)).to(torch.int32)
 
 
 def m_grouped_masked_reference(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
                                masked_m: torch.Tensor, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The first masked_m[g] rows of A[g] times B[g]; the remaining rows are zero."""
+    """The first masked_m[g] rows of A[g] times B[g], masked_m[g] clamped to [0, max_m] as the kernel clamps it (a
+    negative count: no rows; past max_m: all of them); the remaining rows are zero."""
     groups, max_m, _ = a.shape
     out = torch.zeros((groups, max_m, b.shape[1]), dtype=compute_dtype, device=a.device)
     for group, count in enumerate(masked_m.tolist()):
@@ -126,3 +156,13 @@ def m_grouped_masked_reference(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tens
             out[group, :count] = fp8_gemm_nt_reference(a[group, :count], sfa[group, :count], b[group], sfb[group],
                                                        compute_dtype)
     return out
+
+
+def bf16_gemm_reference(a: torch.Tensor, b: torch.Tensor, layout: str, c: torch.Tensor | None = None,
+                        compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """D = C + A @ B^T of the BF16 GEMMs in `layout` ("nt", "nn", "tn", "tt"), in `compute_dtype`: A is given as
+    [M, K] (first letter n) or [K, M] (t), B as [N, K] (second letter t) or [K, N] (n)."""
+    x = a.to(compute_dtype) if layout[0] == "n" else a.to(compute_dtype).t()
+    w = b.to(compute_dtype) if layout[1] == "t" else b.to(compute_dtype).t()
+    d = x @ w.t()
+    return d if c is None else d + c.to(compute_dtype)

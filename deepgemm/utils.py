@@ -22,6 +22,19 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     0 for identical tensors, about the squared relative error for close ones. NaN/Inf in either
     input gives NaN (which compares false against any tolerance). x and y must have the same shape (no
     broadcasting: a [M, N] result against a [N] reference is a bug, not a comparison).
+
+    Args:
+        x / y: tensors of one shape on one device, any dtypes (both are converted to float64).
+
+    Raises:
+        TypeError: `x` or `y` is not a tensor.
+        ValueError: their shapes differ.
+
+    Example::
+
+        ref = x.double() @ w.double().t()
+        y = deepgemm.fp8_gemm_nt(deepgemm.quantize_per_token_group(x), deepgemm.quantize_per_block(w))
+        assert deepgemm.calc_diff(y, ref) < 1e-3
     """
     for name, value in (("x", x), ("y", y)):
         if not isinstance(value, torch.Tensor):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench grouped kgrouped ncu split clusters ab nn route block racecheck
+# Steps: install smoke tests sanitize host sass bench grouped kgrouped ncu split clusters ab nn route block racecheck bf16 all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times another tree, carried as .ab/deepgemm_old (dev/rename_package.sh), interleaved with this one (dev/ab_trees.py).
@@ -33,6 +33,21 @@ fi
 if has tests; then
   timeout 420 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider -m "${QUICK_MARK:-gpu and quick}" --durations=20 tests 2>&1 | tee "$OUT/pytest_gpu.log" | grep -E "passed|failed|Error|error" | tail -25
 fi
+# all: every GPU test and racecheck in one call, as four processes at once (the GPU and 16 cores are shared; the
+# disk cache is process-safe): the quick subset, the random-shape suite's full part, the rest of the full suite,
+# and dev/racecheck_ab.sh. Each writes its own log; the summaries print at the end.
+if has all; then
+  pt() { timeout "${ALL_TIMEOUT:-420}" python3 -m pytest -q --timeout 200 -p no:cacheprovider "$@"; }
+  pt -m "gpu and quick" tests >"$OUT/all_quick.log" 2>&1 &
+  pt -m "full and not quick" tests/gpu/test_random_shapes_gpu.py >"$OUT/all_random.log" 2>&1 &
+  pt -m "full and not quick" --ignore=tests/gpu/test_random_shapes_gpu.py tests >"$OUT/all_full.log" 2>&1 &
+  bash dev/racecheck_ab.sh >"$OUT/all_racecheck.txt" 2>&1 &
+  wait
+  for log in all_quick all_random all_full; do
+    echo "$log: $(grep -E "^(FAILED|ERROR)" "$OUT/$log.log" | head -5) $(tail -1 "$OUT/$log.log")"
+  done
+  cat "$OUT/all_racecheck.txt"
+fi
 if has full; then
   timeout "${FULL_TIMEOUT:-560}" python3 -m pytest --timeout 300 -q -p no:cacheprovider -m "${FULL_MARK:-full}" --durations=30 tests 2>&1 | tee "$OUT/pytest_full.log" | grep -E "passed|failed|Error|error|slowest|^[0-9.]+s (call|setup|teardown)" | tail -70
 fi
@@ -58,8 +73,16 @@ if has route; then
 fi
 if has block; then
   for model in ${BLOCK_MODELS:-llama-3-8b qwen3-30b-a3b}; do
-    timeout 300 python3 -m deepgemm bench --model $model --tokens 1,64,4096 --json "$OUT/block_$model.json" 2>&1 | tee "$OUT/block_$model.txt"
+    timeout 300 python3 -m deepgemm bench --model $model --tokens 1,64,4096 --json "$OUT/block_$model.json" --markdown "$OUT/block_$model.md" 2>&1 | tee "$OUT/block_$model.txt"
   done
+fi
+# bf16: the BF16 GEMM GPU tests, then dev/bench_bf16.py (cuBLAS and, where carried, DeepGEMM HEAD interleaved);
+# BF16_LAYOUTS / BF16_M narrow the benchmark.
+if has bf16; then
+  timeout 90 python3 dev/bf16_smoke.py 2>&1 | tee "$OUT/bf16_smoke.log" | tail -8
+  timeout 300 python3 -m pytest -x --timeout 60 -q -p no:cacheprovider tests/gpu/test_bf16_gemm_gpu.py 2>&1 | tee "$OUT/pytest_bf16.log" | grep -E "passed|failed|Error|error" | tail -25
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    timeout "${BF16_TIMEOUT:-300}" python3 dev/bench_bf16.py ${BF16_LAYOUTS:-} --m "${BF16_M:-64,128,4096}" 2>&1 | tee "$OUT/bench_bf16.md" )
 fi
 if has racecheck; then
   bash dev/racecheck_ab.sh

@@ -1,41 +1,33 @@
 #!/usr/bin/env bash
-# racecheck over a 1D2D GEMM with two math warpgroups (the tile loader's slots in use), as the tree
-# is and with the tile slots' "empty" barrier armed by every math lane instead of one elected lane per warp
-# (headers copied to $OUT/include_all_lanes, selected with DEEPGEMM_INCLUDE_DIR). Equal hazard counts mean the
-# pattern is not what racecheck flags; zero for the variant means racecheck does not model a warp's release
-# through __syncwarp + one lane's mbarrier.arrive.
+# racecheck over 1D2D GEMMs whose tile loader fills the tile slots (block_m 192/256): two split-tail configs and a
+# whole-tile one. Finding (H200, 2026-12-01): with the slots' "empty" barrier armed by one elected lane per warp
+# after __syncwarp, racecheck reported WAR hazards between the math threads' reads of a slot header and the loader's
+# next write of it (split-tail launches only; the numbers were right); with every math thread arriving it reported
+# none, so racecheck does not model a warp's release through __syncwarp + one lane's arrive. The slots now take
+# per-thread arrivals (once per tile); this check must report 0 hazards.
 set -uo pipefail
 OUT=${OUT:-/tmp/deepgemm-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD
-variant="$OUT/include_all_lanes"
-rm -rf "$variant" && cp -r deepgemm/include "$variant"
-loader="$variant/deepgemm/mainloop/sm90_fp8_1d2d_tile_loader.cuh"
-python3 - "$loader" <<'PY'
-import sys
-from pathlib import Path
-p = Path(sys.argv[1]); s = p.read_text()
-s = s.replace("ptx::mbarrier_init(empty(s), Cfg::kNumMathThreads / 32);", "ptx::mbarrier_init(empty(s), Cfg::kNumMathThreads);")
-old = """        __syncwarp();
-        if (ptx::elect_one_lane()) {
-            ptx::mbarrier_arrive(empty(use));
-        }"""
-assert old in s
-s = s.replace(old, "        ptx::mbarrier_arrive(empty(use));")
-p.write_text(s)
-PY
 cat >"$OUT/race_shapes.py" <<'PY'
 import torch, deepgemm
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 from tests.helpers import random_operands, reference_fp64
-for m, n, k in [(768, 1536, 512)]:  # block_m 128: two math warpgroups, the loader warp
-    a, b = random_operands(m, n, k, "cuda", seed=m)
-    out = deepgemm.fp8_gemm_nt(a, b)
+# The memcheck subset's split-tail tiles (the tile loader's slots in use, each K range's unit in the slot header),
+# where racecheck reported hazards over dev/sanitize_check.py, and a whole-tile loader config, where it reported none.
+for m, n, k, bm, bn, sms, split in [(700, 1000, 2048, 192, 128, 30, True), (300, 2112, 7296, 256, 128, 30, True),
+                                     (300, 2112, 2048, 256, 128, 16, False)]:
+    a, b = random_operands(m, n, k, "cuda", seed=m + n + k)
+    plan = get_plan(0, m, n, k, torch.bfloat16, config=make_config(m, n, k, bm, bn, sms, split_tail=split))
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    plan.launch(a[0], a[1], b[0], b[1], out)
     torch.cuda.synchronize()
-    print(f"racecheck m={m} n={n} k={k}: calc_diff={deepgemm.calc_diff(out.double(), reference_fp64(a, b)):.2e}")
+    print(f"racecheck {plan.spec.label()}: calc_diff={deepgemm.calc_diff(out.double(), reference_fp64(a, b)):.2e}", flush=True)
 PY
-for name in tree all_lanes; do
-  if [ $name = all_lanes ]; then export DEEPGEMM_INCLUDE_DIR="$variant"; fi
+for name in tree; do
   DEEPGEMM_CACHE_DIR=/tmp/race-cache-$name timeout 110 compute-sanitizer --tool racecheck --print-limit 5 \
     python3 "$OUT/race_shapes.py" >"$OUT/racecheck_$name.log" 2>&1
   echo "racecheck $name: exit=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck_$name.log" | tail -1) $(grep -c 'calc_diff' "$OUT/racecheck_$name.log") shapes"
+  grep -E "Race reported|Write access|^racecheck" "$OUT/racecheck_$name.log" | head -8
 done

@@ -61,6 +61,7 @@ def main() -> None:
     captured_split()
     contiguous()
     masked()
+    bf16()
 
 
 def captured_split() -> None:
@@ -129,6 +130,27 @@ def contiguous() -> None:
     diff = deepgemm.calc_diff(out.double(), ref)
     print(f"sanitize contiguous rows={rows} n={n} k={k}: calc_diff={diff:.2e}")
     assert diff < 1e-3 and not out.isnan().any()
+
+
+def bf16() -> None:
+    """BF16 GEMMs in every layout: M, N and K tails (a 1-row and a 7-row M, a 72-deep K), FP32 out with an FP32 C,
+    and C as out (in-place accumulation)."""
+    from deepgemm.reference import bf16_gemm_reference
+
+    for layout in ("nt", "nn", "tn", "tt"):
+        for m, n, k, out_dtype, c_dtype in ((1 if layout[0] == "n" else 8, 136, 72, torch.bfloat16, None),
+                                            (7 if layout[0] == "n" else 72, 2056, 7296, torch.float32, torch.float32),
+                                            (300, 4096, 512, torch.bfloat16, torch.bfloat16)):
+            a = torch.randn((m, k) if layout[0] == "n" else (k, m), device="cuda").to(torch.bfloat16)
+            b = torch.randn((n, k) if layout[1] == "t" else (k, n), device="cuda").to(torch.bfloat16)
+            c = None if c_dtype is None else torch.randn(m, n, device="cuda").to(c_dtype)
+            expected = bf16_gemm_reference(a, b, layout, c, torch.float64)
+            out = c if c is not None and c.dtype == out_dtype else torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+            getattr(deepgemm, f"bf16_gemm_{layout}")(a, b, out, c=c)
+            torch.cuda.synchronize()
+            diff = deepgemm.calc_diff(out.double(), expected)
+            print(f"sanitize bf16_gemm_{layout} m={m} n={n} k={k} out={out_dtype} c={c_dtype}: calc_diff={diff:.2e}")
+            assert diff < 1e-4
 
 
 if __name__ == "__main__":

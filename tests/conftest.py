@@ -28,6 +28,15 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
         monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "deepgemm-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _isolated_results(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`deepgemm bench` run in-process writes its default results folder under the session's temp dir, never into
+    the working directory (a subprocess run passes --results-dir)."""
+    from deepgemm.bench import results_dir
+
+    monkeypatch.setattr(results_dir, "DEFAULT_RESULTS_ROOT", tmp_path_factory.getbasetemp() / "deepgemm-results")
+
+
 @pytest.fixture
 def small_fp8_route(monkeypatch: pytest.MonkeyPatch) -> int:
     """Let small test layers take the FP8 path (the shipped rule routes weights under 8M elements to a BF16 matmul,

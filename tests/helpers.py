@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from deepgemm.reference import fp8_gemm_nt_reference
@@ -73,3 +75,33 @@ def random_activations(rows: int, k: int, device: str | torch.device, seed: int)
     gen.manual_seed(seed)
     x = torch.randn(rows, k, generator=gen) * torch.exp(torch.randn(rows, 1, generator=gen))
     return deepgemm.quantize_per_token_group(x.to(device=device, dtype=torch.bfloat16))
+
+
+def outcome(call: Callable[[], object]) -> tuple[type, str] | None:
+    """(exception type, message) of `call`, or None when it returns: calls on two paths are compared by outcome."""
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the outcome is compared, whatever it is
+        return type(error), str(error)
+    return None
+
+
+def no_launch(*args: object, **kwargs: object) -> object:
+    """Stands in for planning/launch where a test routes CPU tensors to the kernel path: reaching it fails."""
+    raise AssertionError("the kernel path reached planning/launch")
+
+
+class GraphRecorder:
+    """A Dynamo backend that keeps every graph it is handed and runs it as is."""
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        self.graphs.append(gm)
+        return gm.forward
+
+    def targets(self) -> set[str]:
+        """Called functions, overload packets and overloads alike by their packet name (deepgemm.fp8_gemm_nt)."""
+        return {str(node.target).removesuffix(".default") for gm in self.graphs for node in gm.graph.nodes
+                if node.op == "call_function"}

@@ -44,9 +44,13 @@ def op_cases(device: str, seed: int) -> dict[str, tuple]:
     c = torch.randn((len(ks), 72, 40), generator=gen).to(device)
     x = (torch.randn(100, 200, generator=gen) * 3).to(device, torch.bfloat16)
     bf16 = torch.bfloat16
+    xa = torch.randn(100, 256, generator=gen).to(device, bf16)   # A [M, K] (nt, nn)
+    xt = torch.randn(256, 104, generator=gen).to(device, bf16)   # A given as [K, M] (tn, tt): M % 8 == 0
+    wt = torch.randn(200, 256, generator=gen).to(device, bf16)   # B [N, K] (nt, tt)
+    wn = torch.randn(256, 200, generator=gen).to(device, bf16)   # B given as [K, N] (nn, tn)
     return {
-        "fp8_gemm_nt": (*a, *b, bf16),
-        "fp8_gemm_nt_out": (*a, *b, torch.empty(100, 200, dtype=torch.float32, device=device)),
+        "fp8_gemm_nt": (*a, *b, bf16, 66),  # num_sms=66 (the calls without it: tests/cpu/test_ops.py)
+        "fp8_gemm_nt_out": (*a, *b, torch.empty(100, 200, dtype=torch.float32, device=device), 66),
         "m_grouped_fp8_gemm_nt_contiguous": (*ag, *bg, m_indices, bf16),
         "m_grouped_fp8_gemm_nt_contiguous_out": (*ag, *bg, m_indices, torch.empty(rows, n, dtype=bf16, device=device)),
         "m_grouped_fp8_gemm_nt_contiguous_psum": (*ag, *bg, psum, torch.float32),
@@ -59,6 +63,9 @@ def op_cases(device: str, seed: int) -> dict[str, tuple]:
         "k_grouped_fp8_gemm_tn_contiguous_accumulate": (*ka, *kb, ks, c.clone()),
         "quantize_per_token_group": (x, 128),
         "quantize_per_block": (x, 128),
+        "bf16_gemm": (xa, wn, "nn", torch.randn(100, 200, generator=gen).to(device), bf16),
+        "bf16_gemm_out": (xt, wt, "tt", None, torch.empty(104, 200, dtype=torch.float32, device=device)),
+        "bf16_gemm_accumulate": (xa, wt, "nt", torch.randn(100, 200, generator=gen).to(device, bf16)),
     }
 
 

@@ -29,7 +29,24 @@ def _kernels_importable() -> bool:
 
 
 def supported(device: torch.device | int | str | None = None) -> bool:
-    """True when deepgemm's own kernels can run on `device` (default: the current CUDA device)."""
+    """True when deepgemm's own kernels can run on `device` (default: the current CUDA device).
+
+    That is: DEEPGEMM_FORCE_REFERENCE is unset, torch sees a CUDA GPU, cuda-bindings imports, and the device is an
+    sm_90 (Hopper) GPU. False for CPU devices.
+
+    Args:
+        device: a torch.device, a CUDA device index, a device string ("cuda:1"), or None for the current device.
+
+    Raises:
+        RuntimeError, AssertionError: from torch, for a device string that parses to no device type, or a CUDA
+            index past the last GPU (asked only when a CUDA GPU is present; without one the answer is False).
+
+    Example::
+
+        if not deepgemm.supported():
+            print("deepgemm runs its reference path here")
+        deepgemm.supported(torch.device("cuda", 0))
+    """
     if os.environ.get("DEEPGEMM_FORCE_REFERENCE"):
         return False
     if not torch.cuda.is_available() or not _kernels_importable():
@@ -57,7 +74,22 @@ def backend_for(*tensors: torch.Tensor, shape: tuple[int, int, int] | None = Non
     """The path a call on these tensors takes: "sm90" (our kernels) or "reference" (dequantize + matmul).
 
     With `shape` = (M, N, K) of an FP8 linear layer, the path `deepgemm.nn.Fp8Linear` takes: "bf16" where
-    `fp8_linear_route` sends the shape to a matmul of the dequantized weight."""
+    `fp8_linear_route` sends the shape to a matmul of the dequantized weight.
+
+    Args:
+        tensors: the call's tensors; the first one's device decides (no tensor: "reference").
+        shape: optional (M, N, K) of an Fp8Linear call.
+
+    Raises:
+        Nothing it checks: the launch path asks it on every call, so it does not validate (a non-tensor fails
+            with AttributeError, a `shape` of fewer than three ints with IndexError).
+
+    Example::
+
+        x = torch.randn(16, 7168, device="cuda", dtype=torch.bfloat16)
+        assert deepgemm.backend_for(x) == "sm90"                       # on a Hopper GPU
+        deepgemm.backend_for(x, shape=(16, 64, 100))                   # "bf16": K % 16 != 0
+    """
     if shape is not None and fp8_linear_route(shape[1], shape[2]) == "bf16":
         return "bf16"
     if not tensors:

@@ -26,8 +26,10 @@ from deepgemm.api.validation import (
     require_tma_strides,
     refuse_grad,
 )
+from deepgemm.jit.compiler import compile_stats
 from deepgemm.jit.resources import PtxasResources
-from deepgemm.kernels.common.device import DEFAULT_NUM_SMS, device_name, planning_sm_count, sm_count
+from deepgemm.kernels.common.device import (DEFAULT_NUM_SMS, device_name, physical_sm_count, planning_sm_count,
+                                            sm_count)
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_config
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
@@ -58,12 +60,13 @@ _ready: dict[tuple, tuple] = {}  # deepgemm.api.ready_launches: metadata key -> 
 
 
 def _metadata_key(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor,
-                  out: torch.Tensor) -> tuple:
+                  out: torch.Tensor, num_sms: int | None = None) -> tuple:
     # Data pointers are unique across devices and host memory (unified addressing), so they also pin
     # each tensor's device: the key reads no device (one attribute read costs ~0.1-0.2 us on this path).
+    # The requested SM count is part of it: a call with another num_sms never launches this one's plan.
     return (a_q.data_ptr(), a_q.shape, a_q.stride(), a_q.dtype, sfa.data_ptr(), sfa.shape, sfa.stride(), sfa.dtype,
             b_q.data_ptr(), b_q.shape, b_q.stride(), b_q.dtype, sfb.data_ptr(), sfb.shape, sfb.stride(), sfb.dtype,
-            out.data_ptr(), out.shape, out.stride(), out.dtype)
+            out.data_ptr(), out.shape, out.stride(), out.dtype, num_sms)
 
 
 def fp8_gemm_nt(
@@ -72,17 +75,61 @@ def fp8_gemm_nt(
     out: torch.Tensor | None = None,
     *,
     out_dtype: torch.dtype | None = None,
+    num_sms: int | None = None,
 ) -> torch.Tensor:
-    """D[M, N] = (A * sfa) @ (B * sfb)^T with FP32 accumulation promoted every 128 K.
+    """D[M, N] = (A * sfa) @ (B * sfb)^T with FP32 accumulation promoted every 128 K, BF16 or FP32 out.
 
-    a = (A e4m3 [M, K], sfa float32 [M, ceil(K/128)]): one scale per row and 128 columns, in any
-        layout (an M-major, 16-byte aligned one, as quantize_per_token_group returns, is used as is).
-    b = (B e4m3 [N, K], sfb float32 [ceil(N/128), ceil(K/128)]): one scale per 128x128 block.
-    out: optional [M, N] bfloat16/float32 tensor to write; else one of `out_dtype` (default bfloat16).
-    K must be a multiple of 16 (TMA rows are 16-byte aligned). On CPU tensors or GPUs other than
-    sm_90 the same result comes from the reference path (dequantize + float32 matmul).
+    On an sm_90 GPU our kernel runs; on CPU tensors or other GPUs the same result comes from the reference path
+    (dequantize + float32 matmul), after the same argument checks. Any M >= 0; K a multiple of 16.
+
+    Args:
+        a = (A e4m3 [M, K], sfa float32 [M, ceil(K/128)]): A row-major (unit stride along K, rows a multiple of
+            16 bytes apart, 16-byte aligned base); one scale per row and 128 columns, in any layout (the M-major,
+            16-byte aligned one that quantize_per_token_group returns is read in place, others are copied).
+        b = (B e4m3 [N, K], sfb float32 [ceil(N/128), ceil(K/128)]): B given as [N, K] with A's row rules; one
+            scale per 128x128 block (row-major; another layout is copied).
+        out: optional [M, N] bfloat16 or float32 tensor to write (A's row rules, no element stored twice, no
+            memory shared with an operand); None: a new tensor of `out_dtype` is returned.
+        out_dtype: the new output's dtype, torch.bfloat16 (None, the default) or torch.float32; with `out` it
+            must be None or out.dtype.
+        num_sms: the SMs this call's kernel may occupy, e.g. to leave the rest to a concurrent NCCL kernel: the
+            persistent grid launches at most `num_sms` CTAs and the tile choice (tuned entry or cost model) is
+            made for that many SMs. An int from 1 to the GPU's SM count (before any DEEPGEMM_NUM_SMS cap, which it
+            replaces; on CPU or meta tensors, to 132). None (the default): the GPU's SM count, capped by
+            DEEPGEMM_NUM_SMS. Each value has its own plan (and its own kernel where the tile choice differs);
+            the result does not depend on it beyond FP32 summation order.
+
+    Returns:
+        `out`, or the new [M, N] tensor (a view of 16-byte aligned rows when N is not a multiple of 16 bytes).
+
+    Raises:
+        TypeError: `a` or `b` is not a pair of tensors, or a dtype is wrong (A, B not float8_e4m3fn, scales not
+            float32, `out` or `out_dtype` not bfloat16/float32), or `num_sms` is neither None nor an int
+            (a bool or a float such as 66.0 included).
+        ValueError: a shape, device or layout rule is broken, on every path: A and B disagree on K, a scale
+            tensor has the wrong shape, K % 16 != 0, rows not unit-stride or 16-byte aligned, tensors on two
+            devices, `out` overlapping itself or an operand, `out_dtype` disagreeing with `out`, M or N past
+            2^31 - 1, `num_sms` outside 1 to the SM count.
+        deepgemm.NotDifferentiableError: an argument requires grad while grad mode is on.
+        deepgemm.CompileError, deepgemm.CacheError, deepgemm.LockTimeoutError: the first call of a shape could not
+            compile, cache or load its kernel (kernel path).
+        deepgemm.GraphCaptureError: that first call happens while a CUDA graph is being captured.
+        deepgemm.UnsupportedError: the planner finds no tile that fits shared memory (kernel path).
+
+    Example::
+
+        x = torch.randn(4096, 7168, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(2112, 7168, device="cuda", dtype=torch.bfloat16)
+        a = deepgemm.quantize_per_token_group(x)     # (e4m3 [4096, 7168], float32 [4096, 56] M-major)
+        b = deepgemm.quantize_per_block(w)           # (e4m3 [2112, 7168], float32 [17, 56])
+        y = deepgemm.fp8_gemm_nt(a, b)               # bfloat16 [4096, 2112]
+        out = torch.empty(4096, 2112, device="cuda", dtype=torch.float32)
+        deepgemm.fp8_gemm_nt(a, b, out)              # written into out
+        y = deepgemm.fp8_gemm_nt(a, b, num_sms=112)  # at most 112 SMs: the rest stay free for a collective
     """
-    if type(a) is tuple and type(b) is tuple and len(a) == 2 and len(b) == 2:
+    # (`type(num_sms) is int` keeps True and 66.0, equal to 1 and 66 as keys, off the fast path: they are refused.)
+    if (type(a) is tuple and type(b) is tuple and len(a) == 2 and len(b) == 2
+            and (num_sms is None or type(num_sms) is int)):
         # Fast path: an argument set (pointers, shapes, strides, dtypes) that already passed validation
         # launches with one dictionary lookup. Anything unusual falls through to the checked path.
         try:
@@ -90,7 +137,8 @@ def fp8_gemm_nt(
                 dtype = torch.bfloat16 if out_dtype is None else out_dtype
                 if dtype in OUT_DTYPES and a[0].dim() == 2 and b[0].dim() == 2:
                     out, out_dtype = allocate_out(a[0].shape[0], b[0].shape[0], dtype, a[0].device), None
-            ready = _ready.get(_metadata_key(a[0], a[1], b[0], b[1], out)) if out is not None and out_dtype is None else None
+            ready = (_ready.get(_metadata_key(a[0], a[1], b[0], b[1], out, num_sms))
+                     if out is not None and out_dtype is None else None)
         except (AttributeError, TypeError, RuntimeError):
             ready = None
         if ready is not None and out is not None and not (_grad_enabled() and (
@@ -98,13 +146,14 @@ def fp8_gemm_nt(
                 or out.requires_grad)):
             ready[0].launch_packed(ready[1])
             return out
-    return _fp8_gemm_nt_checked(a, b, out, out_dtype)
+    return _fp8_gemm_nt_checked(a, b, out, out_dtype, num_sms)
 
 
-def check_fp8_gemm_nt(a: object, b: object, out: torch.Tensor | None, out_dtype: torch.dtype | None
+def check_fp8_gemm_nt(a: object, b: object, out: torch.Tensor | None, out_dtype: torch.dtype | None,
+                      num_sms: object = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype, torch.device]:
-    """Every rule that needs only metadata (types, dtypes, shapes, devices, grad): shared by the eager path and the
-    custom op's fake kernel. Returns (A, sfa, B, sfb, output dtype, device)."""
+    """Every rule that needs only metadata (types, dtypes, shapes, devices, grad, the SM count): shared by the eager
+    path and the custom op's fake kernel. Returns (A, sfa, B, sfb, output dtype, device)."""
     a_q, sfa = require_pair(a, "a", _WHERE)
     b_q, sfb = require_pair(b, "b", _WHERE)
     require_dtype(a_q, "a[0]", _WHERE, (FP8,))
@@ -142,6 +191,7 @@ def check_fp8_gemm_nt(a: object, b: object, out: torch.Tensor | None, out_dtype:
         require_no_self_overlap(out, "out", _WHERE)
     require_row_count(m, "'a[0]' (M)", _WHERE)
     require_row_count(n, "'b[0]' (N)", _WHERE)
+    check_num_sms(num_sms, _WHERE, device)
     refuse_grad(_WHERE, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out})
     return a_q, sfa, b_q, sfb, dtype, device
 
@@ -158,9 +208,11 @@ def check_fp8_gemm_nt_memory(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Te
 
 
 def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
-                         out: torch.Tensor | None, out_dtype: torch.dtype | None) -> torch.Tensor:
+                         out: torch.Tensor | None, out_dtype: torch.dtype | None,
+                         num_sms: int | None = None) -> torch.Tensor:
     """The full path: validate everything, normalize layouts, plan, launch, and remember the result."""
-    a_q, sfa, b_q, sfb, dtype, device = check_fp8_gemm_nt(a, b, out, out_dtype)
+    a_q, sfa, b_q, sfb, dtype, device = check_fp8_gemm_nt(a, b, out, out_dtype, num_sms)
+    num_sms = None if num_sms is None else int(num_sms)  # (an int subclass keys as the plain int)
     check_fp8_gemm_nt_memory(a_q, sfa, b_q, sfb, out)
     (m, k), n = a_q.shape, b_q.shape[0]
     if out is None:
@@ -173,25 +225,29 @@ def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Te
         out.copy_(fp8_gemm_nt_reference(a_q, sfa, b_q, sfb))
         return out
 
-    plan = get_plan(device.index, m, n, k, out.dtype, tuned_config(device.index, m, n, k, out.dtype))
+    config = tuned_config(device.index, m, n, k, out.dtype, num_sms)  # both: None = the device's (capped) SMs
+    plan = get_plan(device.index, m, n, k, out.dtype, config, num_sms)
     sfa_tma = to_mn_major_tma_aligned(sfa)
     sfb_rows = sfb.contiguous()
     args = plan.packed_args(a_q, sfa_tma, b_q, sfb_rows, out)
     plan.launch_packed(args)
     if sfa_tma is sfa and sfb_rows is sfb and out_dtype is None:
-        remember(_ready, _metadata_key(a_q, sfa, b_q, sfb, out), plan, args)
+        remember(_ready, _metadata_key(a_q, sfa, b_q, sfb, out, num_sms), plan, args)
     return out
 
 
 @dataclass(frozen=True)
 class PrecompileInfo:
-    """What `precompile_fp8_gemm_nt` built: the config, ptxas resources and compile time."""
+    """What `precompile_fp8_gemm_nt` built: the config, ptxas resources, the time the call took and whether the
+    kernel came from a cache (the disk cache or this process's memo: nothing was compiled) rather than NVRTC (a
+    compile that another thread of the process ran meanwhile counts as this call's)."""
 
     label: str
     config: GemmConfig
     resources: PtxasResources | None
     compile_seconds: float
     cubin_path: str
+    cached: bool = False
 
 
 def precompile_fp8_gemm_nt(
@@ -199,8 +255,29 @@ def precompile_fp8_gemm_nt(
 ) -> PrecompileInfo:
     """Compile (into the disk cache) the kernel fp8_gemm_nt would use for this shape; no GPU needed.
 
-    num_sms defaults to the current GPU's SM count, or 132 (H100/H200 SXM) without a GPU; given, it must be an int
-    from 1 to that GPU's SM count (without a GPU: to 132, the largest Hopper part).
+    The plan is the one a call makes: this GPU model's tuned choice where one is recorded, else the cost model's.
+
+    Args:
+        m / n / k: the shape of A [m, k] x B [n, k]^T, positive ints, k a multiple of 16.
+        out_dtype: torch.bfloat16 (default) or torch.float32.
+        num_sms: the SMs to plan for; default the current GPU's SM count, or 132 (H100/H200 SXM) without a GPU,
+            either capped by DEEPGEMM_NUM_SMS; given, an int from 1 to the GPU's SM count (without a GPU: to 132,
+            the largest Hopper part).
+
+    Returns:
+        A PrecompileInfo: `label`, `config` (the GemmConfig), `resources` (ptxas registers, spills), the
+        `compile_seconds` and the `cubin_path`.
+
+    Raises:
+        ValueError: `m`, `n` or `k` is not a positive int, k % 16 != 0, or `num_sms` is out of range.
+        TypeError: `out_dtype` is not bfloat16/float32, or `num_sms` is not an int.
+        deepgemm.CompileError, deepgemm.CacheError, deepgemm.LockTimeoutError: compiling or caching failed.
+        deepgemm.UnsupportedError: the planner finds no tile that fits shared memory.
+
+    Example::
+
+        info = deepgemm.precompile_fp8_gemm_nt(4096, 2112, 7168, out_dtype=torch.bfloat16)
+        print(info.label, info.compile_seconds, info.cubin_path)
     """
     where = "precompile_fp8_gemm_nt"
     for name, value in (("m", m), ("n", n), ("k", k)):
@@ -210,16 +287,10 @@ def precompile_fp8_gemm_nt(
         raise ValueError(f"{where}: 'k' is K={k}; it must be a multiple of 16")
     if not isinstance(out_dtype, torch.dtype) or out_dtype not in OUT_DTYPES:
         raise TypeError(f"{where}: 'out_dtype' must be torch.bfloat16 or torch.float32, got {out_dtype}")
-    if num_sms is not None:
-        if isinstance(num_sms, bool) or not isinstance(num_sms, int):
-            raise TypeError(f"{where}: 'num_sms' must be an int (SMs to plan for), got {type(num_sms).__name__}")
-        most = _physical_sm_count()
-        if not 1 <= num_sms <= most:
-            raise ValueError(f"{where}: 'num_sms' must be from 1 to {most} (the "
-                             f"{'GPU' if torch.cuda.is_available() else 'largest Hopper part'}'s SM count), got {num_sms}")
+    check_num_sms(num_sms, where)
     gpu_name = device_name(torch.cuda.current_device()) if torch.cuda.is_available() else None
     spec = planned_spec(m, n, k, out_dtype, planning_sm_count() if num_sms is None else num_sms, gpu_name)
-    start = time.perf_counter()
+    start, before = time.perf_counter(), compile_stats()
     compiled = compile_spec(spec)
     return PrecompileInfo(
         label=spec.label(),
@@ -227,14 +298,29 @@ def precompile_fp8_gemm_nt(
         resources=compiled.resources,
         compile_seconds=time.perf_counter() - start,
         cubin_path=str(compiled.cubin_path),
+        cached=(compile_stats() - before).compiled == 0,  # exact unless other threads compile meanwhile
     )
 
 
-def _physical_sm_count() -> int:
-    """The current GPU's SM count (before any DEEPGEMM_NUM_SMS cap), or DEFAULT_NUM_SMS without a GPU."""
-    if torch.cuda.is_available():
-        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
-    return DEFAULT_NUM_SMS
+def _physical_sm_count(device: torch.device | None = None) -> int:
+    """The SM count (before any DEEPGEMM_NUM_SMS cap) of a CUDA `device`, or of the current GPU when `device` is
+    None; DEFAULT_NUM_SMS (the largest Hopper part) for other devices and without a GPU."""
+    if not torch.cuda.is_available() or (device is not None and device.type != "cuda"):
+        return DEFAULT_NUM_SMS
+    return physical_sm_count(torch.cuda.current_device() if device is None or device.index is None else device.index)
+
+
+def check_num_sms(num_sms: object, where: str, device: torch.device | None = None) -> None:
+    """A per-call SM count: None, or an int (not a bool) from 1 to `_physical_sm_count(device)`."""
+    if num_sms is None:
+        return
+    if isinstance(num_sms, bool) or not isinstance(num_sms, (int, torch.SymInt)):  # (SymInt: traced by Dynamo)
+        raise TypeError(f"{where}: 'num_sms' must be an int (SMs to plan for) or None, got {type(num_sms).__name__}")
+    most = _physical_sm_count(device)
+    if not 1 <= num_sms <= most:
+        gpu = torch.cuda.is_available() and (device is None or device.type == "cuda")
+        raise ValueError(f"{where}: 'num_sms' must be from 1 to {most} (the "
+                         f"{'GPU' if gpu else 'largest Hopper part'}'s SM count), got {num_sms}")
 
 
 def planned_spec(m: int, n: int, k: int, out_dtype: torch.dtype, num_sms: int, gpu_name: str | None = None) -> Fp8GemmSpec:
@@ -245,21 +331,24 @@ def planned_spec(m: int, n: int, k: int, out_dtype: torch.dtype, num_sms: int, g
     return Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=choose_config(problem) if config is None else config)
 
 
-_tuned: dict[tuple[int, int, int, int, torch.dtype], GemmConfig | None] = {}
+_tuned: dict[tuple[int, int, int, int, torch.dtype, int], GemmConfig | None] = {}
 _TUNED_CAPACITY = 4096
 
 
-def tuned_config(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype) -> GemmConfig | None:
-    """The measured config for this shape's M bucket on this GPU model, or None (the plan then asks the cost model);
+def tuned_config(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype,
+                 num_sms: int | None = None) -> GemmConfig | None:
+    """The measured config for this shape's M bucket on this GPU model and `num_sms` SMs (None: the device's,
+    under the DEEPGEMM_NUM_SMS cap; entries are keyed by the SM count), or None (the plan then asks the cost model);
     looked up once per shape. DEEPGEMM_AUTOTUNE=1: an untuned bucket is measured first and recorded."""
-    key = (device_index, m, n, k, out_dtype)
+    sms = sm_count(device_index) if num_sms is None else num_sms
+    key = (device_index, m, n, k, out_dtype, sms)
     if key in _tuned:
         return _tuned[key]
-    problem = GemmProblem(m, n, k, sm_count(device_index), out_dtype)
+    problem = GemmProblem(m, n, k, sms, out_dtype)
     db = tuning_db(device_name(device_index))
     config = db.lookup_problem(problem)
     if config is None and os.environ.get("DEEPGEMM_AUTOTUNE") == "1":
-        tune_fp8_gemm_nt(m, n, k, out_dtype=out_dtype, device=device_index)
+        tune_fp8_gemm_nt(m, n, k, out_dtype=out_dtype, device=device_index, num_sms=sms)
         config = db.lookup_problem(problem)
     if len(_tuned) >= _TUNED_CAPACITY:
         _tuned.clear()

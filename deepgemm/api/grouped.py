@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
 from deepgemm.api.backend import backend_for
+from deepgemm.api.grouped_layout import check_layout_values
 from deepgemm.api.layout import to_mn_major_tma_aligned
 from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
@@ -26,10 +28,16 @@ from deepgemm.api.validation import (
     refuse_grad,
 )
 from deepgemm.jit.args import PackedArgs
+from deepgemm.kernels.common.device import planning_sm_count
 from deepgemm.kernels.common.layout import masked_sfa_strides
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Fp8GemmPlan, Geometry, clear_plans, get_grouped_plan
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Fp8GemmPlan, Geometry, clear_plans, get_grouped_plan, grouped_spec
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
-from deepgemm.reference import m_grouped_contiguous_reference, m_grouped_masked_reference, m_indices_from_psum
+from deepgemm.reference import (
+    contiguous_row_experts,
+    m_grouped_contiguous_reference,
+    m_grouped_masked_reference,
+    m_indices_from_psum,
+)
 from deepgemm.utils import align_up, ceil_div
 
 FP8 = torch.float8_e4m3fn
@@ -79,13 +87,24 @@ def _launch_if_ready(form: object, a: object, b: object, out: Any, grouping: Any
 
 
 def clear_grouped_plans() -> None:
-    """Forget every plan and launch-ready argument set (for tools that swap the tile choice)."""
+    """Forget every plan and launch-ready argument set, and the reference path's memo of the tile rule (for tools
+    that swap the tile choice)."""
     clear_plans()
     _ready.clear()
+    _kernel_lookup_rows.cache_clear()
 
 
 def get_m_alignment_for_contiguous_layout() -> int:
-    """Rows each expert's segment of A is padded to in the contiguous layout (one M-block never spans two)."""
+    """Rows each expert's segment of A is padded to in the contiguous layout (one M-block never spans two): 128.
+
+    Raises:
+        Nothing.
+
+    Example::
+
+        align = deepgemm.get_m_alignment_for_contiguous_layout()
+        rows = [-(-t // align) * align for t in (200, 0, 56)]       # [256, 0, 128]
+    """
     return CONTIGUOUS_M_ALIGNMENT
 
 
@@ -125,20 +144,63 @@ def m_grouped_fp8_gemm_nt_contiguous(
     b: tuple[torch.Tensor, torch.Tensor],
     out: torch.Tensor,
     m_indices: torch.Tensor,
+    *,
+    validate: bool = False,
 ) -> torch.Tensor:
     """out[r] = (A[r] * sfa[r]) @ (B[g] * sfb[g])^T for every row r with g = m_indices[r] >= 0.
 
-    a = (A e4m3 [M_total, K], sfa float32 [M_total, ceil(K/128)]): the experts' rows back to back, each
-        expert's segment padded to get_m_alignment_for_contiguous_layout() rows (M_total is a multiple).
-    b = (B e4m3 [G, N, K], sfb float32 [G, ceil(N/128), ceil(K/128)]).
-    m_indices: int32 [M_total] on A's device, the expert of each row, -1 for padding rows. Rows whose
-        index is -1 (or any value outside [0, G)) are written as zeros; M-blocks that start with such a
-        row are padding throughout (segments are aligned) and issue no loads or MMA.
-    out: [M_total, N] bfloat16 or float32, written and returned.
+    Args:
+        a = (A e4m3 [M_total, K], sfa float32 [M_total, ceil(K/128)]): the experts' rows back to back, each
+            expert's segment padded to get_m_alignment_for_contiguous_layout() rows (M_total is a multiple).
+        b = (B e4m3 [G, N, K], sfb float32 [G, ceil(N/128), ceil(K/128)]).
+        m_indices: int32 [M_total] on A's device, the expert of each row, -1 for padding rows. Rows whose
+            index is -1 (or any value outside [0, G)) are written as zeros; M-blocks that start with such a
+            row are padding throughout (segments are aligned) and issue no loads or MMA. Read on the GPU only
+            (capturable); the kernel never reads out of bounds, whatever the values.
+        out: [M_total, N] bfloat16 or float32, written and returned.
+        validate: check m_indices first with deepgemm.check_grouped_layout (reads it on the host: a
+            synchronisation, not capturable; for debugging and untrusted routing).
+    A, B and out follow fp8_gemm_nt's row rules (K % 16 == 0, unit stride along K, rows 16-byte aligned); B's
+    experts are stacked row after row (B.view(G * N, K) is valid).
+
+    How the kernel reads m_indices (the CPU path computes the same): it takes each M-block's expert from the
+    block's first row, so row r is computed with e = m_indices[first row of r's 128-row segment] (of its 64-row
+    half with the block_m 64 tiles small M_total gets) when both e and m_indices[r] are in [0, G), and is written
+    as zeros otherwise. Where each segment holds one expert's rows, padding anywhere but at the start of the
+    segment or of a half with rows after it, this is m_indices[r] on every tile. Two experts in a segment, or a
+    -1 at such a start, give rows the wrong expert or zeros, depending on the tile: deepgemm.check_grouped_layout
+    (or validate=True) refuses such layouts.
+
+    Raises:
+        TypeError: `a` or `b` is not a pair of tensors, or a dtype is wrong (A, B not float8_e4m3fn, scales not
+            float32, `out` not bfloat16/float32, `m_indices` not int32).
+        ValueError: a shape, device or layout rule is broken, on every path: M_total not a multiple of 128,
+            K % 16 != 0, a scale, `out` or `m_indices` shape, rows not unit-stride or 16-byte aligned,
+            `m_indices` not contiguous, tensors on two devices, `out` overlapping itself or another argument.
+        deepgemm.NotDifferentiableError: an argument requires grad while grad mode is on.
+        deepgemm.CompileError, deepgemm.CacheError, deepgemm.LockTimeoutError: the first call of a shape could not
+            compile, cache or load its kernel (kernel path).
+        deepgemm.GraphCaptureError: that first call happens while a CUDA graph is being captured.
+        deepgemm.GroupedLayoutError (a ValueError): validate=True and m_indices breaks the layout's rules.
+
+    Example::
+
+        tokens, align = [200, 0, 56], deepgemm.get_m_alignment_for_contiguous_layout()
+        sizes = [-(-t // align) * align for t in tokens]            # [256, 0, 128]: segments padded to 128 rows
+        m_indices = torch.cat([torch.tensor([g] * t + [-1] * (s - t), dtype=torch.int32)
+                               for g, (t, s) in enumerate(zip(tokens, sizes))]).cuda()
+        x = torch.randn(sum(sizes), 7168, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(3, 4096, 7168, device="cuda", dtype=torch.bfloat16)
+        q, sf = deepgemm.quantize_per_block(w.view(3 * 4096, 7168))  # 128-row blocks never span two experts
+        b = (q.view(3, 4096, 7168), sf.view(3, 4096 // 128, 7168 // 128))
+        out = torch.empty(sum(sizes), 4096, device="cuda", dtype=torch.bfloat16)
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous(deepgemm.quantize_per_token_group(x), b, out, m_indices)
     """
-    if _launch_if_ready(_CONTIGUOUS_FORM, a, b, out, m_indices):
+    if not validate and _launch_if_ready(_CONTIGUOUS_FORM, a, b, out, m_indices):
         return out
     a_q, sfa, b_q, sfb, out = check_contiguous(a, b, out, m_indices, psum_form=False)
+    if validate:
+        check_layout_values(f"{_CONTIGUOUS_WHERE} (validate=True)", num_groups=b_q.shape[0], m_indices=m_indices)
     _check_memory(_CONTIGUOUS_WHERE, a_q, sfa, b_q, sfb, out, "m_indices", m_indices)
     return _run_contiguous(_CONTIGUOUS_WHERE, a_q, sfa, b_q, sfb, out, m_indices, psum_form=False)
 
@@ -148,19 +210,53 @@ def m_grouped_fp8_gemm_nt_contiguous_psum(
     b: tuple[torch.Tensor, torch.Tensor],
     out: torch.Tensor,
     psum: torch.Tensor,
+    *,
+    validate: bool = False,
 ) -> torch.Tensor:
     """The contiguous layout described by cumulative row ends instead of a per-row index.
 
-    psum: int32 [G] on A's device; psum[g] is the end row (exclusive) of expert g's valid rows, and expert
-        g starts at the next multiple of get_m_alignment_for_contiguous_layout() at or after psum[g - 1]
-        (0 for g = 0). An expert with no tokens has psum[g] == psum[g - 1]. psum must not decrease and
-        its values are read on the GPU only (capturable; the host never synchronises on it).
     Rows that belong to no expert (alignment gaps, rows past psum[G - 1]) are written as zeros; M-blocks
-    entirely outside every expert issue no loads or MMA. Other arguments as m_grouped_fp8_gemm_nt_contiguous.
+    entirely outside every expert issue no loads or MMA.
+
+    Args:
+        a / b / out: as for m_grouped_fp8_gemm_nt_contiguous (A [M_total, K], B [G, N, K], out [M_total, N]).
+        psum: int32 [G] on A's device; psum[g] is the end row (exclusive) of expert g's valid rows, and expert
+            g starts at the next multiple of get_m_alignment_for_contiguous_layout() at or after psum[g - 1]
+            (0 for g = 0). An expert with no tokens has psum[g] == psum[g - 1]. psum must not decrease and
+            its values are read on the GPU only (capturable; the host never synchronises on it).
+        validate: check psum first with deepgemm.check_grouped_layout (reads it on the host: a synchronisation,
+            not capturable).
+
+    How the kernel reads any psum (the CPU path computes the same, on every tile): each end is clamped to
+    [0, M_total]; row r belongs to the first expert g whose end is past r, if r >= align_up(max(psum[0..g-1]),
+    128) (0 for g = 0), and is written as zeros otherwise. So a negative end gives its expert no rows, an end past
+    M_total stops at M_total, a decreasing psum gives the expert at the decrease no rows (starts never move
+    back), and an end inside the previous expert's alignment gap gives its expert no rows.
+
+    Raises:
+        TypeError, ValueError, deepgemm.NotDifferentiableError, deepgemm.CompileError, deepgemm.CacheError,
+            deepgemm.LockTimeoutError, deepgemm.GraphCaptureError: as m_grouped_fp8_gemm_nt_contiguous, with
+            `psum` (int32 [G], contiguous) in place of `m_indices`.
+        deepgemm.GroupedLayoutError (a ValueError): validate=True and psum breaks the layout's rules (negative,
+            past M_total, decreasing, or an end inside the previous expert's alignment gap).
+
+    Example::
+
+        # 200, 0 and 56 tokens: expert 0 has rows [0, 200), expert 1 none, expert 2 rows [256, 312)
+        psum = torch.tensor([200, 256, 312], dtype=torch.int32, device="cuda")
+        x = torch.randn(384, 7168, device="cuda", dtype=torch.bfloat16)       # M_total: a multiple of 128
+        w = torch.randn(3, 4096, 7168, device="cuda", dtype=torch.bfloat16)
+        q, sf = deepgemm.quantize_per_block(w.view(3 * 4096, 7168))
+        b = (q.view(3, 4096, 7168), sf.view(3, 4096 // 128, 7168 // 128))
+        out = torch.empty(384, 4096, device="cuda", dtype=torch.bfloat16)
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(deepgemm.quantize_per_token_group(x), b, out, psum)
     """
-    if _launch_if_ready(_PSUM_FORM, a, b, out, psum):
+    if not validate and _launch_if_ready(_PSUM_FORM, a, b, out, psum):
         return out
     a_q, sfa, b_q, sfb, out = check_contiguous(a, b, out, psum, psum_form=True)
+    if validate:
+        check_layout_values(f"{_PSUM_WHERE} (validate=True)", num_groups=b_q.shape[0], psum=psum,
+                            m_total=a_q.shape[0])
     _check_memory(_PSUM_WHERE, a_q, sfa, b_q, sfb, out, "psum", psum)
     return _run_contiguous(_PSUM_WHERE, a_q, sfa, b_q, sfb, out, psum, psum_form=True)
 
@@ -226,8 +322,11 @@ def _run_contiguous(where: str, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch
     if k == 0 or groups == 0:
         return out.zero_()
     if backend_for(a_q) == "reference":
-        m_indices = m_indices_from_psum(grouping.cpu(), m_total, CONTIGUOUS_M_ALIGNMENT) if psum_form else grouping
-        out.copy_(m_grouped_contiguous_reference(a_q, sfa, b_q, sfb, m_indices.to(a_q.device)))
+        if psum_form:  # the psum form reads the same for every tile: a well-formed per-row layout
+            m_indices, lookup = m_indices_from_psum(grouping, m_total, CONTIGUOUS_M_ALIGNMENT), CONTIGUOUS_M_ALIGNMENT
+        else:
+            m_indices, lookup = grouping, _kernel_lookup(grouping, groups, n, k, out.dtype)
+        out.copy_(m_grouped_contiguous_reference(a_q, sfa, b_q, sfb, m_indices.to(a_q.device), lookup_rows=lookup))
         return out
     kind = GemmKind.GROUPED_CONTIGUOUS_PSUM if psum_form else GemmKind.GROUPED_CONTIGUOUS
     plan = get_grouped_plan(a_q.device.index, kind, Geometry(rows=m_total, groups=groups), n, k, out.dtype, m_total)
@@ -238,6 +337,26 @@ def _run_contiguous(where: str, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch
         form = _PSUM_FORM if psum_form else _CONTIGUOUS_FORM
         remember(_ready, _metadata_key(form, a_q, sfa, b_q, sfb, out, grouping), plan, args)
     return out
+
+
+def _kernel_lookup(m_indices: torch.Tensor, groups: int, n: int, k: int, out_dtype: torch.dtype) -> int:
+    """Rows per expert lookup (reference.contiguous_row_experts) with which the kernel would read this m_indices:
+    128, or 64 where the tile rule picks block_m 64 (small M_total). The two read alike except for layouts that
+    check_grouped_layout rejects; only for those is the tile rule asked (for the planning SM count: the current
+    GPU's, or an H100/H200's without one), so the reference path then gives the kernel's result on that GPU."""
+    per_segment = contiguous_row_experts(m_indices, groups, CONTIGUOUS_M_ALIGNMENT)
+    if torch.equal(per_segment, contiguous_row_experts(m_indices, groups, CONTIGUOUS_M_ALIGNMENT // 2)):
+        return CONTIGUOUS_M_ALIGNMENT
+    return _kernel_lookup_rows(m_indices.numel(), groups, n, k, out_dtype, planning_sm_count())
+
+
+@functools.lru_cache(maxsize=256)
+def _kernel_lookup_rows(m_total: int, groups: int, n: int, k: int, out_dtype: torch.dtype, num_sms: int) -> int:
+    """Rows per m_indices lookup of the contiguous kernel get_grouped_plan would build: its block_m, at most 128
+    (block_m 256 looks up each 128-row half)."""
+    spec = grouped_spec(GemmKind.GROUPED_CONTIGUOUS, Geometry(rows=m_total, groups=groups), n, k, out_dtype, m_total,
+                        num_sms)
+    return min(spec.config.block_m, CONTIGUOUS_M_ALIGNMENT)
 
 
 def _masked_sfa_layout(sfa: torch.Tensor) -> torch.Tensor:
@@ -260,21 +379,59 @@ def m_grouped_fp8_gemm_nt_masked(
     out: torch.Tensor,
     masked_m: torch.Tensor,
     expected_m: int,
+    *,
+    validate: bool = False,
 ) -> torch.Tensor:
     """out[g, :masked_m[g]] = (A[g] * sfa[g]) @ (B[g] * sfb[g])^T for each expert g.
 
-    a = (A e4m3 [G, max_m, K], sfa float32 [G, max_m, ceil(K/128)]); max_m must be a multiple of 64. Scales
-        with M contiguous (M-major per group, or quantize_per_token_group(A.view(G * max_m, K))[1] viewed as
-        [G, max_m, ceil(K/128)]) are read in place; other layouts are copied on every call.
-    b = (B e4m3 [G, N, K], sfb float32 [G, ceil(N/128), ceil(K/128)]).
-    masked_m: int32 [G] on the GPU. The host never reads it, so the call can be captured in a CUDA graph
-        and replayed with new counts. Rows at or past masked_m[g] in the last 64-row block of a group
-        are overwritten with unspecified values; rows in blocks entirely past masked_m[g] are untouched.
-    expected_m: the typical masked_m, used only to choose the tile configuration.
+    Args:
+        a = (A e4m3 [G, max_m, K], sfa float32 [G, max_m, ceil(K/128)]); max_m must be a multiple of 64. Scales
+            with M contiguous (M-major per group, or quantize_per_token_group(A.view(G * max_m, K))[1] viewed as
+            [G, max_m, ceil(K/128)]) are read in place; other layouts are copied on every call.
+        b = (B e4m3 [G, N, K], sfb float32 [G, ceil(N/128), ceil(K/128)]).
+        out: [G, max_m, N] bfloat16 or float32, written and returned.
+        masked_m: int32 [G] on the GPU. The host never reads it, so the call can be captured in a CUDA graph
+            and replayed with new counts. Rows at or past masked_m[g] in the last 64-row block of a group
+            are overwritten with unspecified values; rows in blocks entirely past masked_m[g] are untouched.
+            Any value is read as clamped to [0, max_m] (a negative count: no rows; past max_m: all of them), on
+            the kernel and the CPU path alike (the CPU path leaves every row past the count untouched).
+        expected_m: the typical masked_m, used only to choose the tile configuration.
+        validate: check masked_m first with deepgemm.check_grouped_layout (each count in [0, max_m]; reads it
+            on the host: a synchronisation, not capturable).
+    A, B and out are stacked row after row (each views as [G * rows, cols]) with fp8_gemm_nt's row rules
+    (K % 16 == 0 and K > 0, unit stride along K, rows 16-byte aligned).
+
+    Raises:
+        TypeError: `a` or `b` is not a pair of tensors, or a dtype is wrong (A, B not float8_e4m3fn, scales not
+            float32, `out` not bfloat16/float32, `masked_m` not int32).
+        ValueError: a shape, device or layout rule is broken, on every path: G differs between A and B, max_m
+            not a multiple of 64, K == 0 or K % 16 != 0, a scale, `out` or `masked_m` shape, groups not stacked
+            or rows not 16-byte aligned, `masked_m` not contiguous, `expected_m` not a positive int, tensors on
+            two devices, `out` overlapping itself or another argument.
+        deepgemm.NotDifferentiableError: an argument requires grad while grad mode is on.
+        deepgemm.CompileError, deepgemm.CacheError, deepgemm.LockTimeoutError: the first call of a shape could not
+            compile, cache or load its kernel (kernel path).
+        deepgemm.GraphCaptureError: that first call happens while a CUDA graph is being captured.
+        deepgemm.GroupedLayoutError (a ValueError): validate=True and a count is outside [0, max_m].
+
+    Example::
+
+        x = torch.randn(4, 256, 7168, device="cuda", dtype=torch.bfloat16)           # [G, max_m, K]
+        q, sf = deepgemm.quantize_per_token_group(x.view(4 * 256, 7168))
+        a = (q.view(4, 256, 7168), sf.view(4, 256, -1))                               # M-major scales, in place
+        w = torch.randn(4, 4096, 7168, device="cuda", dtype=torch.bfloat16)
+        qw, sfw = deepgemm.quantize_per_block(w.view(4 * 4096, 7168))
+        b = (qw.view(4, 4096, 7168), sfw.view(4, 4096 // 128, 7168 // 128))
+        masked_m = torch.tensor([256, 17, 0, 130], dtype=torch.int32, device="cuda")
+        out = torch.empty(4, 256, 4096, device="cuda", dtype=torch.bfloat16)
+        deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=128)   # out[g, :masked_m[g]]
     """
-    if _launch_if_ready(_masked_form(expected_m), a, b, out, masked_m):
+    if not validate and _launch_if_ready(_masked_form(expected_m), a, b, out, masked_m):
         return out
     a_q, sfa, b_q, sfb, out = check_masked(a, b, out, masked_m, expected_m)
+    if validate:
+        check_layout_values(f"{_MASKED_WHERE} (validate=True)", num_groups=b_q.shape[0], masked_m=masked_m,
+                            max_m=a_q.shape[1])
     _check_memory(_MASKED_WHERE, a_q, sfa, b_q, sfb, out, "masked_m", masked_m)
     return _run_masked(a_q, sfa, b_q, sfb, out, masked_m, expected_m)
 

@@ -26,7 +26,7 @@ from deepgemm.api.validation import (
     require_tma_strides,
     refuse_grad,
 )
-from deepgemm.jit.runtime import refuse_during_capture
+from deepgemm.jit.runtime import refuse_during_capture, stream_capturing
 from deepgemm.kernels.sm90_fp8_gemm_1d1d.plan import get_kgrouped_plan
 from deepgemm.reference import k_grouped_reference
 
@@ -59,7 +59,7 @@ class _DeviceOffsets:
     def get(self, device: torch.device, ks: tuple[int, ...]) -> torch.Tensor:
         index = device.index if device.index is not None else torch.cuda.current_device()
         key = (index, ks)
-        capturing = torch.cuda.is_current_stream_capturing()
+        capturing = stream_capturing(index)  # the tensors' device: it need not be the current one
         with self._lock:
             entry = self._captured.get(key)
             if entry is None and key in self._recent:
@@ -70,7 +70,7 @@ class _DeviceOffsets:
                     entry = self._recent[key]
         if entry is None:
             refuse_during_capture(f"k_grouped_fp8_gemm_tn_contiguous with a new ks ({len(ks)} groups; its offsets "
-                                  "are uploaded on the first call)")
+                                  "are uploaded on the first call)", index)
             cumulative = [0]
             for k in ks:
                 cumulative.append(cumulative[-1] + k)
@@ -152,15 +152,43 @@ def k_grouped_fp8_gemm_tn_contiguous(
 
     The groups' token segments lie back to back along the K dimension: group g owns tokens
     [sum(ks[:g]), sum(ks[:g + 1])). For the expert weight gradient dW_g = dY_g^T X_g, pass the
-    activations transposed so tokens are contiguous (what the tensor cores read):
-    a = (A e4m3 [M, K_total], sfa float32 [M, K_total/128]) = quantize_per_token_group(dY.t()) and
-    b = (B e4m3 [N, K_total], sfb float32 [N, K_total/128]) = quantize_per_token_group(X.t()), so A_g^T B_g
+    activations transposed so tokens are contiguous (what the tensor cores read), so A_g^T B_g
     is A[:, seg g] @ B[:, seg g]^T scaled per row and 128-token block on both sides.
-    ks: tokens per group (host ints, each a multiple of 128, summing to K_total; 0 is allowed: that
-        group's output is c[g], or zeros). The offsets are uploaded once per distinct ks, so a call can be
-        captured in a CUDA graph after it has run once with the same ks.
-    out: float32 [G, M, N], contiguous, written and returned. c: None or float32 [G, M, N], contiguous;
-        it may be `out` itself (accumulate in place).
+
+    Args:
+        a = (A e4m3 [M, K_total], sfa float32 [M, K_total/128]): what quantize_per_token_group(dY.t()) returns;
+            A has unit stride along K_total (tokens) and 16-byte aligned rows; K_total is a multiple of 128.
+        b = (B e4m3 [N, K_total], sfb float32 [N, K_total/128]): what quantize_per_token_group(X.t()) returns,
+            under A's rules.
+        out: float32 [G, M, N], contiguous, written and returned.
+        ks: tokens per group (host ints or a CPU int32/int64 tensor, each a multiple of 128, summing to K_total;
+            0 is allowed: that group's output is c[g], or zeros). The offsets are uploaded once per distinct ks,
+            so a call can be captured in a CUDA graph after it has run once with the same ks.
+        c: None or float32 [G, M, N], contiguous; it may be `out` itself (accumulate in place).
+
+    Raises:
+        TypeError: `a` or `b` is not a pair of tensors, a dtype is wrong (A, B not float8_e4m3fn, scales, `out`,
+            `c` not float32), or `ks` is not host ints (a CUDA tensor, floats, bools).
+        ValueError: a shape, device or layout rule is broken, on every path: A and B disagree on K_total,
+            K_total or a `ks` entry not a multiple of 128, `ks` not summing to K_total, a scale, `out` or `c`
+            shape, `out` or `c` not contiguous, rows not unit-stride or 16-byte aligned, tensors on two devices,
+            `out` sharing memory with an operand or with a `c` that is not `out`.
+        deepgemm.NotDifferentiableError: an argument requires grad while grad mode is on.
+        deepgemm.CompileError, deepgemm.CacheError, deepgemm.LockTimeoutError: the first call of a shape could not
+            compile, cache or load its kernel (kernel path).
+        deepgemm.GraphCaptureError: that first call, or the first call with a new `ks`, happens while a CUDA
+            graph is being captured.
+
+    Example::
+
+        ks = [256, 0, 384]                                                   # tokens per expert
+        dy = torch.randn(sum(ks), 4096, device="cuda", dtype=torch.bfloat16)  # [tokens, M]
+        x = torch.randn(sum(ks), 7168, device="cuda", dtype=torch.bfloat16)   # [tokens, N]
+        a = deepgemm.quantize_per_token_group(dy.t())
+        b = deepgemm.quantize_per_token_group(x.t())
+        dw = torch.empty(len(ks), 4096, 7168, device="cuda", dtype=torch.float32)
+        deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, dw, ks)              # dw[g] = dY_g^T X_g
+        deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, dw, ks, c=dw)        # dw[g] += dY_g^T X_g
     """
     a_q, sfa, b_q, sfb, out_t, c, sizes = check_k_grouped(a, b, out, ks, c)
     check_k_grouped_memory(a_q, sfa, b_q, sfb, out_t, c)

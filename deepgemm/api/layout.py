@@ -17,7 +17,23 @@ def is_mn_major_tma_aligned(sf: torch.Tensor) -> bool:
 
 
 def to_mn_major_tma_aligned(sf: torch.Tensor) -> torch.Tensor:
-    """[M, G] float32 scales as a view with strides (1, align(M, 4)); no copy when already so."""
+    """[M, G] float32 scales as a view with strides (1, align(M, 4)); no copy when already so.
+
+    The layout fp8_gemm_nt's TMA reads sfa in: M-major (unit stride along M), the columns a multiple of 16 bytes
+    apart, the base 16-byte aligned. quantize_per_token_group already returns it;
+    the GEMMs convert other layouts themselves (a copy per call), so convert once where the same scales are reused.
+
+    Args:
+        sf: float32 [M, G] scales, any strides and device.
+
+    Raises:
+        TypeError: `sf` is not a 2-D float32 tensor.
+
+    Example::
+
+        sf = torch.rand(4096, 56, device="cuda")            # row-major
+        sf_tma = deepgemm.to_mn_major_tma_aligned(sf)       # same values, strides (1, 4096)
+    """
     if not isinstance(sf, torch.Tensor) or sf.dtype != torch.float32 or sf.dim() != 2:
         raise TypeError(f"to_mn_major_tma_aligned: 'sf' must be a 2-D float32 tensor, got {getattr(sf, 'dtype', type(sf))}")
     if is_mn_major_tma_aligned(sf):

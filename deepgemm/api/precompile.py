@@ -18,7 +18,7 @@ import torch
 
 from deepgemm.api.gemm import planned_spec
 from deepgemm.api.grouped import MASKED_M_ALIGNMENT, get_m_alignment_for_contiguous_layout
-from deepgemm.jit.compiler import KernelSource, compile_kernel, compile_stats, default_cache_dir
+from deepgemm.jit.compiler import KernelSource, compile_kernel_outcome, compile_stats, default_cache_dir
 from deepgemm.kernels.common.device import device_name, planning_sm_count
 from deepgemm.kernels.quantize_fp8.launch import INPUT_KINDS, token_group_source
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Geometry, grouped_spec
@@ -138,13 +138,14 @@ def unique_sources(kernels: Iterable[Kernel]) -> list[KernelSource]:
 
 @dataclass(frozen=True)
 class KernelDone:
-    """One finished compile, for a progress callback: `done` of `total` finished, the last one's label and time
-    (a cache hit takes milliseconds)."""
+    """One finished kernel, for a progress callback: `done` of `total` finished, the last one's label and time, and
+    whether it was `cached` (found in the disk cache or this process's memo, nothing compiled; milliseconds)."""
 
     done: int
     total: int
     label: str
     seconds: float
+    cached: bool = False
 
 
 Progress = Callable[[KernelDone], None]
@@ -153,7 +154,17 @@ Progress = Callable[[KernelDone], None]
 @dataclass(frozen=True)
 class PrecompileSummary:
     """What a precompile did: `kernels` planned, `compiled` now, `cached` already (disk cache or this process's
-    memo), the wall time and the cache directory."""
+    memo), the wall time and the cache directory.
+
+    Returned by:
+        deepgemm.precompile_model (and the `deepgemm precompile` command's planner).
+
+    Example::
+
+        summary: deepgemm.nn.PrecompileSummary = deepgemm.precompile_model(model, tokens=(1, 8, 64, 4096))
+        print(summary)                      # "12 kernels: 12 compiled, 0 already cached, 41.0 s; cache ..."
+        assert summary.compiled + summary.cached == summary.kernels
+    """
 
     kernels: int
     compiled: int
@@ -180,10 +191,10 @@ def compile_sources(sources: Sequence[KernelSource], *, workers: int | None = No
             futures = {pool.submit(_timed_compile, source): source for source in sources}
             try:
                 for done, future in enumerate(as_completed(futures), 1):
-                    seconds = future.result()
+                    seconds, cached = future.result()
                     if progress is not None:
                         source = futures[future]
-                        progress(KernelDone(done, len(sources), source.label or source.entry, seconds))
+                        progress(KernelDone(done, len(sources), source.label or source.entry, seconds, cached))
             except BaseException:
                 pool.shutdown(cancel_futures=True)
                 raise
@@ -192,7 +203,8 @@ def compile_sources(sources: Sequence[KernelSource], *, workers: int | None = No
                              seconds=time.perf_counter() - start, cache_dir=default_cache_dir())
 
 
-def _timed_compile(source: KernelSource) -> float:
+def _timed_compile(source: KernelSource) -> tuple[float, bool]:
+    """Seconds the kernel took, and whether it came from a cache rather than a compile."""
     start = time.perf_counter()
-    compile_kernel(source)
-    return time.perf_counter() - start
+    _, outcome = compile_kernel_outcome(source)
+    return time.perf_counter() - start, outcome != "compiled"

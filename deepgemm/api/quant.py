@@ -87,7 +87,26 @@ def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[to
     """x [M, K] float32/bfloat16/float16 -> (q e4m3 [M, K], sf float32 [M, ceil(K/group_size)]).
 
     sf[m, g] = max(amax(x[m, g*G:(g+1)*G]) / 448, FLT_MIN) and q = x / sf rounded to e4m3. sf is an
-    M-major view (strides (1, align(M, 4))): exactly what fp8_gemm_nt reads, with no copy.
+    M-major view (strides (1, align(M, 4))): exactly what fp8_gemm_nt reads, with no copy. One pass on an sm_90
+    GPU; elsewhere the reference path gives bit-identical results.
+
+    Args:
+        x: float32, bfloat16 or float16 [M, K], any strides (a non-unit column stride is copied first).
+        group_size: columns per scale, a multiple of 32 from 32 to 1024; the GEMMs read 128.
+
+    Raises:
+        TypeError: `x` is not a tensor or has another dtype.
+        ValueError: `x` is not 2-D, `group_size` is not allowed, or `x` is too large for the kernel's 32-bit
+            indices and CUDA's grid (checked on every path).
+        deepgemm.NotDifferentiableError: `x` requires grad while grad mode is on.
+        deepgemm.CompileError, deepgemm.CacheError, deepgemm.LockTimeoutError, deepgemm.GraphCaptureError: as for
+            fp8_gemm_nt, on the first GPU call of an input dtype and group size.
+
+    Example::
+
+        x = torch.randn(4096, 7168, device="cuda", dtype=torch.bfloat16)
+        q, sf = deepgemm.quantize_per_token_group(x)       # e4m3 [4096, 7168], float32 [4096, 56]
+        assert sf.stride() == (1, 4096)                    # M-major
     """
     x = check_quantize_input(x, "x", group_size, "group_size", GROUP_SIZES, "quantize_per_token_group")
     x = _unit_column_stride(x)
@@ -98,7 +117,29 @@ def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[to
 
 
 def quantize_per_block(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] float32/bfloat16/float16 -> (q e4m3 [N, K], sf float32 [ceil(N/b), ceil(K/b)] row-major)."""
+    """w [N, K] float32/bfloat16/float16 -> (q e4m3 [N, K], sf float32 [ceil(N/b), ceil(K/b)] row-major).
+
+    One scale per block x block tile, sf = max(amax(tile) / 448, FLT_MIN), q = w / sf rounded to e4m3; the layout
+    fp8_gemm_nt reads for B (block=128). One pass on an sm_90 GPU; elsewhere the reference path gives
+    bit-identical results.
+
+    Args:
+        w: float32, bfloat16 or float16 [N, K], any strides (a non-unit column stride is copied first).
+        block: the tile edge, 32, 64 or 128; the GEMMs read 128.
+
+    Raises:
+        TypeError: `w` is not a tensor or has another dtype.
+        ValueError: `w` is not 2-D, `block` is not allowed, or `w` is too large for the kernel (32-bit indices,
+            at most 65535 blocks along K; checked on every path).
+        deepgemm.NotDifferentiableError: `w` requires grad while grad mode is on.
+        deepgemm.CompileError, deepgemm.CacheError, deepgemm.LockTimeoutError, deepgemm.GraphCaptureError: as for
+            fp8_gemm_nt, on the first GPU call of an input dtype and block.
+
+    Example::
+
+        w = torch.randn(2112, 7168, device="cuda", dtype=torch.bfloat16)
+        q, sf = deepgemm.quantize_per_block(w)              # e4m3 [2112, 7168], float32 [17, 56]
+    """
     w = check_quantize_input(w, "w", block, "block", BLOCK_SIZES, "quantize_per_block")
     w = _unit_column_stride(w)
     if backend_for(w) == "sm90":
@@ -123,7 +164,24 @@ def _require_quantized(q: torch.Tensor, sf: torch.Tensor, where: str, expected_s
 
 def dequantize_per_token_group(q: torch.Tensor, sf: torch.Tensor, group_size: int = 128,
                                dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """q [M, K] e4m3 with sf [M, ceil(K/group_size)] (any layout) -> [M, K] in `dtype`."""
+    """q [M, K] e4m3 with sf [M, ceil(K/group_size)] (any layout) -> [M, K] in `dtype`: q * sf per group.
+
+    Args:
+        q: float8_e4m3fn [M, K].
+        sf: float32 [M, ceil(K/group_size)] on q's device, any strides.
+        group_size: the columns per scale q was quantized with (a multiple of 32 from 32 to 1024).
+        dtype: float32 (default), bfloat16, float16 or float64.
+
+    Raises:
+        TypeError: `q` or `sf` is not a tensor or has the wrong dtype, or `dtype` is not allowed.
+        ValueError: `group_size` is not allowed, `q` is not 2-D, `sf` has the wrong shape, or they are on
+            two devices.
+
+    Example::
+
+        q, sf = deepgemm.quantize_per_token_group(torch.randn(64, 512, device="cuda"))
+        x = deepgemm.dequantize_per_token_group(q, sf, dtype=torch.bfloat16)
+    """
     where = "dequantize_per_token_group"
     require_int(group_size, "group_size", where, GROUP_SIZES)
     shape = tuple(q.shape) if isinstance(q, torch.Tensor) and q.dim() == 2 else (0, 0)
@@ -133,7 +191,24 @@ def dequantize_per_token_group(q: torch.Tensor, sf: torch.Tensor, group_size: in
 
 def dequantize_per_block(q: torch.Tensor, sf: torch.Tensor, block: int = 128,
                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """q [N, K] e4m3 with sf [ceil(N/b), ceil(K/b)] -> [N, K] in `dtype`."""
+    """q [N, K] e4m3 with sf [ceil(N/b), ceil(K/b)] -> [N, K] in `dtype`: q * sf per block x block tile.
+
+    Args:
+        q: float8_e4m3fn [N, K].
+        sf: float32 [ceil(N/block), ceil(K/block)] on q's device.
+        block: the tile edge q was quantized with (32, 64 or 128).
+        dtype: float32 (default), bfloat16, float16 or float64.
+
+    Raises:
+        TypeError: `q` or `sf` is not a tensor or has the wrong dtype, or `dtype` is not allowed.
+        ValueError: `block` is not allowed, `q` is not 2-D, `sf` has the wrong shape, or they are on two
+            devices.
+
+    Example::
+
+        q, sf = deepgemm.quantize_per_block(torch.randn(256, 512, device="cuda"))
+        w = deepgemm.dequantize_per_block(q, sf)           # float32 [256, 512]
+    """
     where = "dequantize_per_block"
     require_int(block, "block", where, BLOCK_SIZES)
     shape = tuple(q.shape) if isinstance(q, torch.Tensor) and q.dim() == 2 else (0, 0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -72,16 +72,23 @@ def require_row_count(rows: int, what: str, where: str) -> None:
         raise ValueError(f"{where}: {what} = {rows} rows exceeds the kernels' 32-bit row index limit ({MAX_ROWS})")
 
 
+FP8_NOT_DIFFERENTIABLE = ("FP8 GEMMs and quantizers are not differentiable yet; call under torch.no_grad() or "
+                          "torch.inference_mode(), or detach the input")
+
+
 def refuse_grad(where: str, **tensors: torch.Tensor | None) -> None:
     """FP8 ops have no backward yet: with grad mode on, an input (or `out`) that requires grad is an error on every
     path (the reference path would otherwise record a graph the kernel path cannot)."""
+    refuse_grad_for(where, FP8_NOT_DIFFERENTIABLE, tensors)
+
+
+def refuse_grad_for(where: str, reason: str, tensors: Mapping[str, torch.Tensor | None]) -> None:
+    """refuse_grad for any form that records no graph (e.g. the BF16 out= forms), `reason` ending the message."""
     if not torch.is_grad_enabled():
         return
     for name, t in tensors.items():
         if t is not None and t.requires_grad:
-            raise NotDifferentiableError(
-                f"{where}: '{name}' requires grad, but FP8 GEMMs and quantizers are not differentiable yet; call "
-                "under torch.no_grad() or torch.inference_mode(), or detach the input")
+            raise NotDifferentiableError(f"{where}: '{name}' requires grad, but {reason}")
 
 
 # ---------------------------------------------------------------- layout rules shared by every path

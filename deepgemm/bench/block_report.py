@@ -141,6 +141,49 @@ def print_results(results: BlockResults, plans: Sequence[BlockPlan]) -> None:
         say(f"[yellow]{problem}[/yellow]")
 
 
+def summary_line(results: BlockResults) -> str:
+    """One line: the block, and deepgemm's speedup over each peer at each token count."""
+    parts = []
+    for result in results.results:
+        speedups = [f"{result.speedup(peer):.2f}x vs {SHORT_NAMES.get(peer, peer)}" for peer in result.block
+                    if peer != DEEPGEMM and result.speedup(peer) is not None]
+        parts.append(f"{result.tokens} tokens " + (", ".join(speedups) if speedups else "no speedup"))
+    failed = len(results.problems())
+    return (f"summary: {results.model.name}, one {results.kind} block: deepgemm {'; '.join(parts)}"
+            f"{f'; {failed} problems' if failed else ''}")
+
+
+def markdown(results: BlockResults) -> str:
+    """The run as Markdown: the block, then per token count its layers and the block summary."""
+    impls = results.implementations
+    lines = [f"# deepgemm block benchmark: {results.model.name}", "", f"- {results.model.describe()}"]
+    env = results.environment
+    if env:
+        lines.append(f"- GPU: {env.get('device', '?')}, torch {env.get('torch', '?')}, CUDA {env.get('cuda', '?')}, "
+                     f"deepgemm {env.get('deepgemm', '?')}")
+    lines += [f"- {name}: {IMPLEMENTATIONS[name]}" for name in impls]
+    lines += [f"- left out: {name}: {why}" for name, why in results.left_out.items()]
+    for result in results.results:
+        lines += ["", f"## {result.tokens} tokens ({result.phase}): per layer, median us", ""]
+        lines += _markdown_table(layer_headers(impls), layer_rows(result), left=2)
+        share = share_line(result)
+        if share:
+            lines += ["", share]
+    lines += ["", "## Per token count", ""]
+    lines += _markdown_table(SUMMARY_HEADERS, summary_rows(results), left=2)
+    problems = results.problems()
+    if problems:
+        lines += ["", "## Problems", ""] + [f"- {problem}" for problem in problems]
+    lines += ["", summary_line(results)]
+    return "\n".join(lines) + "\n"
+
+
+def _markdown_table(headers: Sequence[str], rows: list[list[str]], left: int) -> list[str]:
+    return (["| " + " | ".join(headers) + " |",
+             "|" + "|".join("---" if i < left else "---:" for i in range(len(headers))) + "|"]
+            + ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows])
+
+
 # -- without a GPU ------------------------------------------------------------------------------------------------
 
 PLAN_HEADERS = ("layer", "M x N x K", "experts", "GFLOP", "deepgemm path")

@@ -82,6 +82,10 @@ def compare(baseline: BenchResults, current: BenchResults, *, fail_below: float 
     old, new = baseline.environment.get("device"), current.environment.get("device")
     if old and new and old != new:
         notes.append(f"baseline was measured on {old}, this run on {new}: ratios compare different GPUs")
+    old_layout, new_layout = (results.settings.get("layout", "nt") for results in (baseline, current))
+    if old_layout != new_layout:
+        notes.append(f"baseline ran --layout {old_layout}, this run --layout {new_layout}: ratios compare different "
+                     "operand layouts")
     return Comparison(rows, fail_below, tuple(notes))
 
 

@@ -47,6 +47,17 @@ class Problem:
             self._cache["scaled"] = a.double() @ b.double().t()
         return self._cache["scaled"]
 
+    def bf16_operands(self, layout: str) -> tuple[Any, Any]:
+        """A and B in the stored forms of a BF16 GEMM ``layout`` ("nt", "nn", "tn", "tt"): A as [M, K] (first letter
+        n) or [K, M] (t), B as [N, K] (second letter t) or [K, N] (n); the same values as ``a_bf16``/``b_bf16``
+        (so :meth:`reference` holds), laid out once and shared by every implementation of the run."""
+        key = f"bf16-{layout}"
+        if key not in self._cache:
+            a = self.a_bf16 if layout[0] == "n" else self.a_bf16.t().contiguous()
+            b = self.b_bf16 if layout[1] == "t" else self.b_bf16.t().contiguous()
+            self._cache[key] = (a, b)
+        return self._cache[key]
+
     def unscaled_reference(self) -> Any:
         """float64 product of the raw e4m3 payloads (what a per-tensor scale of 1 computes)."""
         if "unscaled" not in self._cache:

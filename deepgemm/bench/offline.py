@@ -4,19 +4,27 @@ and predict their time from the roofline of a GPU spec."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from deepgemm.api import bf16 as api_bf16
 from deepgemm.api import gemm as api_gemm
 from deepgemm.analysis.gpus import GpuSpec, Precision
 from deepgemm.analysis.roofline import Ceilings, RooflineEstimate, estimate
 from deepgemm.bench.peers import bf16_bytes, fp8_blockwise_bytes
-from deepgemm.bench.runner import Progress
 from deepgemm.bench.suites import Shape, format_shape
 
-_PRECOMPILERS = {"fp8": "precompile_fp8_gemm_nt", "bf16": "precompile_bf16_gemm_nt"}
+_PRECOMPILERS = {"fp8": "precompile_fp8_gemm_nt"}
 _SHOWN_CONFIG_FIELDS = ("block_m", "block_n", "block_k", "num_stages", "num_sms", "num_math_warpgroups")
+
+
+class Progress(Protocol):
+    """console.track's shape: iterate over the shapes, reporting each (with ``outcome``, once it is done)."""
+
+    def __call__(self, items: Sequence[Shape], description: str, label: Callable[[Shape], str], *,
+                 outcome: Callable[[Shape], str] | None = None) -> Iterator[Shape]: ...
 
 
 @dataclass(frozen=True)
@@ -29,24 +37,47 @@ class OfflinePlan:
     resources: Any = None
     compile_seconds: float | None = None
     error: str | None = None  # why nothing was compiled for this shape
+    cached: bool = False  # the kernel came from the disk cache (or this process's memo): nothing was compiled
+    failed: bool = False  # deepgemm refused the shape or could not compile its kernel (error says why)
 
     def config_cells(self) -> list[str]:
-        """tile, stages, math warpgroups, other fields, registers, spills, compile seconds."""
+        """tile, stages, math warpgroups, registers, spills, and "cached" or the compile time."""
         if self.config is None:
-            return [self.error or "-", "", "", "", "", "", ""]
+            return ["-", "", "", "", "", ""]
         c = self.config
         tile = f"{c.get('block_m', '?')}x{c.get('block_n', '?')}x{c.get('block_k', '?')}"
-        others = ", ".join(f"{k}={v}" for k, v in c.items() if k not in _SHOWN_CONFIG_FIELDS)
         registers = spills = "-"
         if self.resources is not None:
             registers = str(self.resources.registers)
             spills = f"{self.resources.spill_stores}/{self.resources.spill_loads}"
-        return [tile, str(c.get("num_stages", "?")), str(c.get("num_math_warpgroups", "?")), others, registers,
-                spills, f"{self.compile_seconds:.2f}" if self.compile_seconds is not None else "-"]
+        return [tile, str(c.get("num_stages", "?")), str(c.get("num_math_warpgroups", "?")), registers, spills,
+                self.compile_cell()]
+
+    def compile_cell(self) -> str:
+        if self.cached:
+            return "cached"
+        return f"{self.compile_seconds:.2f} s" if self.compile_seconds is not None else "-"
+
+    def outcome(self) -> str:
+        """What compiling this shape's kernel did, for a progress line: cached, compiled (and how long) or failed."""
+        if self.failed:
+            return f"failed: {self.error}"
+        if self.cached:
+            return "cached"
+        return f"compiled in {self.compile_seconds:.2f} s" if self.compile_seconds is not None else "not compiled"
+
+    def other_config(self) -> str:
+        """The config fields the table's columns do not show, or why no kernel was compiled for this shape."""
+        if self.config is None:
+            return self.error or ""
+        return ", ".join(f"{k}={v}" for k, v in self.config.items() if k not in _SHOWN_CONFIG_FIELDS)
 
 
-def find_precompiler(precision: Precision) -> tuple[Callable[..., Any] | None, str]:
-    """deepgemm's precompile function for ``precision``, or None and the reason it is missing."""
+def find_precompiler(precision: Precision, layout: str = "nt") -> tuple[Callable[..., Any] | None, str]:
+    """deepgemm's precompile function for ``precision`` (BF16: in ``layout``), called as f(m, n, k, num_sms=...),
+    or None and the reason it is missing."""
+    if precision == "bf16":
+        return functools.partial(api_bf16.precompile_bf16_gemm, layout), ""
     name = _PRECOMPILERS[precision]
     function = getattr(api_gemm, name, None)
     if function is None:
@@ -55,15 +86,17 @@ def find_precompiler(precision: Precision) -> tuple[Callable[..., Any] | None, s
 
 
 def plan_shapes(shapes: Sequence[Shape], precision: Precision, gpu: GpuSpec, *, compile_kernels: bool,
-                progress: Progress) -> tuple[list[OfflinePlan], str]:
+                progress: Progress, layout: str = "nt") -> tuple[list[OfflinePlan], str]:
     """Roofline predictions for every shape, plus the compiled config where a kernel can be built.
 
     Returns the plans and a note ("" when kernels were compiled) saying why none were.
     """
     ceilings = Ceilings.from_spec(gpu)
-    precompile, missing = find_precompiler(precision) if compile_kernels else (None, "compilation skipped")
-    plans = []
-    for shape in progress(list(shapes), "compiling" if precompile else "predicting", format_shape):
+    precompile, missing = find_precompiler(precision, layout) if compile_kernels else (None, "compilation skipped")
+    plans: list[OfflinePlan] = []
+    steps = (progress(list(shapes), "predicting", format_shape) if precompile is None else
+             progress(list(shapes), "kernel", format_shape, outcome=lambda _shape: plans[-1].outcome()))
+    for shape in steps:
         m, n, k = shape
         flops = 2 * m * n * k
         num_bytes = fp8_blockwise_bytes(m, n, k) if precision == "fp8" else bf16_bytes(m, n, k)
@@ -80,9 +113,11 @@ def _compiled(plan: OfflinePlan, precompile: Callable[..., Any], num_sms: int) -
         info = precompile(*plan.shape, num_sms=num_sms)
     except Exception as exc:  # noqa: BLE001 - one shape's failure is reported in its row
         first_line = (str(exc).strip().splitlines() or [""])[0]
-        return dataclasses.replace(plan, error=f"{type(exc).__name__}: {first_line[:160]}")
+        return dataclasses.replace(plan, error=f"{type(exc).__name__}: {first_line[:160]}", failed=True)
     config = dataclasses.asdict(info.config)
-    warpgroups = getattr(info.config, "num_math_warpgroups", None)
-    if warpgroups is not None:
-        config["num_math_warpgroups"] = warpgroups
-    return dataclasses.replace(plan, config=config, resources=info.resources, compile_seconds=info.compile_seconds)
+    for name in ("block_k", "num_math_warpgroups"):  # properties of some configs
+        value = getattr(info.config, name, None)
+        if value is not None and name not in config:
+            config[name] = value
+    return dataclasses.replace(plan, config=config, resources=info.resources, compile_seconds=info.compile_seconds,
+                               cached=bool(getattr(info, "cached", False)))

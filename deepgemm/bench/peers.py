@@ -1,4 +1,5 @@
-"""The implementations a benchmark runs: deepgemm, its cuBLAS peers, and DeepGEMM where it is installed.
+"""The implementations a benchmark runs: deepgemm, its cuBLAS peers, and DeepGEMM where it is installed (FP8 in the
+nt layout; BF16 in the nt, nn, tn or tt layout of one run).
 
 Each one turns a :class:`Problem` into a zero-argument callable, or raises
 :class:`Unavailable` with the reason it cannot serve that shape (reported as
@@ -9,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from deepgemm.analysis.gpus import Precision
 from deepgemm.api import gemm as api_gemm
 from deepgemm.bench import deepseek
 from deepgemm.bench.inputs import GROUP, Problem
+from deepgemm.ops import bf16 as ops_bf16
 
 SCALE_BYTES = 4
 
@@ -73,12 +76,24 @@ def _prepare_deepgemm_fp8(problem: Problem) -> Prepared:
                     fp8_blockwise_bytes(problem.m, problem.n, problem.k))
 
 
-def _prepare_deepgemm_bf16(problem: Problem) -> Prepared:
-    gemm = getattr(api_gemm, "bf16_gemm_nt", None)
-    if gemm is None:
-        raise Unavailable("kernel not available: deepgemm.bf16_gemm_nt does not exist yet")
-    a, b = problem.a_bf16, problem.b_bf16
-    return Prepared(lambda: gemm(a, b), problem.reference, bf16_bytes(problem.m, problem.n, problem.k))
+BF16_LAYOUTS = ("nt", "nn", "tn", "tt")
+
+# D = A·Bᵀ as torch.matmul (cuBLAS) computes it from each layout's stored operands (Problem.bf16_operands).
+CUBLAS_BF16_PRODUCTS: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
+    "nt": ("a @ b.t()", lambda a, b: a @ b.t()),
+    "nn": ("a @ b", lambda a, b: a @ b),
+    "tn": ("a.t() @ b", lambda a, b: a.t() @ b),
+    "tt": ("a.t() @ b.t()", lambda a, b: a.t() @ b.t()),
+}
+
+
+def _prepare_deepgemm_bf16(problem: Problem, layout: str = "nt") -> Prepared:
+    import torch
+
+    gemm = getattr(ops_bf16, f"bf16_gemm_{layout}")
+    a, b = problem.bf16_operands(layout)
+    out = torch.empty((problem.m, problem.n), dtype=torch.bfloat16, device=a.device)
+    return Prepared(lambda: gemm(a, b, out), problem.reference, bf16_bytes(problem.m, problem.n, problem.k))
 
 
 # -- DeepGEMM (deepseek-ai) -------------------------------------------------------------------------------------
@@ -104,6 +119,27 @@ def _prepare_deepseek_fp8(problem: Problem) -> Prepared:
         return out
 
     return Prepared(run, problem.reference, fp8_blockwise_bytes(problem.m, problem.n, problem.k), note)
+
+
+def _prepare_deepseek_bf16(problem: Problem, layout: str = "nt") -> Prepared:
+    try:
+        module = deepseek.load()
+    except deepseek.PeerMissing as exc:
+        raise Unavailable(str(exc)) from None
+    import torch
+
+    name = f"bf16_gemm_{layout}"
+    gemm = getattr(module, name, None)
+    if gemm is None:
+        raise Unavailable(f"this DeepGEMM ({deepseek.version()}) has no {name}")
+    a, b = problem.bf16_operands(layout)  # the same stored operands as ours and cuBLAS's
+    out = torch.empty((problem.m, problem.n), dtype=torch.bfloat16, device=a.device)
+
+    def run() -> Any:
+        gemm(a, b, out)  # writes `out`, returns nothing
+        return out
+
+    return Prepared(run, problem.reference, bf16_bytes(problem.m, problem.n, problem.k), deepseek.version())
 
 
 # -- cuBLAS -----------------------------------------------------------------------------------------------------
@@ -149,18 +185,15 @@ def _prepare_cublas_tensorwise(problem: Problem) -> Prepared:
                     "unit per-tensor scales: an upper reference, not the same math")
 
 
-def _prepare_cublas_bf16(problem: Problem) -> Prepared:
-    import torch
-
-    a, b = problem.a_bf16, problem.b_bf16
+def _prepare_cublas_bf16(problem: Problem, layout: str = "nt") -> Prepared:
+    a, b = problem.bf16_operands(layout)
+    product = CUBLAS_BF16_PRODUCTS[layout][1]
     note = "on the dequantized fp8 values rounded to bf16" if problem.precision == "fp8" else ""
-    return Prepared(lambda: torch.matmul(a, b.t()), problem.reference, bf16_bytes(problem.m, problem.n, problem.k),
-                    note)
+    return Prepared(lambda: product(a, b), problem.reference, bf16_bytes(problem.m, problem.n, problem.k), note)
 
 
 DEEPGEMM_FP8 = Implementation("deepgemm", "deepgemm.fp8_gemm_nt (1x128 / 128x128 scales)", "fp8",
                               _prepare_deepgemm_fp8, "fp8-blockwise")
-DEEPGEMM_BF16 = Implementation("deepgemm-bf16", "deepgemm.bf16_gemm_nt", "bf16", _prepare_deepgemm_bf16, "bf16")
 DEEPSEEK_FP8 = Implementation("deepseek-deepgemm", "DeepGEMM (deepseek-ai) deep_gemm.fp8_gemm_nt, when installed",
                               "fp8", _prepare_deepseek_fp8, "fp8-blockwise", missing=deepseek.missing)
 CUBLAS_BLOCKWISE = Implementation("cublas-blockwise", "cuBLAS FP8, 1x128 / 128x128 block scales", "fp8",
@@ -169,10 +202,41 @@ CUBLAS_TENSORWISE = Implementation("cublas-fp8-tensor", "cuBLAS FP8, per-tensor 
                                    _prepare_cublas_tensorwise, "fp8-tensorwise")
 CUBLAS_BF16 = Implementation("cublas-bf16", "cuBLAS BF16 (torch.matmul)", "bf16", _prepare_cublas_bf16, "bf16")
 
+
+
+def bf16_implementations(layout: str = "nt") -> tuple[Implementation, ...]:
+    """A ``--dtype bf16`` run in one layout: deepgemm.bf16_gemm_<layout>, DeepGEMM's deep_gemm.bf16_gemm_<layout>
+    (when installed) and cuBLAS (torch.matmul), all on the same stored operands and timed interleaved (one
+    operation). The names do not carry the layout: the run's settings record it."""
+    if layout not in BF16_LAYOUTS:
+        raise ValueError(f"argument --layout: must be one of {', '.join(BF16_LAYOUTS)}, got {layout!r}")
+    expression = CUBLAS_BF16_PRODUCTS[layout][0]
+    return (
+        Implementation("deepgemm-bf16", f"deepgemm.bf16_gemm_{layout}", "bf16",
+                       partial(_prepare_deepgemm_bf16, layout=layout), "bf16"),
+        Implementation("deepseek-deepgemm-bf16", f"DeepGEMM (deepseek-ai) deep_gemm.bf16_gemm_{layout}, when installed",
+                       "bf16", partial(_prepare_deepseek_bf16, layout=layout), "bf16", missing=deepseek.missing),
+        Implementation("cublas-bf16", f"cuBLAS BF16 (torch.matmul: {expression} on the same stored operands)", "bf16",
+                       partial(_prepare_cublas_bf16, layout=layout), "bf16"),
+    )
+
+
+DEEPGEMM_BF16, DEEPSEEK_BF16, CUBLAS_BF16_NT = bf16_implementations("nt")
+
 IMPLEMENTATIONS: dict[Precision, tuple[Implementation, ...]] = {
     "fp8": (DEEPGEMM_FP8, DEEPSEEK_FP8, CUBLAS_BLOCKWISE, CUBLAS_TENSORWISE, CUBLAS_BF16),
-    "bf16": (DEEPGEMM_BF16, CUBLAS_BF16),
+    "bf16": (DEEPGEMM_BF16, DEEPSEEK_BF16, CUBLAS_BF16_NT),
 }
+
+
+def implementations_for(precision: Precision, layout: str = "nt") -> tuple[Implementation, ...]:
+    """What a run of ``precision`` times: FP8 in the nt layout only; BF16 in any of the four layouts."""
+    if precision == "bf16":
+        return bf16_implementations(layout)
+    if layout != "nt":
+        raise ValueError(f"argument --layout: {layout} needs --dtype bf16 (the FP8 runs time fp8_gemm_nt)")
+    return IMPLEMENTATIONS[precision]
+
 
 ALL_IMPLEMENTATIONS: dict[str, Implementation] = {
     impl.name: impl for impls in IMPLEMENTATIONS.values() for impl in impls

@@ -6,11 +6,21 @@ import math
 from collections.abc import Sequence
 
 from deepgemm.analysis.roofline import Ceilings
+from deepgemm.bench.console import print_table
 from deepgemm.bench.results import CALC_DIFF_TOLERANCE, BenchResults, Measurement
 from deepgemm.bench.suites import format_shape
 
 HEADERS = ("shape (MxNxK)", "implementation", "median us", "p10-p90 us", "TFLOPS", "% peak", "GB/s", "% BW",
-           "calc_diff", "deepgemm speedup")
+           "calc_diff", "speedup")
+SPEEDUP_NOTE = "speedup: deepgemm's over the row's implementation (its time / deepgemm's)"
+# Left out of the terminal table, in this order, while it does not fit (the JSON and Markdown keep them).
+TABLE_DROP = (HEADERS.index("p10-p90 us"), HEADERS.index("GB/s"), HEADERS.index("% peak"))
+
+
+def print_results_table(title: str, results: BenchResults) -> None:
+    """The results as a terminal table: shape and implementation first, fitted to the terminal (or 100 columns)."""
+    print_table(title, HEADERS, result_rows(results), left_columns=2, key_columns=2, drop=TABLE_DROP,
+                caption=SPEEDUP_NOTE)
 
 
 def result_rows(results: BenchResults) -> list[list[str]]:
@@ -51,6 +61,17 @@ def geomean_speedups(results: BenchResults) -> dict[str, tuple[float, int]]:
     return {peer: (math.exp(sum(values) / len(values)), len(values)) for peer, values in logs.items()}
 
 
+def summary_line(results: BenchResults) -> str:
+    """One line: the shapes and GPU, deepgemm's geometric-mean speedup over each peer, and its failures."""
+    speedups = ", ".join(f"{value:.2f}x vs {peer}" for peer, (value, _) in geomean_speedups(results).items())
+    failed = sum(1 for m in results.measurements
+                 if m.impl.startswith("deepgemm") and (m.status == "error" or (m.ok and not m.accurate)))
+    device = results.environment.get("device", "this GPU")
+    return (f"summary: {len(results.shapes())} shapes on {device}: deepgemm "
+            f"{speedups + ' (geometric means)' if speedups else 'with no peer to compare'}; "
+            f"{failed} deepgemm {'row' if failed == 1 else 'rows'} failed or inaccurate")
+
+
 def ceilings_line(c: Ceilings) -> str:
     fp8 = f"fp8 {c.fp8_tflops:,.0f} TFLOPS, " if c.fp8_tflops else ""
     return f"ceilings ({c.source}): {fp8}bf16 {c.bf16_tflops:,.0f} TFLOPS, copy {c.bandwidth_gbs:,.0f} GB/s"
@@ -76,7 +97,8 @@ def markdown_summary(results: BenchResults, *, plots: Sequence[str] = ()) -> str
                  f"CUDA {env.get('cuda', '?')}, deepgemm {env.get('deepgemm', '?')}")
     settings = results.settings
     if settings:
-        lines.append(f"- dtype {settings.get('dtype', '?')}, "
+        layout = f" (layout {settings['layout']})" if settings.get("dtype") == "bf16" and "layout" in settings else ""
+        lines.append(f"- dtype {settings.get('dtype', '?')}{layout}, "
                      f"{settings.get('iters', '?')} samples after {settings.get('warmup', '?')} warm-up calls, "
                      f"L2 flushed with {settings.get('flush_l2_bytes', 0) >> 20} MiB before each, "
                      f"CUDA graph replay: {settings.get('use_graph', '?')}")
@@ -89,7 +111,7 @@ def markdown_summary(results: BenchResults, *, plots: Sequence[str] = ()) -> str
         lines += ["## deepgemm speedup (geometric mean)", "", "| peer | speedup | shapes |", "|---|---:|---:|"]
         lines += [f"| {peer} | {value:.2f}x | {count} |" for peer, (value, count) in speedups.items()]
         lines.append("")
-    lines += ["## Results", "", "| " + " | ".join(HEADERS) + " |",
+    lines += ["## Results", "", SPEEDUP_NOTE, "", "| " + " | ".join(HEADERS) + " |",
               "|" + "|".join("---" if i < 2 else "---:" for i in range(len(HEADERS))) + "|"]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in result_rows(results)]
     issues = problems(results)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from deepgemm.analysis.gpus import Precision
 from deepgemm.analysis.roofline import Ceilings
 from deepgemm.bench.inputs import Problem, make_problem
-from deepgemm.bench.peers import IMPLEMENTATIONS, Implementation, Prepared, Unavailable
+from deepgemm.bench.peers import Implementation, Prepared, Unavailable, implementations_for
 from deepgemm.bench.results import BenchResults, Measurement
 from deepgemm.bench.suites import Shape, format_shape
 from deepgemm.errors import UnsupportedError
@@ -31,9 +31,10 @@ class BenchSettings:
     seed: int = 0
     suite: str | None = None
     skip: tuple[str, ...] = ()  # implementations left out on request (never deepgemm's own)
+    layout: str = "nt"  # the operands' stored forms (BF16 runs: nt, nn, tn or tt; FP8: nt)
 
     def to_json(self) -> dict[str, Any]:
-        return {"dtype": self.precision, "iters": self.iters, "warmup": self.warmup,
+        return {"dtype": self.precision, "layout": self.layout, "iters": self.iters, "warmup": self.warmup,
                 "flush_l2_bytes": FLUSH_BYTES if self.flush_l2 else 0, "use_graph": self.use_graph,
                 "seed": self.seed, "suite": self.suite, "skip": list(self.skip)}
 
@@ -70,11 +71,11 @@ def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilin
               progress: Progress) -> BenchResults:
     import torch
 
-    implementations, left_out = runnable(IMPLEMENTATIONS[settings.precision], settings.skip)
+    chosen, left_out = runnable(implementations_for(settings.precision, settings.layout), settings.skip)
     measurements: list[Measurement] = []
     for shape in progress(list(shapes), "benchmarking", format_shape):
         problem = make_problem(shape, settings.precision, device="cuda", seed=settings.seed)
-        measurements.extend(measure_all(implementations, problem, settings))
+        measurements.extend(measure_all(chosen, problem, settings))
         del problem
         torch.cuda.empty_cache()
     env = environment()
@@ -82,7 +83,7 @@ def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilin
         env["left_out"] = left_out
     return BenchResults(
         ceilings=ceilings, measurements=measurements, environment=env, settings=settings.to_json(),
-        implementations={impl.name: impl.description for impl in implementations},
+        implementations={impl.name: impl.description for impl in chosen},
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 

@@ -6,24 +6,33 @@ Without a GPU it compiles the kernels the shapes would use and prints configs an
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from deepgemm.analysis.gpus import DEFAULT_GPU, GPUS, GpuSpec, get_gpu, match_device_name
 from deepgemm.analysis.models import ModelConfigError
 from deepgemm.analysis.presets import PRESETS, resolve_model
 from deepgemm.analysis.roofline import Ceilings
-from deepgemm.analysis.units import micros
-from deepgemm.bench import block_report
+from deepgemm.bench import block_report, offline_report
 from deepgemm.bench.block_impls import SKIPPABLE
 from deepgemm.bench.block_layers import DEFAULT_TOKENS, block_plan, parse_tokens
 from deepgemm.bench.block_runner import BlockSettings, run_block_bench
 from deepgemm.bench.ceilings import measure_ceilings
 from deepgemm.bench.compare import Comparison, compare
 from deepgemm.bench.console import print_table, say, track, usage_error
-from deepgemm.bench.offline import OfflinePlan, plan_shapes
-from deepgemm.bench.peers import ALL_IMPLEMENTATIONS
-from deepgemm.bench.report import HEADERS, ceilings_line, geomean_speedups, markdown_summary, problems, result_rows
+from deepgemm.bench.offline import find_precompiler, plan_shapes
+from deepgemm.bench.peers import ALL_IMPLEMENTATIONS, BF16_LAYOUTS
+from deepgemm.bench.report import (
+    ceilings_line,
+    geomean_speedups,
+    markdown_summary,
+    print_results_table,
+    problems,
+    summary_line,
+)
 from deepgemm.bench.results import BenchResults, ResultsFormatError
+from deepgemm.bench.results_dir import DEFAULT_RESULTS_ROOT, ResultPaths, result_paths
 from deepgemm.bench.runner import BenchSettings, cuda_device_problem, run_bench
 from deepgemm.bench.suites import Shape, format_shape, parse_shape, suite_names, suite_shapes
 
@@ -44,8 +53,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tokens", type=_token_counts, metavar="T,T,...",
                         help=f"with --model: token counts (default {','.join(map(str, DEFAULT_TOKENS))})")
     parser.add_argument("--dtype", choices=("fp8", "bf16"), default="fp8", help="operand precision (default fp8)")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="write the results (format: docs/cli.md)")
-    parser.add_argument("--markdown", type=Path, metavar="PATH", help="write a Markdown summary")
+    parser.add_argument("--layout", choices=BF16_LAYOUTS, default="nt",
+                        help="with --dtype bf16: the operands' stored forms, bf16_gemm_<layout> against "
+                             "torch.matmul and DeepGEMM in the same layout (default nt: A [M,K], B [N,K]; nn: B [K,N]; "
+                             "tn: A [K,M]; tt)")
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="write the results here (format: docs/cli.md) instead of into the results folder")
+    parser.add_argument("--markdown", type=Path, metavar="PATH",
+                        help="write the Markdown summary here instead of into the results folder")
+    parser.add_argument("--results-dir", type=Path, metavar="DIR",
+                        help=f"folder for results.json and results.md (default: a new folder in "
+                             f"./{DEFAULT_RESULTS_ROOT}/ named after the time and the run)")
     parser.add_argument("--iters", type=_positive_int, default=30, help="timed samples per implementation (30)")
     parser.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed calls first (5)")
     parser.add_argument("--no-flush", dest="flush_l2", action="store_false", help="keep L2 warm between samples")
@@ -77,6 +95,8 @@ def _skippable() -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.model is not None or args.tokens is not None:
         return _run_model(args)
+    if args.layout != "nt" and args.dtype != "bf16":
+        return usage_error("bench", f"argument --layout: {args.layout} needs --dtype bf16 (FP8 runs time fp8_gemm_nt)")
     try:
         baseline = BenchResults.load(args.compare) if args.compare else None
         current = BenchResults.load(args.results) if args.results else None
@@ -122,7 +142,14 @@ def _measure(args: argparse.Namespace, shapes: list[Shape], gpu: GpuSpec | None)
 
     device = torch.cuda.get_device_name()
     spec = gpu or match_device_name(device) or get_gpu(DEFAULT_GPU)
-    say(f"[bold]{device}[/bold]: {len(shapes)} shapes, dtype {args.dtype}, {args.iters} samples each")
+    say(f"[bold]{device}[/bold]: {len(shapes)} shapes, dtype {_what(args)}, {args.iters} samples each")
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        say(f"[yellow]{device} (sm_{major}{minor}) cannot run deepgemm's kernels (sm_90a, Hopper only): its rows "
+            "will fail; the peers are timed[/yellow]")
+    if gpu is not None and not gpu.runs_sm90a:
+        say(f"note: --gpu {gpu.name} ({gpu.arch}) cannot run deepgemm's kernels; its datasheet is used for the "
+            "percentages only")
     if args.datasheet:
         ceilings = Ceilings.from_spec(spec)
     else:
@@ -130,13 +157,18 @@ def _measure(args: argparse.Namespace, shapes: list[Shape], gpu: GpuSpec | None)
         ceilings = measure_ceilings(device, spec)
     say(ceilings_line(ceilings))
     settings = BenchSettings(precision=args.dtype, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2,
-                             use_graph=args.use_graph, seed=args.seed, suite=args.suite, skip=tuple(args.skip))
+                             use_graph=args.use_graph, seed=args.seed, suite=args.suite, skip=tuple(args.skip),
+                             layout=args.layout)
     return run_bench(shapes, settings, ceilings, progress=track)
 
 
 def _report(args: argparse.Namespace, results: BenchResults) -> int:
-    """Print the table and notes, write the requested files; 1 if deepgemm failed or was inaccurate."""
-    print_table("results", HEADERS, result_rows(results), left_columns=2)
+    """Write the results (JSON and Markdown), then print the table and notes, a summary line and where the results
+    are; 1 if deepgemm failed or was inaccurate, 2 if the results could not be written."""
+    paths = _result_paths(args, f"bench-{_run_name(args)}")
+    written = _write_results(paths, [lambda: results.save(paths.json),
+                                     lambda: _write_text(paths.markdown, markdown_summary(results))])
+    print_results_table("results", results)
     for peer, (value, count) in geomean_speedups(results).items():
         say(f"deepgemm vs {peer}: {value:.2f}x geometric-mean speedup over {count} shapes")
     for impl, reason in (results.environment.get("left_out") or {}).items():
@@ -147,15 +179,41 @@ def _report(args: argparse.Namespace, results: BenchResults) -> int:
     issues = problems(results)
     for issue in issues:
         say(f"[yellow]{issue}[/yellow]")
-    if args.json:
-        results.save(args.json)
-        say(f"wrote {args.json}")
-    if args.markdown:
-        args.markdown.write_text(markdown_summary(results), encoding="utf-8")
-        say(f"wrote {args.markdown}")
+    say(f"[bold]{summary_line(results)}[/bold]")
+    say(_results_line(paths, written))
     deepgemm_failed = any(m.impl.startswith("deepgemm") and (m.status == "error" or (m.ok and not m.accurate))
                           for m in results.measurements)
-    return 1 if deepgemm_failed else 0
+    return 1 if deepgemm_failed else 0 if written else 2
+
+
+def _run_name(args: argparse.Namespace) -> str:
+    """What the shapes were, for the results folder's name: the suite, "shapes" (--shape) or "compare"."""
+    return args.suite or ("shapes" if args.shape else "compare" if args.compare else DEFAULT_SUITE)
+
+
+def _result_paths(args: argparse.Namespace, name: str) -> ResultPaths:
+    return result_paths(name, json=args.json, markdown=args.markdown, results_dir=args.results_dir)
+
+
+def _write_results(paths: ResultPaths, writers: Sequence[Callable[[], None]]) -> bool:
+    """Run the writers (before anything is printed, so that a reader that stops early cannot lose the files);
+    False, with the reason on stderr, when a file cannot be written."""
+    try:
+        paths.prepare()
+        for write in writers:
+            write()
+    except OSError as exc:
+        print(f"deepgemm bench: error: cannot write the results: {exc}", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+
+
+def _results_line(paths: ResultPaths, written: bool) -> str:
+    return paths.describe() if written else "results: not written (the error is above)"
 
 
 def _report_comparison(comparison: Comparison) -> int:
@@ -166,7 +224,7 @@ def _report_comparison(comparison: Comparison) -> int:
             for row in comparison.rows]
     print_table(f"regression check (fail below {comparison.fail_below:.2f}x of baseline speed)",
                 ["shape", "implementation", "verdict", "speed vs baseline", "baseline us", "now us", "detail"],
-                rows, left_columns=3)
+                rows, left_columns=3, key_columns=2, fold=(6,))
     for note in comparison.notes:
         say(f"note: {note}")
     say(f"[bold]{comparison.verdict_line()}[/bold]")
@@ -179,7 +237,8 @@ def _run_model(args: argparse.Namespace) -> int:
     if args.model is None:
         return usage_error("bench", "argument --tokens: needs --model NAME")
     others = [flag for flag, given in (("--compare", args.compare), ("--results", args.results),
-                                       ("--markdown", args.markdown), ("--dtype bf16", args.dtype == "bf16"))
+                                       ("--dtype bf16", args.dtype == "bf16"),
+                                       (f"--layout {args.layout}", args.layout != "nt"))
               if given]
     if others:
         return usage_error("bench", f"argument --model: not with {', '.join(others)}")
@@ -196,49 +255,72 @@ def _run_model(args: argparse.Namespace) -> int:
     no_gpu = cuda_device_problem()
     if no_gpu is not None:
         block_report.print_plan(plans, no_gpu)
-        if args.json:
-            say("--json: not written: there are no measurements without a GPU")
+        for flag in ("json", "markdown", "results_dir"):
+            if getattr(args, flag):
+                say(f"--{flag.replace('_', '-')}: not written: there are no measurements without a GPU")
+        layers = sum(len(plan.layers) for plan in plans)
+        say(f"[bold]summary: {model.name}: {layers} layers at {len(plans)} token counts listed; nothing timed "
+            "without a GPU[/bold]")
+        say("results: none written (nothing was measured)")
         return 0
     settings = BlockSettings(iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2,
                              use_graph=args.use_graph, seed=args.seed, skip=tuple(args.skip))
     results = run_block_bench(model, [plan.tokens for plan in plans], settings, progress=track, log=say)
+    paths = _result_paths(args, f"bench-block-{model.name}")
+    written = _write_results(paths, [lambda: results.save(paths.json),
+                                     lambda: _write_text(paths.markdown, block_report.markdown(results))])
     block_report.print_results(results, plans)
-    if args.json:
-        results.save(args.json)
-        say(f"wrote {args.json}")
-    return results.exit_code
+    say(f"[bold]{block_report.summary_line(results)}[/bold]")
+    say(_results_line(paths, written))
+    return results.exit_code if results.exit_code or written else 2
 
 
 # -- without a GPU ----------------------------------------------------------------------------------------------
 
 def _offline(args: argparse.Namespace, shapes: list[Shape], gpu: GpuSpec, reason: str) -> int:
+    """Compile each shape's kernel and predict its time; write the plan, print it, end with a summary line and where
+    the plan is. 1 if deepgemm refused a shape or could not compile its kernel, as with a GPU."""
     say(f"[bold]{reason}[/bold]: nothing can be timed here.")
-    action = "compiling the kernels (NVRTC, sm_90a) each shape would use and " if args.compile_kernels else ""
+    compile_kernels = (args.compile_kernels and gpu.runs_sm90a
+                       and find_precompiler(args.dtype, args.layout)[0] is not None)
+    if not gpu.runs_sm90a:
+        say(f"[bold]{gpu.name} ({gpu.arch}) cannot run deepgemm's kernels (sm_90a, Hopper only)[/bold]: nothing is "
+            "compiled for it; the table is its datasheet roofline only.")
+    action = "compiling the kernels (NVRTC, sm_90a) each shape would use and " if compile_kernels else ""
     say(f"Instead: {action}predicting times from the {gpu.name} roofline (datasheet peaks).")
     try:
         Ceilings.from_spec(gpu).tflops(args.dtype)
     except ValueError as exc:
         return usage_error("bench", f"argument --gpu: {exc}")
-    plans, missing = plan_shapes(shapes, args.dtype, gpu, compile_kernels=args.compile_kernels, progress=track)
+    plans, missing = plan_shapes(shapes, args.dtype, gpu, compile_kernels=args.compile_kernels and gpu.runs_sm90a,
+                                 progress=track, layout=args.layout)
+    if not gpu.runs_sm90a:
+        missing = f"nothing compiled: {gpu.name} ({gpu.arch}) cannot run sm_90a kernels"
+    paths = _result_paths(args, f"bench-plan-{_run_name(args)}")
+    document = offline_report.plan_document(plans, args.dtype, gpu, missing)
+    markdown = offline_report.plan_markdown(plans, args.dtype, gpu, missing)
+    written = _write_results(paths, [lambda: offline_report.save_plan(paths.json, document),
+                                     lambda: _write_text(paths.markdown, markdown)])
     if missing:
         say(missing)
-    headers = ["shape (MxNxK)", "tile MxNxK", "stages", "math WGs", "other config", "registers", "spills st/ld",
-               "compile s", "roofline us", "TFLOPS at roof", "bound"]
-    print_table(f"{args.dtype} kernels and roofline predictions on {gpu.name} ({gpu.num_sms} SMs)", headers,
-                [_offline_row(plan) for plan in plans], left_columns=(0, 1, 4) if missing else (0, 4))
+    other = offline_report.OTHER_CONFIG
+    print_table(f"{_what(args)} kernels and roofline predictions on {gpu.name} ({gpu.num_sms} SMs)",
+                offline_report.HEADERS, offline_report.rows(plans), left_columns=(0, 1, other), fold=(other,),
+                drop=(offline_report.TFLOPS,), caption=offline_report.LEGEND)
     if args.compare:
         say("--compare: nothing was measured without a GPU, so there is nothing to compare (--results CURRENT.json "
             "compares two stored files)")
-    for flag in ("json", "markdown"):
-        if getattr(args, flag):
-            say(f"--{flag}: not written: there are no measurements without a GPU")
-    return 0
+    failed = [plan for plan in plans if plan.failed]
+    for plan in failed:
+        say(f"[yellow]{format_shape(plan.shape)}: {plan.error}[/yellow]")
+    say(f"[bold]{offline_report.summary_line(plans, args.dtype, gpu)}[/bold]")
+    say(_results_line(paths, written))
+    return 1 if failed else 0 if written else 2
 
 
-def _offline_row(plan: OfflinePlan) -> list[str]:
-    prediction = plan.prediction
-    return [format_shape(plan.shape), *plan.config_cells(), micros(prediction.time_s),
-            f"{plan.flops / prediction.time_s / 1e12:,.0f}", prediction.bound]
+def _what(args: argparse.Namespace) -> str:
+    """The operation a run times: "fp8", or "bf16 (nt)" with the layout."""
+    return f"bf16 ({args.layout})" if args.dtype == "bf16" else args.dtype
 
 
 # -- argument types ---------------------------------------------------------------------------------------------

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import textwrap
 from typing import Any
 
 from deepgemm.api.gemm import precompile_fp8_gemm_nt
+from deepgemm.bench.console import TABLE_WIDTH, usage_error
+from deepgemm.commands.arguments import check_num_sms, local_sm_limit, positive_int
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -26,24 +29,34 @@ def register(subparsers: Any) -> None:
                         help="GEMM shape; repeat for several")
     parser.add_argument("--dtype", choices=["fp8"], default="fp8", help="operand type (fp8: e4m3 with 1x128/128x128 scales)")
     parser.add_argument("--out-dtype", choices=["bf16", "fp32"], default="bf16")
-    parser.add_argument("--num-sms", type=int, default=None, help="SMs to plan for (default: this GPU's, else 132)")
+    parser.add_argument("--num-sms", type=positive_int, default=None, metavar="N",
+                        help="SMs to plan for, 1 to the GPU's count (default: this GPU's, else 132)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    if args.num_sms is not None:
+        try:
+            check_num_sms(args.num_sms, *local_sm_limit())
+        except ValueError as exc:
+            return usage_error("compile", str(exc))
     out_dtype = torch.float32 if args.out_dtype == "fp32" else torch.bfloat16
     for m, n, k in args.shape:
         info = precompile_fp8_gemm_nt(m, n, k, out_dtype=out_dtype, num_sms=args.num_sms)
         config = dataclasses.asdict(info.config)
         print(f"shape M={m} N={n} K={k}: {info.label}")
-        print("  config: " + ", ".join(f"{key}={value}" for key, value in config.items()))
+        print("\n".join(textwrap.wrap(", ".join(f"{key}={value}" for key, value in config.items()), TABLE_WIDTH,
+                                     initial_indent="  config: ", subsequent_indent=" " * 10)))
         r = info.resources
         if r is None:
             print("  ptxas: resource report unavailable")
         else:
             print(f"  ptxas: {r.registers} registers, {r.spill_stores} spill stores, {r.spill_loads} spill loads, "
                   f"{r.stack_frame} bytes stack frame; dynamic smem {info.config.smem_bytes} bytes")
-        print(f"  compiled in {info.compile_seconds:.2f} s -> {info.cubin_path}")
+        if info.cached:
+            print(f"  from cache ({info.compile_seconds:.2f} s) -> {info.cubin_path}")
+        else:
+            print(f"  compiled in {info.compile_seconds:.2f} s -> {info.cubin_path}")
     return 0

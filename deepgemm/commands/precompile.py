@@ -43,6 +43,7 @@ from deepgemm.api.precompile import (
     unique_sources,
 )
 from deepgemm.bench.console import usage_error
+from deepgemm.commands.arguments import check_num_sms, local_sm_limit, positive_int
 from deepgemm.errors import DeepGemmError
 from deepgemm.jit.compiler import KernelSource
 
@@ -63,9 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="token counts (M buckets) to plan for (default 1,2,4,...,8192)")
     parser.add_argument("--gpu", help=f"GPU to plan for, its SM count and tuned table ({', '.join(HOPPER_DEVICE_NAMES)});"
                                       f" default: the local GPU, else {DEFAULT_GPU}")
-    parser.add_argument("--num-sms", type=_positive_int, metavar="N",
-                        help="SMs to plan for (default: the GPU's; locally DEEPGEMM_NUM_SMS caps it, as at run time)")
-    parser.add_argument("--workers", type=_positive_int, metavar="N",
+    parser.add_argument("--num-sms", type=positive_int, metavar="N",
+                        help="SMs to plan for, 1 to the GPU's count (default: the GPU's; locally DEEPGEMM_NUM_SMS caps "
+                             "it, as at run time)")
+    parser.add_argument("--workers", type=positive_int, metavar="N",
                         help=f"parallel compiles (default: the CPU count, {os.cpu_count()})")
     parser.add_argument("--out-dtype", choices=tuple(OUT_DTYPES), default="bf16", help="GEMM output dtype (bf16)")
     parser.set_defaults(func=run)
@@ -78,16 +80,6 @@ def parse_tokens(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"--tokens must be a comma-separated list of positive integers, got {text!r}") from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,8 +105,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def planning_target(gpu: str | None, num_sms: int | None) -> Target:
-    """--gpu's SM count and tuned table; without it the local GPU's, else DEFAULT_GPU's; --num-sms overrides."""
+    """--gpu's SM count and tuned table; without it the local GPU's, else DEFAULT_GPU's; --num-sms overrides, from 1
+    to that GPU's SM count."""
     if gpu is None and torch.cuda.is_available():
+        check_num_sms(num_sms, *local_sm_limit())
         return local_target(num_sms)
     try:
         spec = get_gpu(gpu or DEFAULT_GPU)
@@ -122,7 +116,9 @@ def planning_target(gpu: str | None, num_sms: int | None) -> Target:
         raise ValueError(f"argument --gpu: {exc}") from None
     name = HOPPER_DEVICE_NAMES.get(spec.key)
     if name is None:
-        raise ValueError(f"argument --gpu: {spec.name} is not a Hopper GPU (deepgemm's kernels are sm_90a)")
+        raise ValueError(f"argument --gpu: {spec.name} is not a Hopper GPU ({spec.arch}; deepgemm's kernels are "
+                         "sm_90a, which run on Hopper only)")
+    check_num_sms(num_sms, spec.num_sms, spec.name)
     if gpu is None:
         return local_target(num_sms, name)  # no GPU: 132 SMs (an H200's) under DEEPGEMM_NUM_SMS, as at run time
     return Target(spec.num_sms if num_sms is None else num_sms, name)
@@ -152,4 +148,6 @@ def _op_kernels(model: ModelSpec, op: GemmOp, tokens: int, out_dtype: torch.dtyp
 
 
 def _print_progress(event: KernelDone) -> None:
-    print(f"[{event.done}/{event.total}] {event.seconds:5.1f} s  {event.label}", file=sys.stderr, flush=True)
+    """One line per finished kernel: "cached" when it came from the cache, else how long compiling it took."""
+    what = "cached          " if event.cached else f"compiled {event.seconds:5.1f} s"
+    print(f"[{event.done}/{event.total}] {what}  {event.label}", file=sys.stderr, flush=True)

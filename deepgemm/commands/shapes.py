@@ -59,12 +59,17 @@ def run(args: argparse.Namespace) -> int:
         message = str(exc)
         return usage_error("shapes", message if message.startswith("argument") else f"argument --gpu/--dtype: {message}")
 
+    if args.json:  # before printing, so that a reader that stops early (| head) cannot lose it
+        try:
+            _write_json(args.json, model, workload, gpu, summaries)
+        except OSError as exc:
+            return usage_error("shapes", f"argument --json: cannot write {args.json}: {exc}")
     _print_header(model, workload, gpu)
     for summary in summaries:
         _print_phase(summary, workload)
     _print_totals(summaries)
     if args.json:
-        _write_json(args.json, model, workload, gpu, summaries)
+        say(f"wrote {args.json}")
     return 0
 
 
@@ -73,6 +78,9 @@ def _print_header(model: ModelSpec, workload: Workload, gpu: GpuSpec) -> None:
     fp8 = f"fp8 {gpu.fp8_tflops:,.0f} TFLOPS, " if gpu.fp8_tflops else ""
     say(f"roofline on {gpu.name} (datasheet, dense): {fp8}bf16 {gpu.bf16_tflops:,.0f} TFLOPS, "
         f"HBM {gpu.hbm_gbs / 1000:.2f} TB/s")
+    if not gpu.runs_sm90a:
+        say(f"note: {gpu.name} ({gpu.arch}) cannot run deepgemm's kernels (sm_90a, Hopper only): this is the "
+            "model's roofline on it, not deepgemm's")
     say("assumptions:")
     for note in assumptions(model, workload):
         say(f"  - {note}")
@@ -139,4 +147,3 @@ def _write_json(path: Path, model: ModelSpec, workload: Workload, gpu: GpuSpec,
         "phases": summaries_to_dict(summaries),
     }
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    say(f"wrote {path}")

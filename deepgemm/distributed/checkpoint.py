@@ -126,6 +126,24 @@ def shard_fp8_checkpoint(model: nn.Module, path: str | os.PathLike[str], *, stri
 
     strict: raise one ValueError on missing or unexpected keys (default); False only reports them. Everything is
     checked before anything is loaded. Returns deepgemm.nn's LoadReport (`bytes_read` counts the slices only).
+
+    Args:
+        model: the model of this rank, parallel layers built (on their device) with the whole layer's shapes.
+        path: a .safetensors file or a folder, as for deepgemm.nn.load_fp8_checkpoint.
+        strict: see above.
+
+    Raises:
+        ImportError, FileNotFoundError: as for deepgemm.nn.load_fp8_checkpoint.
+        ValueError: the checkpoint does not fit the model (missing or unexpected keys under strict, a shape or
+            dtype that differs, an FP8 weight without its scales, an nn.Linear whose checkpoint weight is FP8),
+            a model tensor is on the meta device, or config.json describes another quantization.
+
+    Example::
+
+        from deepgemm.distributed import shard_fp8_checkpoint
+
+        model = build_tensor_parallel_model(config).to("cuda")   # your model, with the parallel layers
+        print(shard_fp8_checkpoint(model, "/models/DeepSeek-V3", strict=False))
     """
     start_time = time.perf_counter()
     path = Path(path)

@@ -21,7 +21,21 @@ _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.re
 
 def chunk_bounds(rows: int, chunks: int) -> list[tuple[int, int]]:
     """(offset, size) of `min(chunks, rows)` consecutive, near-equal pieces of `rows` rows (the first `rows %
-    pieces` one row longer); none for zero rows. The sizes need no alignment: the GEMM takes any M."""
+    pieces` one row longer); none for zero rows. The sizes need no alignment: the GEMM takes any M.
+
+    Args:
+        rows: the rows to split (an int; none or fewer give no pieces).
+        chunks: the pieces wanted (the parallel layers' `chunks`).
+
+    Raises:
+        Nothing for ints (the layers validate `chunks` when they are built).
+
+    Example::
+
+        from deepgemm.distributed import chunk_bounds
+
+        chunk_bounds(10, 3)      # [(0, 4), (4, 3), (7, 3)]
+    """
     pieces = min(chunks, rows)
     if pieces <= 0:
         return []

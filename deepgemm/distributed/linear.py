@@ -101,13 +101,9 @@ class _ParallelFp8Linear(Fp8Linear):
 
     def _gemm(self, q: torch.Tensor, sf: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """The FP8 GEMM of quantized activation rows with this rank's weight shard: the only GEMM call of the
-        parallel layers."""
-        # ============================================================================= num_sms CALL SITE
-        # `self.num_sms` (the SMs the GEMM may use, leaving the rest to NCCL) is stored but not passed yet:
-        # deepgemm.fp8_gemm_nt has no per-call `num_sms` argument today (only DEEPGEMM_NUM_SMS, read once per
-        # process). Once it has one (part of the launch-ready cache key), pass `num_sms=self.num_sms` here.
-        return fp8_gemm_nt((q, sf), (self.weight, self.weight_scale_inv), out_dtype=out_dtype)
-        # =============================================================================
+        parallel layers. It runs on at most `self.num_sms` SMs (None: all of them, under DEEPGEMM_NUM_SMS), so a
+        collective issued around it keeps the rest; the cap is part of the GEMM's launch-ready key."""
+        return fp8_gemm_nt((q, sf), (self.weight, self.weight_scale_inv), out_dtype=out_dtype, num_sms=self.num_sms)
 
     def _linear(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """rows [m, in_features] (high precision) -> [m, out_features] in `out_dtype`, no bias: quantize + FP8
@@ -142,8 +138,34 @@ class ColumnParallelFp8Linear(_ParallelFp8Linear):
     [tp*s, ..., n], the rows of every rank in rank order. chunks=1 is the non-overlapped baseline (gather, then one
     GEMM). The best chunk count is a measurement on the GPUs (none was made yet); any count gives the same result.
 
-    num_sms: the SMs the GEMM may use (the others stay free for NCCL); stored, passed to the GEMM once
-    `fp8_gemm_nt` takes it (see `_gemm`). group: a torch.distributed process group (default: the world).
+    num_sms: the most SMs each FP8 GEMM of the layer may occupy (`fp8_gemm_nt(num_sms=)`: its persistent grid and
+    tile choice are planned for that many), so the NCCL kernels of the overlapped collectives keep the others;
+    None (default): every SM (under DEEPGEMM_NUM_SMS). From 1 to the GPU's SM count (checked at the first call);
+    the routed BF16 matmul (route "bf16") ignores it. The best cap is a measurement on the GPUs (none was made
+    yet). group: a torch.distributed process group (default: the world).
+
+    Args:
+        in_features / out_features: the whole layer's shape (this rank holds out_features / tp_size rows).
+        bias: whether the layer has a bias (this rank keeps its part).
+        group / gather_output / sequence_parallel / chunks / num_sms: see above.
+        device / dtype: as for Fp8Linear (dtype: the output and bias dtype, bfloat16 or float32).
+
+    Raises:
+        RuntimeError: torch.distributed is not initialized.
+        TypeError: `group` is not a ProcessGroup, or `dtype` is not bfloat16/float32.
+        ValueError: out_features is not a multiple of 128 * tp_size (with more than one rank), this process is
+            not in `group`, gather_output and sequence_parallel are both set, chunks != 1 without
+            sequence_parallel, or `chunks` / `num_sms` / a feature count is not a positive int. In a call: the
+            input's last dimension is not in_features.
+
+    Example::
+
+        from deepgemm.distributed import ColumnParallelFp8Linear
+
+        torch.distributed.init_process_group("nccl")            # one process per GPU (torchrun)
+        torch.cuda.set_device(torch.distributed.get_rank() % torch.cuda.device_count())
+        up = ColumnParallelFp8Linear.from_linear(torch.nn.Linear(7168, 18432, device="cuda", dtype=torch.bfloat16))
+        y = up(torch.randn(16, 7168, device="cuda", dtype=torch.bfloat16))   # [16, 18432 / tp_size]
     """
 
     shard_dim = 0
@@ -187,6 +209,7 @@ class ColumnParallelFp8Linear(_ParallelFp8Linear):
                                    sequence_parallel=sequence_parallel, chunks=chunks, num_sms=num_sms)
 
     def bias_shard(self, bias: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the full layer's bias: its out_features slice."""
         start, stop = self.shard
         return bias[start:stop]
 
@@ -255,6 +278,28 @@ class RowParallelFp8Linear(_ParallelFp8Linear):
     baseline (one GEMM, then one reduce-scatter); the best count is a measurement on the GPUs (none was made yet).
 
     num_sms, group: as for ColumnParallelFp8Linear.
+
+    Args:
+        in_features / out_features: the whole layer's shape (this rank holds in_features / tp_size columns).
+        bias: whether the layer has a bias (kept whole on every rank, added once after the reduction).
+        group / input_is_parallel / sequence_parallel / chunks / reduce_dtype / num_sms: see above.
+        device / dtype: as for Fp8Linear (dtype: the output and bias dtype, bfloat16 or float32).
+
+    Raises:
+        RuntimeError: torch.distributed is not initialized.
+        TypeError: `group` is not a ProcessGroup, or `dtype` / `reduce_dtype` is not bfloat16/float32.
+        ValueError: in_features is not a multiple of 128 * tp_size (with more than one rank), this process is
+            not in `group`, or `chunks` / `num_sms` / a feature count is not a positive int. In a call: the
+            input's last dimension is not the expected one, or (sequence_parallel) its first dimension does not
+            divide by tp_size.
+
+    Example::
+
+        from deepgemm.distributed import ColumnParallelFp8Linear, RowParallelFp8Linear
+
+        up = ColumnParallelFp8Linear(7168, 18432, bias=False, device="cuda")
+        down = RowParallelFp8Linear(18432, 7168, bias=False, device="cuda")   # takes up's output shard
+        y = down(up(x))                                                        # all-reduced [..., 7168]
     """
 
     shard_dim = 1

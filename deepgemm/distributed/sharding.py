@@ -16,7 +16,23 @@ def shard_bounds(size: int, tp_size: int, rank: int, *, layer: str, dim: str) ->
     The rule: with more than one rank, every share must be a whole number of 128-wide scale blocks, i.e. `size` must
     be a multiple of 128 * tp_size, so that no rank's slice splits a block of `weight_scale_inv` (one rank would
     otherwise need a scale that also belongs to its neighbour). One rank holds everything, whatever the size.
-    Raises ValueError naming the layer, the size, the TP size and the rule."""
+
+    Args:
+        size: the dimension's length (a positive int).
+        tp_size: the number of ranks (a positive int).
+        rank: this rank, in [0, tp_size).
+        layer / dim: the layer's and the dimension's names, for the message.
+
+    Raises:
+        ValueError: naming the layer, the size, the TP size and the rule: a size or tp_size that is not a positive
+            int, a rank out of range, or a size that is not a multiple of 128 * tp_size.
+
+    Example::
+
+        from deepgemm.distributed import shard_bounds
+
+        shard_bounds(18432, 8, 3, layer="up_proj", dim="out_features")   # (6912, 9216)
+    """
     for name, value in (("size", size), ("tp_size", tp_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{layer}: '{name}' must be a positive int, got {value!r}")

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from deepgemm.errors import CacheError, CompileError
 from deepgemm.jit.cache import (
@@ -95,6 +95,10 @@ class CompiledKernel:
     key: str
     resources: PtxasResources | None
     log: str
+
+
+#: How one compile_kernel call was served (see compile_kernel_outcome).
+Outcome = Literal["compiled", "disk", "memo"]
 
 
 @dataclass(frozen=True)
@@ -284,6 +288,14 @@ def compile_kernel(
     A memo hit whose cubin was deleted meanwhile (one stat) goes to the disk cache again, so a returned
     ``cubin_path`` existed when it was returned. Raises CompileError, CacheError or LockTimeoutError.
     """
+    return compile_kernel_outcome(source, compiler=compiler, cache_dir=cache_dir)[0]
+
+
+def compile_kernel_outcome(
+    source: KernelSource, *, compiler: str | None = None, cache_dir: Path | None = None
+) -> tuple[CompiledKernel, Outcome]:
+    """``compile_kernel``, and how this call was served: "compiled" (NVRTC/nvcc ran now), "disk" (the disk cache
+    held the cubin) or "memo" (this process had it), the outcome compile_stats counts, per call."""
     compiler = compiler or compiler_choice()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     memo_key = (source, compiler, root, include_dir())
@@ -292,17 +304,18 @@ def compile_kernel(
         if compiler not in COMPILERS:
             raise ValueError(f"unknown compiler {compiler!r}; expected one of {COMPILERS}")
         key = kernel_key(source, compiler)
-        kernel = _load_or_compile(source, compiler, key, KernelCache(root))
+        kernel, outcome = _load_or_compile(source, compiler, key, KernelCache(root))
         _memo[memo_key] = kernel
-    else:
-        _memo_hits.tick()
-    return kernel
+        return kernel, outcome
+    _memo_hits.tick()
+    return kernel, "memo"
 
 
 def _load_or_compile(
     source: KernelSource, compiler: str, key: str, cache: KernelCache
-) -> CompiledKernel:
+) -> tuple[CompiledKernel, Outcome]:
     label = source.label or source.entry
+    outcome: Outcome = "disk"
     entry = cache.load(key)
     if entry is None:
         with cache.locked(key, timeout=lock_timeout(), what=repr(label)):
@@ -313,6 +326,7 @@ def _load_or_compile(
                     cache.discard(key)
                 entry = _compile_into_cache(source, compiler, key, cache)
                 _compiles.tick()
+                outcome = "compiled"
             else:
                 _disk_hits.tick()
     else:
@@ -321,7 +335,7 @@ def _load_or_compile(
     kernel = _to_kernel(entry, source.entry)
     if _env_flag("DEEPGEMM_PTXAS_VERBOSE"):
         print(f"[deepgemm.jit] ptxas log for {label}:\n{kernel.log}", file=sys.stderr)
-    return kernel
+    return kernel, outcome
 
 
 def _to_kernel(entry: CacheEntry, entry_name: str) -> CompiledKernel:

@@ -33,20 +33,35 @@ def launch_on_device(kernel: "LoadedKernel", device_index: int, stream: int, con
         kernel.launch(config, args_address)
 
 
+# The capture status of the current device's current stream, straight from the C binding (torch.cuda's wrapper
+# is this plus a Python call); False without initializing a context on a device that has none.
+_current_stream_capturing = torch._C._cuda_isCurrentStreamCapturing if hasattr(
+    torch._C, "_cuda_isCurrentStreamCapturing") else torch.cuda.is_current_stream_capturing
+
+
 def stream_capturing(device_index: int) -> bool:
-    """Whether the current stream of `device_index` (the one a launch for that device runs on) is being
-    captured into a CUDA graph; torch's own check looks at the current device's stream only."""
-    if torch.cuda.current_device() == device_index:
-        return torch.cuda.is_current_stream_capturing()
+    """Whether the current stream of `device_index` (the one a launch for tensors on that device runs on) is being
+    captured into a CUDA graph. torch's own check looks at the current device's stream only, so a device other than
+    the current one is made current for the query and restored (a device switch each way, only for tensors off the
+    current device). Capture status changes at any time: nothing here is cached but the bindings."""
+    if _current_device() == device_index:
+        return _current_stream_capturing()
     with torch.cuda.device(device_index):
-        return torch.cuda.is_current_stream_capturing()
+        return _current_stream_capturing()
 
 
-def refuse_during_capture(what: str) -> None:
-    """Compiling or loading a module cannot be captured into a CUDA graph."""
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+def refuse_during_capture(what: str, device_index: int | None = None) -> None:
+    """Compiling or loading a module cannot be captured into a CUDA graph: GraphCaptureError when the current
+    device's current stream, or that of `device_index` (the device of the tensors the kernel is for), is capturing.
+    Cold path only (a compile or load follows)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return  # no CUDA context in this process: nothing can be capturing
+    current = _current_device()
+    if _current_stream_capturing() or (device_index is not None and device_index != current
+                                       and stream_capturing(device_index)):
+        on = "" if device_index is None else f" (tensors on cuda:{device_index})"
         raise GraphCaptureError(
-            f"{what} is not compiled/loaded yet and a CUDA graph is being captured; "
+            f"{what}{on} is not compiled/loaded yet and a CUDA graph is being captured; "
             "run this shape once eagerly (or call the precompile/warm-up API) before capturing"
         )
 

@@ -38,7 +38,20 @@ class LoadReport:
     `tensors`: the other tensors copied; `missing` / `unexpected`: model tensors absent from the checkpoint and
     checkpoint tensors the model has no place for (an error unless strict=False); `on_meta`: model tensors still
     on the meta device after the load (the missing ones, and non-persistent buffers such as rotary `inv_freq`, which
-    no checkpoint holds: compute them again); `files`: the files read."""
+    no checkpoint holds: compute them again); `files`: the files read; `bytes_read`, `seconds`. str() gives a
+    summary line and the missing, unexpected and still-on-meta names.
+
+    Returned by:
+        deepgemm.nn.load_fp8_checkpoint and deepgemm.distributed.shard_fp8_checkpoint.
+
+    Example::
+
+        from deepgemm.nn import LoadReport, load_fp8_checkpoint
+
+        report: LoadReport = load_fp8_checkpoint(model, "/models/DeepSeek-V3", strict=False)
+        print(report)
+        assert not report.missing, report.missing
+    """
 
     fp8_layers: list[str] = field(default_factory=list)
     converted: list[str] = field(default_factory=list)
@@ -444,6 +457,29 @@ def load_fp8_checkpoint(model: nn.Module, path: str | os.PathLike[str], *,
     (e.g. DeepSeek-V3's multi-token-prediction layer `model.layers.61.*`, which inference models leave out).
     Shapes, dtypes and scales are all checked before anything is loaded: a ValueError leaves the model untouched.
     Tensors are read one at a time (each file opened once), never the whole checkpoint at once.
+
+    Args:
+        model: the nn.Module to load into (built in BF16, on the meta device, or already converted).
+        path / device / strict: see above.
+
+    Returns:
+        A LoadReport.
+
+    Raises:
+        ImportError: safetensors is not installed (pip install 'deepgemm[hf]').
+        FileNotFoundError: `path` is neither a .safetensors file nor a folder holding them, or the index names a
+            file that is not there.
+        ValueError: the checkpoint does not fit the model (missing or unexpected keys under strict, a shape or
+            dtype that differs, an FP8 weight without its scales), config.json describes another quantization,
+            the index cannot be read, or `device` is meta.
+
+    Example::
+
+        from deepgemm.nn import load_fp8_checkpoint
+
+        with torch.device("meta"):
+            model = build_model(config)          # your model class, with nn.Linear layers
+        print(load_fp8_checkpoint(model, "/models/DeepSeek-V3", device="cuda", strict=False))
     """
     start = time.perf_counter()
     path = Path(path)
@@ -490,7 +526,25 @@ def save_fp8_checkpoint(model: nn.Module, folder: str | os.PathLike[str], *,
     """Write `model`'s state_dict in the same format: Fp8Linear layers as `<name>.weight` e4m3 and
     `<name>.weight_scale_inv` float32, the rest as they are, in `model-0000i-of-0000n.safetensors` shards of at
     most `max_shard_bytes` (a bigger tensor gets a shard of its own) plus model.safetensors.index.json. A tensor
-    tied under several names is written once, under its first. Returns the files written, the index last."""
+    tied under several names is written once, under its first. Returns the files written, the index last.
+
+    Args:
+        model: the nn.Module to save (no tensor on the meta device).
+        folder: the output folder (created if needed).
+        max_shard_bytes: the shard size limit, a positive int (default 5 GiB).
+
+    Raises:
+        ImportError: safetensors is not installed (pip install 'deepgemm[hf]').
+        ValueError: `max_shard_bytes` is not a positive int, or a tensor is on the meta device.
+        OSError: the folder or a file cannot be written.
+
+    Example::
+
+        from deepgemm.nn import load_fp8_checkpoint, save_fp8_checkpoint
+
+        files = save_fp8_checkpoint(model, "/tmp/fp8-model", max_shard_bytes=2**30)
+        load_fp8_checkpoint(other_model, "/tmp/fp8-model")
+    """
     _safetensors()  # the clear ImportError when it is absent
     from safetensors.torch import save_file
 

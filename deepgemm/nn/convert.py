@@ -30,7 +30,20 @@ class LeftLayer:
 
 @dataclass
 class ConversionReport:
-    """What `convert` did: the layers it replaced and those it left as they were, with the reason."""
+    """What `convert` did: the layers it replaced and those it left as they were, with the reason.
+
+    `replaced`: (name, out_features, in_features) of each new Fp8Linear; `left`: (name, reason) of each nn.Linear
+    kept. str() gives a summary line and one line per layer left.
+
+    Returned by:
+        deepgemm.convert.
+
+    Example::
+
+        report: deepgemm.nn.ConversionReport = deepgemm.convert(model, exclude=["lm_head"])
+        print(report)                      # "converted 3 linear layer(s) to Fp8Linear, left 1" + the reasons
+        names = [layer.name for layer in report.replaced]
+    """
 
     replaced: list[ConvertedLayer] = field(default_factory=list)
     left: list[LeftLayer] = field(default_factory=list)
@@ -76,6 +89,30 @@ def convert(model: nn.Module, *, include: Selector = None, exclude: Selector = N
     include / exclude: glob patterns on qualified module names (e.g. exclude=["lm_head", "*.gate"]) or a callable
     (name, module) -> bool. dtype: the Fp8Linear output dtype (default: the layer's own when bfloat16/float32, else
     bfloat16). Layers left alone keep running as they were, on a correct path; the report says why for each.
+
+    Left alone: layers not matched by `include` or matched by `exclude`, nn.Linear subclasses, the projections of
+    nn.MultiheadAttention, weights on the meta device or not 16/32-bit floats, and shapes `fp8_linear_route`
+    sends to a BF16 matmul (in_features % 16 != 0, weights under 2048 x 4096 elements).
+
+    Args:
+        model: the nn.Module to convert in place (a root that is itself an nn.Linear is left: use
+            Fp8Linear.from_linear).
+        include / exclude: see above (None: every layer / none).
+        dtype: see above.
+
+    Returns:
+        A ConversionReport.
+
+    Raises:
+        TypeError: `dtype` is not bfloat16/float32.
+        deepgemm.CompileError, deepgemm.CacheError, deepgemm.LockTimeoutError: the GPU quantizer could not be
+            compiled or loaded (weights on an sm_90 GPU).
+
+    Example::
+
+        model = torch.nn.Sequential(torch.nn.Linear(4096, 14336), torch.nn.SiLU(),
+                                    torch.nn.Linear(14336, 4096)).to("cuda", torch.bfloat16)
+        print(deepgemm.convert(model, exclude=["lm_head", "*.gate"]))
     """
     if dtype is not None and dtype not in OUT_DTYPES:
         raise TypeError(f"convert: 'dtype' must be torch.bfloat16 or torch.float32, got {dtype}")

@@ -27,6 +27,32 @@ class Fp8Linear(nn.Module):
     accumulation; the output has `dtype` (bfloat16 or float32) and the bias is added to it. Layers whose shape the
     kernel cannot take or runs slower on (`fp8_linear_route`) keep a dequantized copy of the weight and run a plain
     matmul instead: `route` says which. The module holds no gradient: FP8 training is not supported yet.
+
+    A call takes x [..., in_features] (float32, bfloat16 or float16) and returns [..., out_features] in `dtype`.
+
+    Args:
+        in_features / out_features: the weight's shape [out_features, in_features], positive ints.
+        bias: whether the layer has a bias (zeros until loaded).
+        device: where the buffers live (default torch's).
+        dtype: the output and bias dtype, torch.bfloat16 (default) or torch.float32.
+
+    Raises:
+        ValueError: `in_features` or `out_features` is not a positive int; in a call, x's last dimension is not
+            in_features.
+        TypeError: `dtype` is not bfloat16/float32.
+        In a call, what fp8_gemm_nt and quantize_per_token_group raise (e.g. deepgemm.NotDifferentiableError for
+            an input that requires grad with grad mode on).
+
+    Example::
+
+        from deepgemm.nn import Fp8Linear
+
+        layer = Fp8Linear.from_linear(torch.nn.Linear(7168, 2112, device="cuda", dtype=torch.bfloat16))
+        with torch.inference_mode():
+            y = layer(torch.randn(16, 7168, device="cuda", dtype=torch.bfloat16))   # bfloat16 [16, 2112]
+        print(layer.route, layer.backend(16))                                          # "fp8", "sm90"
+        empty = Fp8Linear(7168, 2112, bias=False, device="cuda")
+        empty.load_fp8_weight(layer.weight, layer.weight_scale_inv)
     """
 
     weight: torch.Tensor

@@ -41,6 +41,28 @@ def precompile_model(model: nn.Module, tokens: Iterable[int] = DEFAULT_TOKENS, *
     num_sms / gpu: the SM count and the GPU model (as torch.cuda.get_device_name() names it; its tuned table picks
     dense tiles) to plan for; default this GPU's, or 132 SMs and the cost model alone without a GPU. workers:
     parallel compiles (default os.cpu_count()). progress: called after each kernel with a KernelDone.
+
+    Args:
+        model: any nn.Module; its Fp8Linear layers (after convert or load_fp8_checkpoint) are planned.
+        tokens: the row counts to plan for (positive ints; default 1, 2, 4, ..., 8192).
+        num_sms / gpu: see above.
+        input_dtype: the dtype of the layers' inputs, whose quantizer is compiled (default bfloat16).
+        workers / progress: see above.
+
+    Returns:
+        A PrecompileSummary (kernels planned, compiled, already cached, seconds, cache dir).
+
+    Raises:
+        ValueError: a token count is not a positive int (or none is given), or `num_sms` / `workers` is not a
+            positive int.
+        TypeError: `input_dtype` is not float32, bfloat16 or float16.
+        deepgemm.CompileError, deepgemm.CacheError, deepgemm.LockTimeoutError: a kernel could not compile or be
+            cached (the first failure cancels the compiles not yet started).
+
+    Example::
+
+        deepgemm.convert(model)
+        print(deepgemm.precompile_model(model, tokens=(1, 2, 4, 8, 16, 32, 64, 128, 4096)))
     """
     target, quantizer = local_target(num_sms, gpu), quantizer_kernel(input_dtype)
     shapes = fp8_layer_shapes(model)

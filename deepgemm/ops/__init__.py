@@ -4,6 +4,7 @@ Importing this package registers the ops. Eager calls of the public functions go
 time); under torch.compile they become graph nodes with fake kernels, so Dynamo never traces our host code.
 """
 
+from deepgemm.ops.bf16 import bf16_gemm_nn, bf16_gemm_nt, bf16_gemm_tn, bf16_gemm_tt
 from deepgemm.ops.gemm import fp8_gemm_nt
 from deepgemm.ops.grouped import (
     m_grouped_fp8_gemm_nt_contiguous,
@@ -14,6 +15,10 @@ from deepgemm.ops.kgrouped import k_grouped_fp8_gemm_tn_contiguous
 from deepgemm.ops.quant import quantize_per_block, quantize_per_token_group
 
 __all__ = [
+    "bf16_gemm_nn",
+    "bf16_gemm_nt",
+    "bf16_gemm_tn",
+    "bf16_gemm_tt",
     "fp8_gemm_nt",
     "k_grouped_fp8_gemm_tn_contiguous",
     "m_grouped_fp8_gemm_nt_contiguous",

@@ -98,24 +98,37 @@ define("m_grouped_fp8_gemm_nt_masked_out(Tensor a, Tensor sfa, Tensor b, Tensor 
 # ---- public functions ---------------------------------------------------------------------------------------
 
 
-def m_grouped_fp8_gemm_nt_contiguous(a: _Pair, b: _Pair, out: torch.Tensor, m_indices: torch.Tensor) -> torch.Tensor:
+def _refuse_validate_when_compiling(where: str) -> None:
+    raise ValueError(f"{where}: 'validate=True' reads the grouping tensor on the host, which torch.compile cannot "
+                     "trace; call deepgemm.check_grouped_layout eagerly before the compiled region instead")
+
+
+def m_grouped_fp8_gemm_nt_contiguous(a: _Pair, b: _Pair, out: torch.Tensor, m_indices: torch.Tensor, *,
+                                     validate: bool = False) -> torch.Tensor:
     if not compiling():
-        return api.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices)
+        return api.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices, validate=validate)
+    if validate:
+        _refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_contiguous")
     torch.ops.deepgemm.m_grouped_fp8_gemm_nt_contiguous_out(a[0], a[1], b[0], b[1], m_indices, out)
     return out
 
 
-def m_grouped_fp8_gemm_nt_contiguous_psum(a: _Pair, b: _Pair, out: torch.Tensor, psum: torch.Tensor) -> torch.Tensor:
+def m_grouped_fp8_gemm_nt_contiguous_psum(a: _Pair, b: _Pair, out: torch.Tensor, psum: torch.Tensor, *,
+                                          validate: bool = False) -> torch.Tensor:
     if not compiling():
-        return api.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, out, psum)
+        return api.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, out, psum, validate=validate)
+    if validate:
+        _refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_contiguous_psum")
     torch.ops.deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum_out(a[0], a[1], b[0], b[1], psum, out)
     return out
 
 
 def m_grouped_fp8_gemm_nt_masked(a: _Pair, b: _Pair, out: torch.Tensor, masked_m: torch.Tensor,
-                                 expected_m: int) -> torch.Tensor:
+                                 expected_m: int, *, validate: bool = False) -> torch.Tensor:
     if not compiling():
-        return api.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m)
+        return api.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m, validate=validate)
+    if validate:
+        _refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_masked")
     torch.ops.deepgemm.m_grouped_fp8_gemm_nt_masked_out(a[0], a[1], b[0], b[1], masked_m, expected_m, out)
     return out
 

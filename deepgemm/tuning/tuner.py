@@ -50,13 +50,14 @@ def candidate_configs(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int,
 
 
 def tune_fp8_gemm_nt(m: int, n: int, k: int, *, out_dtype: torch.dtype = torch.bfloat16, device: int | None = None,
-                     top: int = 6, iters: int = 20) -> TuneResult:
-    """Measure the candidates for (m, n, k) on an sm_90 GPU and record the fastest."""
+                     top: int = 6, iters: int = 20, num_sms: int | None = None) -> TuneResult:
+    """Measure the candidates for (m, n, k) on an sm_90 GPU and record the fastest, for `num_sms` SMs (None: the
+    device's, under the DEEPGEMM_NUM_SMS cap; the entry is keyed by it, as fp8_gemm_nt(num_sms=) looks it up)."""
     index = torch.cuda.current_device() if device is None else device
     if not torch.cuda.is_available() or not is_sm90(index):
         raise UnsupportedError("tuning needs an sm_90 (Hopper) GPU")
-    refuse_during_capture(f"tuning fp8_gemm_nt m={m} n={n} k={k}")
-    num_sms = sm_count(index)
+    refuse_during_capture(f"tuning fp8_gemm_nt m={m} n={n} k={k}", index)
+    num_sms = sm_count(index) if num_sms is None else num_sms
     out_elem_bytes = elem_bytes(out_dtype)
     configs = candidate_configs(m, n, k, num_sms, out_elem_bytes, top)
     with ThreadPoolExecutor(max_workers=min(8, len(configs))) as pool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -29,7 +30,11 @@ def test_compile_prints_config_and_ptxas_report(tmp_path: Path) -> None:
     out = proc.stdout
     assert "shape M=64 N=2112 K=7168" in out
     assert "config:" in out
-    config_line = next(line for line in out.splitlines() if "config:" in line)
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if "config:" in line)
+    block = [lines[start], *itertools.takewhile(lambda line: line.startswith(" " * 10), lines[start + 1:])]
+    assert max(len(line) for line in block) <= 100  # the config is wrapped to fit a 100-column terminal
+    config_line = " ".join(line.strip() for line in block)
     for field in ("block_m=", "block_n=", "num_stages=", "num_sms=132", "cluster_m=", "pipelined=", "smem_bytes="):
         assert field in config_line, field
     assert "ptxas:" in out

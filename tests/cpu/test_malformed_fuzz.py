@@ -249,6 +249,14 @@ def _dense_families(mk: Maker) -> list[Callable[[], Call]]:
         out = torch.empty(m, n, dtype=BF16)
         return Call("dense out_dtype vs out", lambda: gemm(a, b, out, out_dtype=F32), ("out_dtype",))
 
+    def num_sms() -> Call:
+        a, b = mk.dense()
+        bad = mk.choice([0, -1, 133, 10**6, 66.0, True, False, "66", [66]])  # CPU tensors: 1 to 132
+        if mk.rng.random() < 0.5:
+            return Call(f"dense num_sms={bad!r}", lambda: gemm(a, b, num_sms=bad), ("num_sms",))
+        out = torch.empty(a[0].shape[0], b[0].shape[0], dtype=BF16)
+        return Call(f"dense num_sms={bad!r} with out", lambda: gemm(a, b, out, num_sms=bad), ("num_sms",))
+
     def device() -> Call:
         a, b = mk.dense()
         which = mk.choice(["b[1]", "a[1]", "out"])
@@ -278,7 +286,7 @@ def _dense_families(mk: Maker) -> list[Callable[[], Call]]:
 
     return [not_a_pair, member_not_tensor, operand_dtype, scale_dtype, operand_rank, k_mismatch, scale_shape,
             k_not_16, operand_misaligned, operand_strides, out_layout, out_layout, out_overlap, out_overlap, out_dtype,
-            device, requires_grad, huge]
+            num_sms, device, requires_grad, huge]
 
 
 def _grouped_families(mk: Maker) -> list[Callable[[], Call]]:
@@ -703,12 +711,14 @@ def valid_calls(seed: int, count: int = VALID_CALLS) -> list[Call]:
         if mk.rng.random() < 0.3:
             a = (a[0], a[1].contiguous())  # row-major scales are accepted too
 
+        num_sms = (None, 1, 66, 132)[(m + n + k) % 4]  # (drawn without the generator: the stream stays the same)
+
         def run() -> None:
             out = deepgemm.fp8_gemm_nt(a, b, torch.empty(m, n, dtype=dtype) if given else None,
-                                       out_dtype=None if given else dtype)
+                                       out_dtype=None if given else dtype, num_sms=num_sms)
             assert out.shape == (m, n) and out.dtype == dtype
             assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b))
-        return Call(f"valid dense {m}x{n}x{k} {dtype}", run, ())
+        return Call(f"valid dense {m}x{n}x{k} {dtype} num_sms={num_sms}", run, ())
 
     def contiguous() -> Call:
         a, b, out, m_indices, segments = mk.contiguous()

@@ -9,7 +9,7 @@ import torch._dynamo
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import deepgemm
-from tests.helpers import random_operands
+from tests.helpers import GraphRecorder, random_operands
 from tests.op_cases import OP_NAMES, fp8_aware_allclose, op_cases
 
 
@@ -23,7 +23,7 @@ def test_every_op_is_registered_with_cpu_cuda_and_fake_kernels() -> None:
         qualified = f"deepgemm::{name}"
         for key in ("CPU", "CUDA", "Meta"):
             assert torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key), f"{name} lacks a {key} kernel"
-    assert len(OP_NAMES) == 13
+    assert len(OP_NAMES) == 16
 
 
 @pytest.mark.parametrize("name", OP_NAMES)
@@ -34,7 +34,7 @@ def test_opcheck(name: str, seed: int, fp8_allclose: None) -> None:
 
 def test_functional_ops_match_the_public_functions(seed: int) -> None:
     cases = op_cases("cpu", seed)
-    a0, sfa, b0, sfb, _ = cases["fp8_gemm_nt"]
+    a0, sfa, b0, sfb, *_ = cases["fp8_gemm_nt"]
     out = torch.ops.deepgemm.fp8_gemm_nt(a0, sfa, b0, sfb)
     assert out.dtype == torch.bfloat16 and out.shape == (100, 200)
     assert torch.equal(out, deepgemm.fp8_gemm_nt((a0, sfa), (b0, sfb)))
@@ -87,26 +87,12 @@ def _quantize_gemm_silu(x: torch.Tensor, w: torch.Tensor, sw: torch.Tensor) -> t
     return torch.nn.functional.silu(deepgemm.fp8_gemm_nt(deepgemm.quantize_per_token_group(x), (w, sw)))
 
 
-class _GraphRecorder:
-    """A Dynamo backend that keeps every graph it is handed and runs it as is."""
-
-    def __init__(self) -> None:
-        self.graphs: list[torch.fx.GraphModule] = []
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> object:
-        self.graphs.append(gm)
-        return gm.forward
-
-    def targets(self) -> set[str]:
-        """Called functions, overload packets and overloads alike by their packet name (deepgemm.fp8_gemm_nt)."""
-        return {str(node.target).removesuffix(".default") for gm in self.graphs for node in gm.graph.nodes
-                if node.op == "call_function"}
 
 
 def test_fullgraph_compile_with_dynamic_m_holds_deepgemm_nodes(seed: int) -> None:
     torch._dynamo.reset()
     _, (w, sw) = random_operands(1, 512, 384, "cpu", seed)
-    recorder = _GraphRecorder()
+    recorder = GraphRecorder()
     compiled = torch.compile(_quantize_gemm_silu, fullgraph=True, dynamic=True, backend=recorder)
     gen = torch.Generator().manual_seed(seed)
     for m in (37, 300, 1000):  # (sizes 0 and 1 are always specialized by Dynamo)
@@ -162,7 +148,7 @@ def test_grouped_and_k_grouped_compile_with_out_and_accumulate(seed: int) -> Non
                 c.clone())
 
     eager_args, compiled_args = fresh(), fresh()
-    recorder = _GraphRecorder()
+    recorder = GraphRecorder()
     expected = moe(*eager_args)
     got = torch.compile(moe, fullgraph=True, backend=recorder)(*compiled_args)
     assert torch.equal(got, expected)

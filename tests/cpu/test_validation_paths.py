@@ -21,6 +21,7 @@ import deepgemm
 from deepgemm.api import gemm as gemm_api
 from deepgemm.api import grouped as grouped_api
 from deepgemm.api import kgrouped as kgrouped_api
+from tests.helpers import no_launch, outcome
 
 FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
@@ -87,16 +88,8 @@ def kgrouped_args():
 # ---------------------------------------------------------------- both paths
 
 
-def outcome(call: Callable[[], object]) -> tuple[type, str] | None:
-    try:
-        call()
-    except Exception as error:  # noqa: BLE001 - the outcome is compared, whatever it is
-        return type(error), str(error)
-    return None
 
 
-def _no_launch(*args: object, **kwargs: object) -> object:
-    raise AssertionError("the kernel path reached planning/launch")
 
 
 def on_both_paths(monkeypatch: pytest.MonkeyPatch, call: Callable[[], object]) -> tuple[object, object]:
@@ -106,10 +99,10 @@ def on_both_paths(monkeypatch: pytest.MonkeyPatch, call: Callable[[], object]) -
     with monkeypatch.context() as patch:
         for module in (gemm_api, grouped_api, kgrouped_api):
             patch.setattr(module, "backend_for", lambda *tensors, **kw: "sm90")
-        patch.setattr(gemm_api, "get_plan", _no_launch)
+        patch.setattr(gemm_api, "get_plan", no_launch)
         patch.setattr(gemm_api, "tuned_config", lambda *args: None)
-        patch.setattr(grouped_api, "get_grouped_plan", _no_launch)
-        patch.setattr(kgrouped_api, "get_kgrouped_plan", _no_launch)
+        patch.setattr(grouped_api, "get_grouped_plan", no_launch)
+        patch.setattr(kgrouped_api, "get_kgrouped_plan", no_launch)
         kernel = outcome(call)
     return reference, kernel
 
@@ -443,15 +436,15 @@ def test_fast_paths_do_no_validation(monkeypatch: pytest.MonkeyPatch) -> None:
     out = torch.empty(8, 136, dtype=BF16)
     plan = _RecordingPlan()
     monkeypatch.setattr(gemm_api, "_ready", {gemm_api._metadata_key(a[0], a[1], b[0], b[1], out): (plan, "args")})
-    monkeypatch.setattr(gemm_api, "check_fp8_gemm_nt", _no_launch)
-    monkeypatch.setattr(gemm_api, "check_fp8_gemm_nt_memory", _no_launch)
+    monkeypatch.setattr(gemm_api, "check_fp8_gemm_nt", no_launch)
+    monkeypatch.setattr(gemm_api, "check_fp8_gemm_nt_memory", no_launch)
     assert deepgemm.fp8_gemm_nt(a, b, out) is out and plan.launches == ["args"]
 
     ga, gb, gout, m_indices = contiguous_args()
     key = grouped_api._metadata_key(grouped_api._CONTIGUOUS_FORM, ga[0], ga[1], gb[0], gb[1], gout, m_indices)
     monkeypatch.setattr(grouped_api, "_ready", {key: (plan, "grouped")})
-    monkeypatch.setattr(grouped_api, "check_contiguous", _no_launch)
-    monkeypatch.setattr(grouped_api, "_check_memory", _no_launch)
+    monkeypatch.setattr(grouped_api, "check_contiguous", no_launch)
+    monkeypatch.setattr(grouped_api, "_check_memory", no_launch)
     assert deepgemm.m_grouped_fp8_gemm_nt_contiguous(ga, gb, gout, m_indices) is gout
     assert plan.launches == ["args", "grouped"]
 
@@ -483,7 +476,7 @@ def test_per_token_group_quantization_refuses_a_grid_past_cuda_limits() -> None:
 
 
 def test_precompile_validates_num_sms(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gemm_api, "compile_spec", _no_launch)
+    monkeypatch.setattr(gemm_api, "compile_spec", no_launch)
     most = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     for bad, error in ((most + 1, ValueError), (1000, ValueError), (-4, ValueError), (64.0, TypeError),
                        (True, TypeError), ("132", TypeError)):

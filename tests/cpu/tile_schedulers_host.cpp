@@ -9,8 +9,12 @@
 // stream-tail scheduler must cover every (tile, K block) exactly once with one head and one end per tail
 // tile, the head last in its CTA (the only unit that waits), cut at the K block the host model predicts.
 // Prints "failures: N" last; the exit status is 1 when N > 0.
+// `tile_schedulers_host dump FORM GROUPS ROWS` (tests/cpu/test_grouped_layouts.py) instead reads one grouping
+// tensor's values from stdin, any values (malformed ones included), and prints the group each output row is
+// written with (see dump_layout).
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -73,6 +77,9 @@ void store_tile(const GroupedTile& tile, bool psum, const std::vector<int>& m_in
                 const u32 row = row0 + offset + r;
                 if (row >= m_limit) {
                     continue;  // TMA clips at the tensor's edge
+                }
+                if (!tile.padding && tile.group >= num_groups) {
+                    ++g_out_of_bounds_reads;  // the kernel would read B[group] and sfb[group] out of bounds
                 }
                 int group = tile.padding ? kPadding : static_cast<int>(tile.group);
                 if (!tile.padding && !m_indices.empty()) {
@@ -424,9 +431,104 @@ void random_split_tail(std::mt19937& rng, int trials) {
     }
 }
 
+// One row of the dump per block_m: the group each output row is written with (-1: zeros, -2: never written), the
+// same for every N-block and every grid (with and without the rotated walk), or "inconsistent"; "oob" when a
+// scheduler read the grouping tensor, or a tile named a group, out of bounds. Contiguous forms: rows = M_total;
+// masked: rows = max_m.
+template <u32 kBlockM>
+bool dump_block_m(const char* form, const std::vector<int>& grouping, u32 groups, u32 rows) {
+    constexpr u32 kNumNBlocks = 3;
+    const bool masked = std::strcmp(form, "masked") == 0;
+    const bool psum = std::strcmp(form, "psum") == 0;
+    const u32 m = masked ? groups * rows : rows;
+    // store_tile applies the epilogue's padding-row rule (per row: m_indices out of range, or past valid_end for
+    // psum); for psum it only needs a non-empty vector.
+    const std::vector<int> indices = masked ? std::vector<int>{} : (psum ? std::vector<int>(m, 0) : grouping);
+    g_valid_begin = grouping.data();
+    g_valid_end = grouping.data() + grouping.size();
+    g_out_of_bounds_reads = 0;
+    std::vector<int> result;
+    bool consistent = true;
+    for (int rotate = 0; rotate < (masked ? 1 : 2); ++rotate) {
+        for (u32 grid : {1u, 3u, 7u, 132u}) {
+            std::vector<std::vector<Written>> out;
+            bool ok;
+            if (masked) {
+                using S = MaskedTileScheduler<kBlockM, kNumNBlocks>;
+                ok = run_grid<S, kBlockM, kNumNBlocks>(grid, m, false, indices, groups,
+                                                       [&] { return S(grouping.data(), groups, rows); }, out);
+            } else if (psum && rotate) {
+                using S = ContiguousPsumTileScheduler<kBlockM, kNumNBlocks, true>;
+                ok = run_grid<S, kBlockM, kNumNBlocks>(grid, m, true, indices, groups,
+                                                       [&] { return S(grouping.data(), m, groups); }, out);
+            } else if (psum) {
+                using S = ContiguousPsumTileScheduler<kBlockM, kNumNBlocks, false>;
+                ok = run_grid<S, kBlockM, kNumNBlocks>(grid, m, true, indices, groups,
+                                                       [&] { return S(grouping.data(), m, groups); }, out);
+            } else if (rotate) {
+                using S = ContiguousTileScheduler<kBlockM, kNumNBlocks, true>;
+                ok = run_grid<S, kBlockM, kNumNBlocks>(grid, m, false, indices, groups,
+                                                       [&] { return S(grouping.data(), m, groups); }, out);
+            } else {
+                using S = ContiguousTileScheduler<kBlockM, kNumNBlocks, false>;
+                ok = run_grid<S, kBlockM, kNumNBlocks>(grid, m, false, indices, groups,
+                                                       [&] { return S(grouping.data(), m, groups); }, out);
+            }
+            consistent = consistent && ok;
+            for (u32 n = 0; ok && n < kNumNBlocks; ++n) {
+                std::vector<int> rows_written(m);
+                for (u32 row = 0; row < m; ++row) {
+                    const Written& w = out[n][row];
+                    consistent = consistent && w.writes <= 1;
+                    rows_written[row] = w.writes == 0 ? -2 : w.group;
+                }
+                if (result.empty()) {
+                    result = rows_written;
+                } else {
+                    consistent = consistent && result == rows_written;
+                }
+            }
+        }
+    }
+    std::printf("block_m=%u", kBlockM);
+    if (g_out_of_bounds_reads) {
+        std::printf(" oob\n");
+        return false;
+    }
+    if (!consistent) {
+        std::printf(" inconsistent\n");
+        return false;
+    }
+    for (int v : result) {
+        std::printf(" %d", v);
+    }
+    std::printf("\n");
+    return true;
+}
+
+int dump_layout(int argc, char** argv) {
+    if (argc != 5) {
+        std::printf("usage: %s dump m_indices|psum|masked GROUPS ROWS < values\n", argv[0]);
+        return 2;
+    }
+    const u32 groups = static_cast<u32>(std::atoi(argv[3]));
+    const u32 rows = static_cast<u32>(std::atoi(argv[4]));
+    std::vector<int> grouping;
+    for (int v; std::scanf("%d", &v) == 1;) {
+        grouping.push_back(v);
+    }
+    bool ok = dump_block_m<64>(argv[2], grouping, groups, rows);
+    ok = dump_block_m<128>(argv[2], grouping, groups, rows) && ok;
+    ok = dump_block_m<256>(argv[2], grouping, groups, rows) && ok;
+    return ok ? 0 : 1;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+    if (argc > 1 && std::strcmp(argv[1], "dump") == 0) {
+        return dump_layout(argc, argv);
+    }
     std::mt19937 rng(2026);
     // The psum layout of the GPU test, with grids that make one CTA revisit an M-block for its next N-block.
     for (u32 grid : {132u, 32u, 31u, 16u, 5u, 1u}) {

@@ -16,9 +16,16 @@ def _sm_cap() -> int | None:
 
 
 @functools.cache
+def physical_sm_count(device_index: int) -> int:
+    """The device's SM count, before any DEEPGEMM_NUM_SMS cap (the most a per-call `num_sms` may ask for)."""
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+@functools.cache
 def sm_count(device_index: int) -> int:
-    """SMs the persistent kernels spread over (DEEPGEMM_NUM_SMS caps it, e.g. to leave SMs to NCCL)."""
-    available = torch.cuda.get_device_properties(device_index).multi_processor_count
+    """SMs the persistent kernels spread over by default (DEEPGEMM_NUM_SMS caps it; a call's `num_sms` replaces
+    it for that call, e.g. to leave SMs to NCCL)."""
+    available = physical_sm_count(device_index)
     cap = _sm_cap()
     return available if cap is None else min(available, cap)
 

@@ -26,16 +26,20 @@ def load_lock_timeout() -> float:
     return compiler.lock_timeout() + compiler.compile_timeout()
 
 
-def load_kernel(source: KernelSource, dynamic_smem_bytes: int) -> LoadedKernel:
+def load_kernel(source: KernelSource, dynamic_smem_bytes: int, device_index: int | None = None) -> LoadedKernel:
+    """The loaded kernel of `source`, compiled and loaded on a miss. `device_index`: the device of the tensors it is
+    for; a miss while that device's (or the current device's) stream is capturing a CUDA graph raises
+    GraphCaptureError."""
     key = (source.code, dynamic_smem_bytes)
     kernel = _loaded.get(key)
     if kernel is not None:
         return kernel
-    return _load(source, dynamic_smem_bytes, key)
+    return _load(source, dynamic_smem_bytes, key, device_index)
 
 
-def _load(source: KernelSource, dynamic_smem_bytes: int, key: tuple[str, int]) -> LoadedKernel:
-    refuse_during_capture(source.label or source.entry)
+def _load(source: KernelSource, dynamic_smem_bytes: int, key: tuple[str, int],
+          device_index: int | None = None) -> LoadedKernel:
+    refuse_during_capture(source.label or source.entry, device_index)
     with _key_locks_guard:
         lock = _key_locks.setdefault(key, threading.Lock())
     timeout = load_lock_timeout()

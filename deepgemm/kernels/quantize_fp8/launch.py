@@ -53,10 +53,11 @@ _token_group_ready: dict[tuple, tuple[LoadedKernel, Any, PackedArgs]] = {}
 _READY_CAPACITY = 1024
 
 
-def _token_group_kernel(dtype: torch.dtype, group_size: int) -> LoadedKernel:
+def _token_group_kernel(dtype: torch.dtype, group_size: int, device_index: int | None = None) -> LoadedKernel:
     kernel = _token_group_kernels.get((dtype, group_size))
     if kernel is None:
-        kernel = _token_group_kernels[(dtype, group_size)] = load_kernel(token_group_source(dtype, group_size), 0)
+        kernel = _token_group_kernels[(dtype, group_size)] = load_kernel(token_group_source(dtype, group_size), 0,
+                                                                         device_index)
     return kernel
 
 
@@ -91,7 +92,7 @@ def quantize_per_token_group_cuda(x: torch.Tensor, group_size: int) -> tuple[tor
     key = (x.data_ptr(), m, k, x.stride(0), x.dtype, group_size, q.data_ptr(), sf.data_ptr(), stream)
     ready = _token_group_ready.get(key)
     if ready is None:
-        kernel = _token_group_kernel(x.dtype, group_size)
+        kernel = _token_group_kernel(x.dtype, group_size, device_index)
         vectorized = _vectorizable(x)
         grid = ceil_div(ceil_div(m * groups, _groups_per_warp(x, group_size, vectorized)) * 32, _THREADS)
         args = PackedArgs(
@@ -112,7 +113,7 @@ def quantize_per_block_cuda(w: torch.Tensor, block: int) -> tuple[torch.Tensor, 
     sf = torch.empty((ceil_div(n, block), ceil_div(k, block)), dtype=torch.float32, device=w.device)
     if n == 0 or k == 0:
         return q, sf
-    kernel = load_kernel(block_source(w.dtype, block), 0)
+    kernel = load_kernel(block_source(w.dtype, block), 0, w.device.index)
     args = PackedArgs(
         [U64(w.data_ptr()), U64(w.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf.data_ptr()), U32(n), U32(k)]
     )

@@ -72,7 +72,7 @@ def get_kgrouped_plan(device_index: int, m: int, n: int) -> KGroupedPlan:
     if plan is not None:
         return plan
     spec = KGroupedSpec.for_shape(m, n)
-    kernel = load_kernel(render_source(spec), spec.smem_bytes)
+    kernel = load_kernel(render_source(spec), spec.smem_bytes, device_index)
     with _plans_lock:
         if len(_plans) >= 512:
             _plans.clear()

@@ -15,6 +15,7 @@ from deepgemm.jit.tma import encode_2d, encode_3d
 from deepgemm.kernels.common.device import sm_count
 from deepgemm.kernels.common.layout import masked_sfa_strides, mn_major_row_stride, tma_row_stride
 from deepgemm.kernels.common.loader import load_kernel
+from deepgemm.kernels.common.output import output_descriptors
 from deepgemm.kernels.common.split_scratch import split_scratch
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_config
@@ -78,12 +79,7 @@ class Fp8GemmPlan:
         rows = g.rows
         k_blocks = ceil_div(k, 128)
         fp8 = torch.float8_e4m3fn
-        d_stride = d.stride(-2) if d.dim() == 3 else tma_row_stride(d)
-        d_elems_per_16b = 16 // d.element_size()
-        output_descriptors = b"".join(
-            encode_2d(d.data_ptr(), d.dtype, rows, n, d_stride, 64, width // 16 * d_elems_per_16b, width if width > 16 else 0)
-            for width in (128, 64, 32, 16)
-        )
+        d_descriptors = output_descriptors(d, rows, n, d.stride(-2) if d.dim() == 3 else tma_row_stride(d))
         a_stride = a.stride(-2) if a.dim() == 3 else tma_row_stride(a)
         b_stride = b.stride(-2) if b.dim() == 3 else tma_row_stride(b)
         a_rows_per_box = a_box_rows(self.spec.kind, c.block_m)
@@ -119,7 +115,7 @@ class Fp8GemmPlan:
                 a_last_desc,
                 sfa_last_desc,
                 b_last_desc,
-                output_descriptors,
+                d_descriptors,
                 U64(sfb.data_ptr()),
                 U32(rows),
                 U64(grouping.data_ptr() if grouping is not None else 0),
@@ -206,14 +202,18 @@ _PLANS_CAPACITY = 512  # per table; plans are cheap to rebuild (compiled kernels
 
 
 def get_plan(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype,
-             config: GemmConfig | None = None) -> Fp8GemmPlan:
-    """The plan for a dense shape: `config` (a tuned or experimental choice) or the heuristic's."""
-    key = (device_index, m, n, k, out_dtype, config)
+             config: GemmConfig | None = None, num_sms: int | None = None) -> Fp8GemmPlan:
+    """The plan for a dense shape: `config` (a tuned or experimental choice) or the heuristic's for `num_sms` SMs
+    (None: the device's, under the DEEPGEMM_NUM_SMS cap). The grid never exceeds the config's num_sms, so a given
+    `config` must be planned for `num_sms` when both are given."""
+    key = (device_index, m, n, k, out_dtype, config, num_sms)
     plan = _plans.get(key)
     if plan is not None:
         return plan
     if config is None:
-        config = choose_config(GemmProblem(m, n, k, sm_count(device_index), out_dtype))
+        config = choose_config(GemmProblem(m, n, k, sm_count(device_index) if num_sms is None else num_sms, out_dtype))
+    elif num_sms is not None and config.num_sms != num_sms:
+        raise ValueError(f"get_plan: 'config' is planned for {config.num_sms} SMs but 'num_sms' is {num_sms}")
     spec = Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=config)
     return _build(_plans, key, device_index, Geometry(rows=m), spec, f"m={m}")
 
@@ -243,7 +243,7 @@ def _build(table: dict[tuple, Fp8GemmPlan], key: tuple, device_index: int, geome
            what: str) -> Fp8GemmPlan:
     if os.environ.get("DEEPGEMM_PRINT_CONFIGS"):
         print(f"deepgemm: {what} {spec.label()}", file=sys.stderr)
-    kernel = load_kernel(render_source(spec), spec.config.smem_bytes)
+    kernel = load_kernel(render_source(spec), spec.config.smem_bytes, device_index)
     with _plans_lock, torch.cuda.device(device_index):  # occupancy queries use the current context
         if len(table) >= _PLANS_CAPACITY:
             table.clear()

@@ -21,7 +21,7 @@ struct TileSlot {
 };
 
 // Two tile slots and their barriers: "full" completes when the loader warp's 32 lanes have written a
-// tile, "empty" when every math warp is done with it. Use u (u = 0, 1, ...) is slot u % 2 with phase
+// tile, "empty" when every math thread is done with it. Use u (u = 0, 1, ...) is slot u % 2 with phase
 // parity (u / 2) % 2; addresses are formed from the shared-memory base on use, so the math warpgroups
 // keep only the use counter live through their K loops.
 template <typename Cfg>
@@ -44,16 +44,15 @@ struct TileSlots {
 #pragma unroll
         for (u32 s = 0; s < kTileSlots; ++s) {
             ptx::mbarrier_init(full(s), 32);
-            ptx::mbarrier_init(empty(s), Cfg::kNumMathThreads / 32);
+            ptx::mbarrier_init(empty(s), Cfg::kNumMathThreads);
         }
     }
 
-    // This warp is done with the tile in slot use `use`.
+    // This thread is done with the tile in slot use `use` (every math thread arrives, once per tile: with one
+    // elected lane per warp after __syncwarp, compute-sanitizer racecheck does not see the other lanes' reads of
+    // the slot ordered before the loader's next write and reports WAR hazards; per-thread arrivals are clean).
     DG_DEVICE void release(u32 use) const {
-        __syncwarp();
-        if (ptx::elect_one_lane()) {
-            ptx::mbarrier_arrive(empty(use));
-        }
+        ptx::mbarrier_arrive(empty(use));
     }
 };
 

@@ -1,0 +1,231 @@
+// BF16 GEMM on sm_90a in every layout:  D[M,N] = C + A @ B^T with FP32 accumulation over the whole K.
+// A is [M,K] (K-major) or given as [K,M] (MN-major), B [N,K] or given as [K,N]; wgmma reads either major order
+// from shared memory (its transpose bits), so no layout is copied. D is BF16 or FP32; the optional addend C
+// (BF16 or FP32, [M,N], may be D itself) is read in the epilogue.
+//
+// One CTA = 1 TMA producer warpgroup (setmaxnreg down) + kBlockM / 64 math warpgroups of 64 rows each,
+// persistent over tiles in PersistentTileScheduler's banded raster. Stages of 64 K: a K-major tile is
+// 128-byte rows (one swizzle row each), an MN-major tile is 64-element atoms along MN of 64 K rows, both
+// loaded by TMA with the 128B swizzle. Each K block is one wgmma commit group; the stage of the previous one
+// is released as soon as it retires (one group in flight). Epilogue: registers -> shared memory -> TMA store
+// (store_fragment.cuh), which clips the M and N tails; TMA zero-fills the K tail of both operands.
+#pragma once
+#include <deepgemm/epilogue/store_fragment.cuh>
+#include <deepgemm/pipeline/stage_ring.cuh>
+#include <deepgemm/ptx/mbarrier.cuh>
+#include <deepgemm/ptx/sync.cuh>
+#include <deepgemm/ptx/tma.cuh>
+#include <deepgemm/ptx/wgmma.cuh>
+#include <deepgemm/ptx/wgmma_bf16.cuh>
+#include <deepgemm/scheduler/persistent_tiles.cuh>
+
+namespace deepgemm {
+
+// The addend's element type (a compile-time choice; the pointer may still be null for "no addend").
+enum Bf16Addend : u32 { kAddendNone = 0, kAddendBf16 = 1, kAddendFp32 = 2 };
+
+struct Bf16GemmProblem {
+    u32 m;
+    const void* c;  // addend [M, N] with row stride c_stride elements, or null
+    u32 c_stride;
+};
+
+template <u32 kN, u32 kK, u32 kBlockM, u32 kBlockN, u32 kNumStages, u32 kGroupRows, bool kAMnMajor, bool kBMnMajor,
+          bool kOutputFp32, u32 kAddend>
+struct Sm90Bf16Gemm {
+    static_assert(kBlockM == 64 || kBlockM == 128, "block_m is one or two 64-row math warpgroups");
+    static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "block_n must be a multiple of 8 in [8, 256]");
+    static_assert(!kBMnMajor || kBlockN % 64 == 0, "an MN-major B tile is whole 64-column atoms");
+    static_assert(kK > 0 && kN % 8 == 0, "K > 0 (K = 0 never launches) and N % 8 == 0 (16-byte output rows)");
+    static_assert(kNumStages >= 2, "need at least two pipeline stages");
+
+    static constexpr u32 kBlockK = 64;  // 128 bytes: one swizzled row of a K-major tile
+    static constexpr u32 kAtom = 64;    // MN elements per 128-byte row of an MN-major tile
+    static constexpr u32 kNumMathWarpgroups = kBlockM / 64;
+    static constexpr u32 kNumMathThreads = 128 * kNumMathWarpgroups;
+    static constexpr u32 kNumThreads = 128 + kNumMathThreads;
+    static constexpr u32 kNumKBlocks = ceil_div(kK, kBlockK);
+    static constexpr u32 kNumNBlocks = ceil_div(kN, kBlockN);
+    static constexpr u32 kProducerRegisters = 40;
+    static constexpr u32 kMathRegisters = kNumMathWarpgroups == 2 ? 232 : 240;
+
+    using Mma = ptx::WgmmaBf16<kBlockN>;
+    using Ring = StageRing<kNumStages>;
+    using Store = WarpgroupTileStore<kBlockN, kOutputFp32, 1>;
+    using Scheduler = PersistentTileScheduler<kBlockM, kNumNBlocks, kGroupRows, 1>;
+
+    // Shared memory: A stages, B stages, one output staging buffer per math warpgroup, the ring's barriers.
+    static constexpr u32 kStageABytes = kBlockM * kBlockK * 2;
+    static constexpr u32 kStageBBytes = kBlockN * kBlockK * 2;
+    static constexpr u32 kWarpgroupABytes = 64 * kBlockK * 2;  // a warpgroup's 64 rows (K-major) or atom (MN-major)
+    static constexpr u32 kOffsetA = 0;
+    static constexpr u32 kOffsetB = kOffsetA + kNumStages * kStageABytes;
+    static constexpr u32 kOffsetD = kOffsetB + kNumStages * kStageBBytes;
+    static constexpr u32 kOffsetBarriers = kOffsetD + kNumMathWarpgroups * Store::kBytes;
+    static constexpr u32 kSmemBytes = kOffsetBarriers + 2 * kNumStages * 8;
+    static_assert(kStageBBytes % 1024 == 0 && Store::kBytes % 1024 == 0, "swizzled tiles stay 1024-byte aligned");
+    static_assert(kSmemBytes <= 232448, "shared memory budget (227 KB) exceeded: use fewer stages");
+
+    // Descriptor steps per 16 K inside a stage: 32 bytes along a K-major row, 16 rows of 128 bytes MN-major.
+    static constexpr u64 kStepA = kAMnMajor ? (16 * 128) >> 4 : 32 >> 4;
+    static constexpr u64 kStepB = kBMnMajor ? (16 * 128) >> 4 : 32 >> 4;
+
+    DG_DEVICE static u64 descriptor(const u8* tile, bool mn_major) {
+        return mn_major ? ptx::make_smem_desc_mn_major_sw128(tile, kBlockK) : ptx::make_smem_desc_k_major_sw128(tile);
+    }
+
+    // One operand's stage: a K-major box [rows, 64 K] at (k, row), or MN-major atoms [64 K, 64 MN] at (row + 64 j, k).
+    template <bool kMnMajor, u32 kRows>
+    DG_DEVICE static void load_operand(u8* smem, const TmaDescriptor* desc, u64* full, i32 k, i32 row) {
+        if constexpr (kMnMajor) {
+#pragma unroll
+            for (u32 j = 0; j < kRows / kAtom; ++j) {
+                ptx::tma_load_2d(smem + j * kAtom * kBlockK * 2, desc, full, row + static_cast<i32>(j * kAtom), k);
+            }
+        } else {
+            ptx::tma_load_2d(smem, desc, full, k, row);
+        }
+    }
+
+    DG_DEVICE static void producer(const Ring& ring, const TmaDescriptor* tma_a, const TmaDescriptor* tma_b, u32 m) {
+        Scheduler tiles(m, 0);
+        u32 m_block;
+        u32 n_block;
+        u32 stage = 0;
+        u32 phase = 0;
+        while (tiles.next(m_block, n_block)) {
+            const i32 row_a = static_cast<i32>(m_block * kBlockM);
+            const i32 row_b = static_cast<i32>(n_block * kBlockN);
+            for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
+                ptx::mbarrier_wait(&ring.empty[stage], phase ^ 1);
+                u64* full = &ring.full[stage];
+                const i32 k = static_cast<i32>(k_block * kBlockK);
+                // Boxes overhanging M, N or K are zero-filled and still count all their bytes.
+                ptx::mbarrier_arrive_expect_tx(full, kStageABytes + kStageBBytes);
+                load_operand<kAMnMajor, kBlockM>(ring.smem + kOffsetA + stage * kStageABytes, tma_a, full, k, row_a);
+                load_operand<kBMnMajor, kBlockN>(ring.smem + kOffsetB + stage * kStageBBytes, tma_b, full, k, row_b);
+                Ring::advance(stage, phase);
+            }
+        }
+    }
+
+    DG_DEVICE static void release(const Ring& ring, u32 stage, u32 lane) {
+        __syncwarp();
+        if (lane == 0) {
+            ptx::mbarrier_arrive(&ring.empty[stage]);
+        }
+    }
+
+    // acc += C over this thread's accumulator elements (register 4j + r: row 16 warp + lane / 4 + 8 (r / 2),
+    // column 8j + 2 (lane % 4) + r % 2); rows past M read nothing. N % 8 == 0, so a pair never straddles N.
+    DG_DEVICE static void add_addend(float (&acc)[kBlockN / 2], const Bf16GemmProblem& problem, u32 row0, u32 col0,
+                                     u32 thread_in_wg) {
+        const u32 warp = thread_in_wg / 32;
+        const u32 lane = thread_in_wg % 32;
+#pragma unroll
+        for (u32 half = 0; half < 2; ++half) {
+            const u32 row = row0 + warp * 16 + lane / 4 + half * 8;
+            if (row >= problem.m) {
+                continue;
+            }
+#pragma unroll
+            for (u32 j = 0; j < kBlockN / 8; ++j) {
+                const u32 col = col0 + j * 8 + (lane % 4) * 2;
+                if (kN % kBlockN != 0 && col >= kN) {
+                    continue;
+                }
+                const u64 offset = static_cast<u64>(row) * problem.c_stride + col;
+                float2 value;
+                if constexpr (kAddend == kAddendFp32) {
+                    value = *reinterpret_cast<const float2*>(static_cast<const float*>(problem.c) + offset);
+                } else {
+                    const u32 pair = *reinterpret_cast<const u32*>(static_cast<const u16*>(problem.c) + offset);
+                    value = make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xFFFF0000u));
+                }
+                acc[j * 4 + half * 2] += value.x;
+                acc[j * 4 + half * 2 + 1] += value.y;
+            }
+        }
+    }
+
+    DG_DEVICE static void consumer(const Ring& ring, const OutputDescriptors* tma_d, const Bf16GemmProblem& problem) {
+        const u32 math_wg = threadIdx.x / 128 - 1;
+        const u32 thread_in_wg = threadIdx.x % 128;
+        const u32 lane = thread_in_wg % 32;
+        const u32 barrier_id = 1 + math_wg;
+        Store store{ring.smem + kOffsetD + math_wg * Store::kBytes, 0};
+        Scheduler tiles(problem.m, 0);
+        u32 m_block;
+        u32 n_block;
+        u32 stage = 0;
+        u32 phase = 0;
+        float acc[kBlockN / 2];
+        while (tiles.next(m_block, n_block)) {
+            const u32 row0 = m_block * kBlockM + math_wg * 64;
+            if (row0 >= problem.m) {
+                // This warpgroup's rows are all past M: keep the ring moving, compute and store nothing.
+                for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
+                    ptx::mbarrier_wait(&ring.full[stage], phase);
+                    release(ring, stage, lane);
+                    Ring::advance(stage, phase);
+                }
+                continue;
+            }
+            u32 previous = 0;
+            for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
+                ptx::mbarrier_wait(&ring.full[stage], phase);
+                const u64 desc_a = descriptor(ring.smem + kOffsetA + stage * kStageABytes + math_wg * kWarpgroupABytes, kAMnMajor);
+                const u64 desc_b = descriptor(ring.smem + kOffsetB + stage * kStageBBytes, kBMnMajor);
+                ptx::fence_accumulators(acc);
+                ptx::wgmma_fence();
+#pragma unroll
+                for (u32 k = 0; k < kBlockK / 16; ++k) {
+                    Mma::template mma<kAMnMajor, kBMnMajor>(desc_a + k * kStepA, desc_b + k * kStepB, acc, k_block > 0 || k > 0);
+                }
+                ptx::wgmma_commit_group();
+                if (k_block > 0) {
+                    ptx::wgmma_wait_group<1>();  // the previous K block's MMAs have read their stage
+                    release(ring, previous, lane);
+                }
+                previous = stage;
+                Ring::advance(stage, phase);
+            }
+            ptx::wgmma_wait_group<0>();
+            ptx::fence_accumulators(acc);
+            release(ring, previous, lane);
+
+            const u32 col0 = n_block * kBlockN;
+            if constexpr (kAddend != kAddendNone) {
+                if (problem.c != nullptr) {
+                    add_addend(acc, problem, row0, col0, thread_in_wg);
+                }
+            }
+            store.store(acc, tma_d, col0, row0, thread_in_wg, barrier_id);
+        }
+        Store::drain(thread_in_wg);
+    }
+
+    DG_DEVICE static void run(const TmaDescriptor* tma_a, const TmaDescriptor* tma_b, const OutputDescriptors* tma_d,
+                              const Bf16GemmProblem& problem) {
+        extern __shared__ __align__(1024) u8 smem[];
+        const Ring ring = Ring::at(smem, kOffsetBarriers);
+        if (threadIdx.x == 0) {
+            ptx::tma_prefetch_descriptor(tma_a);
+            ptx::tma_prefetch_descriptor(tma_b);
+            ptx::tma_prefetch_descriptor(&tma_d->width128);
+            ring.init(kNumMathThreads / 32);
+        }
+        __syncthreads();
+        if (threadIdx.x < 128) {
+            ptx::setmaxnreg_dec<kProducerRegisters>();
+            if (threadIdx.x == 0) {
+                producer(ring, tma_a, tma_b, problem.m);
+            }
+        } else {
+            ptx::setmaxnreg_inc<kMathRegisters>();
+            consumer(ring, tma_d, problem);
+        }
+    }
+};
+
+}  // namespace deepgemm

@@ -1,0 +1,58 @@
+"""One BF16 GEMM tile configuration and the shared-memory footprint it implies (mirrors Sm90Bf16Gemm)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deepgemm.utils import align_up
+
+BLOCK_K = 64  # K per pipeline stage: one 128-byte swizzled row of a K-major tile
+ATOM = 64     # MN elements per 128-byte row of an MN-major tile
+BARRIER_BYTES = 8
+
+
+def store_buffer_bytes(block_n: int, out_bytes: int) -> int:
+    """Mirrors WarpgroupTileStore::kBytes: a warpgroup's 64 x block_n staging tile cut into swizzled pieces."""
+    row = block_n * out_bytes
+    full = row // 128
+    tail = row % 128
+    t64 = full * 64 * 128
+    t32 = t64 + (64 * 64 if tail & 64 else 0)
+    t16 = align_up(t32 + (64 * 32 if tail & 32 else 0), 1024)
+    return align_up(t16 + (64 * 16 if tail & 16 else 0), 1024)
+
+
+def bf16_smem_bytes(block_m: int, block_n: int, stages: int, out_bytes: int) -> int:
+    """Mirrors Sm90Bf16Gemm::kSmemBytes."""
+    stage = (block_m + block_n) * BLOCK_K * 2
+    return stages * stage + (block_m // 64) * store_buffer_bytes(block_n, out_bytes) + 2 * stages * BARRIER_BYTES
+
+
+@dataclass(frozen=True)
+class Bf16GemmConfig:
+    """Tile and pipeline of one instantiation: block_m 64 or 128 (one or two math warpgroups), block_n a multiple of
+    8 up to 256 (of 64 when B is MN-major), group_rows the raster band height, num_sms the persistent grid cap."""
+
+    block_m: int
+    block_n: int
+    num_stages: int
+    group_rows: int
+    num_sms: int
+
+    @property
+    def num_threads(self) -> int:
+        return 128 + 128 * (self.block_m // 64)
+
+    @property
+    def num_math_warpgroups(self) -> int:
+        return self.block_m // 64
+
+    @property
+    def block_k(self) -> int:
+        return BLOCK_K
+
+    def smem_bytes(self, out_bytes: int) -> int:
+        return bf16_smem_bytes(self.block_m, self.block_n, self.num_stages, out_bytes)
+
+    def label(self) -> str:
+        return f"bm{self.block_m} bn{self.block_n} st{self.num_stages} g{self.group_rows} sms{self.num_sms}"

@@ -1,0 +1,78 @@
+"""What gets compiled for the BF16 GEMM: layout, output and addend types, tile config; its source and compile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
+from deepgemm.kernels.common.hopper import elem_bytes
+from deepgemm.kernels.sm90_bf16_gemm.config import Bf16GemmConfig
+
+LAYOUTS = ("nt", "nn", "tn", "tt")
+ADDEND_NONE, ADDEND_BF16, ADDEND_FP32 = 0, 1, 2
+THREADS_PRODUCER = 128
+
+
+def a_mn_major(layout: str) -> bool:
+    """A given as [K, M] (M contiguous): the `t` in first place."""
+    return layout[0] == "t"
+
+
+def b_mn_major(layout: str) -> bool:
+    """B given as [K, N] (N contiguous): the `n` in second place."""
+    return layout[1] == "n"
+
+
+def addend_kind(c_dtype: torch.dtype | None) -> int:
+    if c_dtype is None:
+        return ADDEND_NONE
+    return ADDEND_FP32 if c_dtype == torch.float32 else ADDEND_BF16
+
+
+@dataclass(frozen=True)
+class Bf16GemmSpec:
+    """One instantiation: N, K, the layout, the output dtype, the addend kind and the tile config (M stays run-time)."""
+
+    n: int
+    k: int
+    layout: str
+    out_dtype: torch.dtype
+    addend: int
+    config: Bf16GemmConfig
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.config.smem_bytes(elem_bytes(self.out_dtype))
+
+    def label(self) -> str:
+        out = "fp32" if self.out_dtype == torch.float32 else "bf16"
+        c = ("", " c=bf16", " c=fp32")[self.addend]
+        return f"bf16_gemm_{self.layout} n={self.n} k={self.k} out={out}{c} {self.config.label()}"
+
+
+def render_source(spec: Bf16GemmSpec) -> KernelSource:
+    c = spec.config
+    flag = {True: "true", False: "false"}
+    code = f"""\
+#include <deepgemm/impls/sm90_bf16_gemm.cuh>
+
+using Kernel = deepgemm::Sm90Bf16Gemm<{spec.n}u, {spec.k}u, {c.block_m}u, {c.block_n}u, {c.num_stages}u, {c.group_rows}u,
+                                      {flag[a_mn_major(spec.layout)]}, {flag[b_mn_major(spec.layout)]},
+                                      {flag[spec.out_dtype == torch.float32]}, {spec.addend}u>;
+static_assert(Kernel::kSmemBytes == {spec.smem_bytes}u, "host and device disagree on the shared-memory size");
+
+extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
+deepgemm_bf16_gemm(const __grid_constant__ deepgemm::TmaDescriptor tma_a, const __grid_constant__ deepgemm::TmaDescriptor tma_b,
+                   const __grid_constant__ deepgemm::OutputDescriptors tma_d, deepgemm::u32 m, const void* c,
+                   deepgemm::u32 c_stride) {{
+    Kernel::run(&tma_a, &tma_b, &tma_d, deepgemm::Bf16GemmProblem{{m, c, c_stride}});
+}}
+"""
+    return KernelSource(code=code, entry="deepgemm_bf16_gemm", label=spec.label())
+
+
+def compile_spec(spec: Bf16GemmSpec) -> CompiledKernel:
+    """Compile (or fetch from the cache) without loading: works on machines without a GPU."""
+    return compile_kernel(render_source(spec))

@@ -1,0 +1,155 @@
+"""Real sm_90a compile-only builds (NVRTC, no GPU) of the BF16 GEMM in every layout: the cost model's choices for a
+few shapes and hand-picked tiles it may pick (block_m 64 and 128, narrow and wide block_n, N and K tails, BF16 and
+FP32 out, with and without C). Each must compile without register spills, stack frame or wgmma serialization
+(ptxas C7514, and in the SASS: no wait after every HGMMA)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from deepgemm.errors import CompileError
+from deepgemm.jit import compile_kernel
+from deepgemm.kernels.common.hopper import SMEM_CAPACITY, elem_bytes
+from deepgemm.kernels.sm90_bf16_gemm.config import Bf16GemmConfig
+from deepgemm.kernels.sm90_bf16_gemm.cost_model import group_rows_for, stages_for
+from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_spec
+from deepgemm.kernels.sm90_bf16_gemm.spec import LAYOUTS, Bf16GemmSpec, b_mn_major, compile_spec, render_source
+from deepgemm.utils import ceil_div
+from tests.cpu.test_kernel_builds import nvdisasm
+
+BF16, FP32 = torch.bfloat16, torch.float32
+
+# The cost model's pick on 132 SMs: (id, m, n, k, out dtype, C dtype).
+PLANNED = [
+    ("large", 4096, 7168, 16384, BF16, None),
+    ("decode", 64, 2112, 7168, BF16, None),
+    ("fp32_out_fp32_c", 4096, 2112, 7168, FP32, FP32),
+]
+
+# Hand-built tiles: (id, block_m, block_n, n, k, out dtype, C dtype). block_n not a multiple of 64 only where B is
+# K-major (nt, tt): an MN-major B tile is whole 64-column atoms.
+EXPLICIT = [
+    ("bm64_bn16", 64, 16, 2112, 7168, BF16, None),
+    ("bm64_bn96_c_bf16", 64, 96, 4096, 7168, BF16, BF16),
+    ("bm128_bn176_fp32_c_fp32", 128, 176, 7168, 2048, FP32, FP32),
+    ("bm128_bn256", 128, 256, 7168, 16384, BF16, None),
+    ("bm64_bn256_fp32", 64, 256, 4096, 7168, FP32, None),
+    ("bm128_bn64_n136_k72_c_bf16", 128, 64, 136, 72, BF16, BF16),  # N and K tails
+]
+
+
+@dataclasses.dataclass
+class Build:
+    name: str
+    spec: Bf16GemmSpec
+    resources: Any
+    log: str
+    cubin: Path
+
+
+def explicit_spec(layout: str, block_m: int, block_n: int, n: int, k: int, out_dtype: torch.dtype,
+                  c_dtype: torch.dtype | None) -> Bf16GemmSpec:
+    """The tile with as many stages as shared memory holds (as the cost model sizes them), on 132 SMs."""
+    stages = stages_for(block_m, block_n, elem_bytes(out_dtype))
+    group = group_rows_for(ceil_div(4096, block_m), ceil_div(n, block_n), 132)
+    config = Bf16GemmConfig(block_m, block_n, stages, group, 132)
+    return bf16_spec(4096, n, k, layout, out_dtype, c_dtype, 132, config)
+
+
+def _requests() -> list[tuple[str, Bf16GemmSpec]]:
+    requests = []
+    for layout in LAYOUTS:
+        for name, m, n, k, out_dtype, c_dtype in PLANNED:
+            requests.append((f"{layout}-planned-{name}", bf16_spec(m, n, k, layout, out_dtype, c_dtype, 132)))
+        for name, bm, bn, n, k, out_dtype, c_dtype in EXPLICIT:
+            if b_mn_major(layout) and bn % 64:
+                continue
+            requests.append((f"{layout}-{name}", explicit_spec(layout, bm, bn, n, k, out_dtype, c_dtype)))
+    return requests
+
+
+REQUESTS = _requests()
+IDS = [name for name, _ in REQUESTS]
+
+
+def _build(request: tuple[str, Bf16GemmSpec]) -> Build:
+    name, spec = request
+    compiled = compile_spec(spec)
+    return Build(name, spec, compiled.resources, compiled.log, Path(compiled.cubin_path))
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
+    # Module fixtures run before the function-scoped cache isolation of conftest: isolate here too.
+    with pytest.MonkeyPatch.context() as mp:
+        if "DEEPGEMM_CACHE_DIR" not in os.environ:
+            mp.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "deepgemm-cache"))
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            results = list(pool.map(_build, REQUESTS))
+    print("\ncovered BF16 GEMM configs:")
+    for b in results:
+        print(f"  {b.name:36s} {b.spec.label()}  regs={b.resources.registers if b.resources else '?'}")
+    return {b.name: b for b in results}
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_no_spills_no_stack(builds: dict[str, Build], name: str) -> None:
+    b = builds[name]
+    r = b.resources
+    assert r is not None, f"{name}: no ptxas resource report in log:\n{b.log}"
+    assert r.spill_stores == 0 and r.spill_loads == 0, f"{name}: spills {r}"
+    assert r.stack_frame == 0, f"{name}: stack frame {r}"
+    assert 0 < r.registers <= 255
+    assert r.registers * b.spec.config.num_threads <= 65536, f"{name}: {r.registers} x {b.spec.config.num_threads}"
+    assert b.spec.smem_bytes <= SMEM_CAPACITY
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_no_wgmma_serialization(builds: dict[str, Build], name: str) -> None:
+    log = builds[name].log
+    assert "Compiling entry function" in log  # the log is ptxas's verbose report, not empty
+    assert "C7514" not in log, f"{name}: ptxas serialized wgmma:\n{log}"
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_wgmma_not_serialized_in_sass(builds: dict[str, Build], name: str) -> None:
+    """Each 64-deep K block issues four k16 wgmmas and waits once: a wait after every HGMMA means ptxas serialized
+    them (it can do so without a C7514 message)."""
+    sass = subprocess.run([nvdisasm(), str(builds[name].cubin)], capture_output=True, text=True, check=True).stdout
+    mmas = sass.count("HGMMA")
+    waits = sass.count("WARPGROUP.DEPBAR")
+    assert mmas > 0, f"{name}: no HGMMA in the SASS"
+    assert 2 * waits <= mmas, f"{name}: {waits} wgmma waits for {mmas} HGMMA: ptxas serialized the MMAs"
+
+
+def test_builds_cover_the_template_space(builds: dict[str, Build]) -> None:
+    specs = [b.spec for b in builds.values()]
+    for layout in LAYOUTS:
+        mine = [s for s in specs if s.layout == layout]
+        assert {s.config.block_m for s in mine} == {64, 128}, layout
+        assert any(s.out_dtype == FP32 and s.addend == 2 for s in mine), layout
+        assert any(s.addend == 1 for s in mine), layout
+        assert any(s.config.block_n == 256 for s in mine), layout
+        assert any(s.k % 64 for s in mine) and any(s.n % s.config.block_n for s in mine), layout
+        if not b_mn_major(layout):
+            assert {16, 96, 176} <= {s.config.block_n for s in mine}, layout
+
+
+def test_static_assert_catches_smem_mismatch(builds: dict[str, Build]) -> None:
+    """render_source pins the host's shared-memory size against the kernel's: a config the device would size
+    differently fails to compile."""
+    spec = builds["nt-bm128_bn64_n136_k72_c_bf16"].spec
+    source = render_source(spec)
+    wrong = dataclasses.replace(source, code=source.code.replace(f"== {spec.smem_bytes}u",
+                                                                 f"== {spec.smem_bytes + 1024}u"))
+    assert wrong.code != source.code
+    with pytest.raises(CompileError):
+        compile_kernel(wrong)

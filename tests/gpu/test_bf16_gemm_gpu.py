@@ -1,0 +1,182 @@
+"""BF16 GEMM on the H200 in all four layouts against a float64 reference: the DeepSeek-V3 shapes, odd shapes in each
+layout's non-contiguous dimensions, BF16 and FP32 out, with and without C (and C as out), NaN-poisoned outputs,
+bitwise repeats, CUDA-graph replay, and the backward against float64 gradients. Every test asserts our kernel ran."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import deepgemm
+from deepgemm.reference import bf16_gemm_reference
+
+pytestmark = pytest.mark.gpu
+
+ENTRY = "deepgemm_bf16_gemm"
+LAYOUTS = ("nt", "nn", "tn", "tt")
+DEEPSEEK_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+FUNCTIONS = {layout: getattr(deepgemm, f"bf16_gemm_{layout}") for layout in LAYOUTS}
+
+
+def operands(layout: str, m: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh BF16 operands as the layout stores them (global generator: the `seed` fixture seeds it)."""
+    a = torch.randn((m, k) if layout[0] == "n" else (k, m), device="cuda").to(torch.bfloat16)
+    b = torch.randn((n, k) if layout[1] == "t" else (k, n), device="cuda").to(torch.bfloat16)
+    return a, b
+
+
+def check(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    assert not out.isnan().any(), f"{what}: NaN left in the output (an element was never written)"
+    diff = deepgemm.calc_diff(out.double(), ref)
+    limit = 2e-5 if out.dtype == torch.bfloat16 else 1e-8
+    assert diff < limit, f"{what}: calc_diff {diff:.3e} >= {limit:g}"
+
+
+def run(layout: str, m: int, n: int, k: int, out_dtype: torch.dtype, c_dtype: torch.dtype | None, guard) -> None:
+    a, b = operands(layout, m, n, k)
+    c = None if c_dtype is None else torch.randn(m, n, device="cuda").to(c_dtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+    before = guard.launches(ENTRY)
+    FUNCTIONS[layout](a, b, out, c=c)
+    torch.cuda.synchronize()
+    assert guard.launches(ENTRY) == before + (1 if m * n * k else 0)
+    check(out, bf16_gemm_reference(a, b, layout, c, torch.float64), f"{layout} {m}x{n}x{k} out={out_dtype} c={c_dtype}")
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m", [64, 4096])
+def test_deepseek_shapes(layout: str, m: int, seed: int, gpu_guard) -> None:
+    for n, k in DEEPSEEK_NK:
+        run(layout, m, n, k, torch.bfloat16, None, gpu_guard)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_deepseek_shapes_m128(layout: str, seed: int, gpu_guard) -> None:
+    for n, k in DEEPSEEK_NK:
+        run(layout, 128, n, k, torch.bfloat16, None, gpu_guard)
+
+
+def odd_ms(layout: str) -> list[int]:
+    return [1, 7, 65, 129, 1000, 4097] if layout[0] == "n" else [8, 72, 1000, 4104]
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n,k", [(8, 72), (136, 8), (2056, 7296), (136, 72)])
+def test_odd_shapes(layout: str, n: int, k: int, seed: int, gpu_guard) -> None:
+    for m in odd_ms(layout):
+        run(layout, m, n, k, torch.bfloat16, None, gpu_guard)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("out_dtype,c_dtype", [(torch.float32, None), (torch.float32, torch.float32),
+                                               (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                               (torch.float32, torch.bfloat16)])
+def test_out_and_addend_dtypes(layout: str, out_dtype: torch.dtype, c_dtype: torch.dtype | None, seed: int,
+                               gpu_guard) -> None:
+    for m, n, k in [(72, 136, 72), (1000, 2056, 1024), (4104, 4096, 512)]:
+        run(layout, m, n, k, out_dtype, c_dtype, gpu_guard)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_in_place_accumulation(layout: str, dtype: torch.dtype, seed: int, gpu_guard) -> None:
+    m, n, k = 1000, 2056, 1536
+    acc = torch.randn(m, n, device="cuda").to(dtype)
+    expected = acc.double()
+    for _ in range(3):
+        a, b = operands(layout, m, n, k)
+        expected = expected + bf16_gemm_reference(a, b, layout, None, torch.float64)
+        FUNCTIONS[layout](a, b, acc, c=acc)
+    torch.cuda.synchronize()
+    limit = 2e-5 if dtype == torch.bfloat16 else 1e-8
+    assert deepgemm.calc_diff(acc.double(), expected) < limit
+    assert gpu_guard.launches(ENTRY) >= 3
+
+
+@pytest.mark.quick
+def test_new_output_dtype_follows_c(seed: int, gpu_guard) -> None:
+    a, b = operands("nt", 65, 136, 72)
+    c = torch.randn(65, 136, device="cuda")
+    out = deepgemm.bf16_gemm_nt(a, b, c=c)
+    assert out.dtype == torch.float32
+    check(out, bf16_gemm_reference(a, b, "nt", c, torch.float64), "nt new out, FP32 C")
+    assert deepgemm.bf16_gemm_nt(a, b).dtype == torch.bfloat16
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bitwise_repeatable(layout: str, seed: int, gpu_guard) -> None:
+    a, b = operands(layout, 4104, 7168, 2048)
+    first = FUNCTIONS[layout](a, b)
+    for _ in range(3):
+        assert torch.equal(FUNCTIONS[layout](a, b), first)
+
+
+@pytest.mark.quick
+def test_empty_dimensions(seed: int, gpu_guard) -> None:
+    a, b = operands("nt", 0, 136, 72)
+    assert deepgemm.bf16_gemm_nt(a, b).shape == (0, 136)
+    a, b = operands("nt", 16, 136, 0)
+    c = torch.randn(16, 136, device="cuda")
+    assert torch.equal(deepgemm.bf16_gemm_nt(a, b, c=c), c)
+    assert not deepgemm.bf16_gemm_nt(a, b).any()
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_misaligned_rows_raise(layout: str, gpu_guard) -> None:
+    m, n, k = 72, 136, 72
+    if layout[0] == "t":  # A [K, M]: M % 8 != 0 breaks its 16-byte rows
+        a, b = operands(layout, 71, n, k)
+    else:  # A [M, K]: K % 8 != 0
+        a, b = operands(layout, m, n, 70)
+    with pytest.raises(ValueError, match="'a'"):
+        FUNCTIONS[layout](a, b)
+    a, b = operands(layout, m, 132, k)  # N % 8 != 0
+    with pytest.raises(ValueError, match="N=132"):
+        FUNCTIONS[layout](a, b)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cuda_graph_replay(layout: str, seed: int, gpu_guard) -> None:
+    m, n, k = (129 if layout[0] == "n" else 136), 2056, 1024  # A [K, M] needs M % 8 == 0
+    a, b = operands(layout, m, n, k)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    FUNCTIONS[layout](a, b, out)  # warm: compiled and loaded before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        FUNCTIONS[layout](a, b, out)
+    for _ in range(2):
+        fresh_a, fresh_b = operands(layout, m, n, k)
+        a.copy_(fresh_a)
+        b.copy_(fresh_b)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, bf16_gemm_reference(a, b, layout, None, torch.float64), f"{layout} graph replay")
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_backward_against_float64(layout: str, seed: int, gpu_guard) -> None:
+    m, n, k = 1000, 2056, 1536
+    a, b = operands(layout, m, n, k)
+    c = torch.randn(m, n, device="cuda")
+    a.requires_grad_()
+    b.requires_grad_()
+    c.requires_grad_()
+    out = FUNCTIONS[layout](a, b, c=c)
+    grad = torch.randn_like(out)
+    before = gpu_guard.launches(ENTRY)
+    out.backward(grad)
+    assert gpu_guard.launches(ENTRY) == before + 2  # dA and dB, each one of our GEMMs
+    ref_a, ref_b, ref_c = (t.detach().double().requires_grad_() for t in (a, b, c))
+    bf16_gemm_reference(ref_a, ref_b, layout, ref_c, torch.float64).backward(grad.to(torch.bfloat16).double())
+    for name, got, want in (("a", a.grad, ref_a.grad), ("b", b.grad, ref_b.grad), ("c", c.grad, ref_c.grad)):
+        assert got.shape == want.shape, name
+        assert deepgemm.calc_diff(got.double(), want) < 2e-5, name
