@@ -100,15 +100,17 @@ torch.library.register_autograd(f"{NAMESPACE}::bf16_gemm", _backward, setup_cont
 _grad_enabled = torch.is_grad_enabled
 
 
-def _requires_grad(*tensors: object) -> bool:
-    return _grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
-
-
 def _public(layout: str) -> Callable[..., torch.Tensor]:
     def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *, c: torch.Tensor | None = None,
              out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        if not compiling() and not _requires_grad(a, b, c):
-            return api.bf16_gemm(layout, a, b, out, c=c, out_dtype=out_dtype)
+        if not compiling():
+            try:  # (attribute reads, not a generator: this is the eager hot path)
+                differentiate = _grad_enabled() and (a.requires_grad or b.requires_grad
+                                                     or (c is not None and c.requires_grad))
+            except AttributeError:  # not tensors: the api's validation names the argument
+                differentiate = False
+            if not differentiate:
+                return api.bf16_gemm(layout, a, b, out, c=c, out_dtype=out_dtype)
         if out is None:
             return torch.ops.deepgemm.bf16_gemm(a, b, layout, c, out_dtype)
         if out_dtype is not None and out_dtype != out.dtype:
