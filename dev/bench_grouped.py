@@ -63,13 +63,19 @@ class MaskedCase:
     theirs: str  # DeepGEMM TFLOPS or GB/s (issue 5)
 
 
-def issue5_cases() -> tuple[list[ContiguousCase], list[MaskedCase]]:
-    """Every case with its token counts, drawn in one fixed order (a filtered run measures the same counts)."""
+def issue5_cases(rows_scale: float = 1.0) -> tuple[list[ContiguousCase], list[MaskedCase]]:
+    """Every case with its token counts, drawn in one fixed order (a filtered run measures the same counts).
+    `rows_scale` multiplies every drawn count (capped at max_m for masked): the same draw moved across the tile
+    choice's wave boundaries (e.g. 1.22 turns 1x~1024's 1007 rows into the 1234 of issue 22's table)."""
     rng = random.Random(0)
-    contiguous = [ContiguousCase(f"contiguous {g}x~{e} N={n} K={k}", g, counts_for(g, e, rng), n, k, theirs)
+
+    def scaled(counts: list[int], cap: int | None = None) -> list[int]:
+        return [min(cap or 1 << 30, max(1, round(c * rows_scale))) for c in counts]
+
+    contiguous = [ContiguousCase(f"contiguous {g}x~{e} N={n} K={k}", g, scaled(counts_for(g, e, rng)), n, k, theirs)
                   for g, e, n, k, theirs in CONTIGUOUS]
-    masked = [MaskedCase(f"masked {g}x~{e} (max_m {max_m}) N={n} K={k}", g, e, max_m, counts_for(g, e, rng, cap=max_m), n, k,
-                         theirs) for g, e, max_m, n, k, theirs in MASKED]
+    masked = [MaskedCase(f"masked {g}x~{e} (max_m {max_m}) N={n} K={k}", g, e, max_m,
+                         scaled(counts_for(g, e, rng, cap=max_m), max_m), n, k, theirs) for g, e, max_m, n, k, theirs in MASKED]
     return contiguous, masked
 
 

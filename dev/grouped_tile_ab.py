@@ -29,13 +29,15 @@ def main() -> None:
     parser.add_argument("--only", default="", help="cases whose label contains this")
     parser.add_argument("--scale-layouts", action="store_true",
                         help="masked: time each tile with the scales as one M-major tensor and copied per group")
+    parser.add_argument("--rows-scale", type=float, default=1.0,
+                        help="multiply every expert's drawn token count (masked: capped at max_m), e.g. 1.22")
     parser.add_argument("--narrow-ab", action="store_true",
                         help="contiguous: each tile with full-width and with narrow last N-blocks")
     args = parser.parse_args()
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
     narrow_settings = (False, True) if args.narrow_ab else (True,)
     if args.masked:
-        masked_ab(tiles, args.only, args.compile_only, args.scale_layouts)
+        masked_ab(tiles, args.only, args.compile_only, args.scale_layouts, args.rows_scale)
         return
 
     from deepgemm.api.grouped import clear_grouped_plans
@@ -43,7 +45,7 @@ def main() -> None:
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, compile_spec
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 
-    cases = [case for case in issue5_cases()[0] if args.only in case.label]
+    cases = [case for case in issue5_cases(args.rows_scale)[0] if args.only in case.label]
     if args.compile_only:
         specs = {Fp8GemmSpec(c.n, c.k, torch.bfloat16, contiguous_config(len(c.m_indices()), c.n, c.k, bm, bn, narrow),
                              GemmKind.GROUPED_CONTIGUOUS)
@@ -92,7 +94,8 @@ def contiguous_config(m_total: int, n: int, k: int, block_m: int, block_n: int, 
     return replace(config, narrow_last_n=narrow_last_n)
 
 
-def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool, scale_layouts: bool = False) -> None:
+def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool, scale_layouts: bool = False,
+              rows_scale: float = 1.0) -> None:
     """The masked cases with each tile's config passed to `get_grouped_plan` (the same counts bench_grouped draws)."""
     from deepgemm.api.grouped import clear_grouped_plans
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import masked_config_m
@@ -104,7 +107,7 @@ def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool, scale
     def config_for(case, bm: int, bn: int):  # noqa: ANN001, ANN202 - as get_grouped_plan sizes a masked config
         return make_config(max(masked_config_m(case.expected, case.max_m), 1), case.n, case.k, bm, bn, 132, 2, cluster_m=1)
 
-    cases = [case for case in issue5_cases()[1] if only in case.label]
+    cases = [case for case in issue5_cases(rows_scale)[1] if only in case.label]
     if compile_only:
         for case in cases:
             for bm, bn in tiles:
