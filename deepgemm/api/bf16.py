@@ -101,6 +101,9 @@ def check_bf16_gemm(layout: str, a: object, b: object, out: torch.Tensor | None,
     for name in ("c", "out"):
         if name in tensors:
             require_tma_strides(tensors[name], name, where)
+    if c is not None and c.shape[0] > 1 and c.stride(0) >= 2**32:
+        raise ValueError(f"{where}: 'c' row stride is {c.stride(0)} elements; the kernel indexes C rows with a 32-bit "
+                         "stride (must be below 2^32 elements)")
     if out is not None:
         require_no_self_overlap(out, "out", where)
     require_row_count(m, "'a' (M)", where)

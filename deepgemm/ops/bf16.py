@@ -54,21 +54,36 @@ define("bf16_gemm_out(Tensor a, Tensor b, str layout, Tensor? c, Tensor(a!) out)
 define("bf16_gemm_accumulate(Tensor a, Tensor b, str layout, Tensor(a!) c) -> ()", _accumulate_impl, _accumulate_fake)
 
 
+def _readable_view(t: torch.Tensor) -> torch.Tensor:
+    """`t` where our kernels can read it in place (a unit stride in one dimension, a non-zero one in the other:
+    row-major or column-major), else a contiguous copy (e.g. the stride-0 gradient of a `sum()`)."""
+    rows, cols = t.shape
+    if (t.stride(1) == 1 or cols == 1) and (t.stride(0) > 0 or rows == 1):
+        return t
+    if (t.stride(0) == 1 or rows == 1) and (t.stride(1) > 0 or cols == 1):
+        return t
+    return t.contiguous()
+
+
 def matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """x @ y (BF16 out) for 2-D BF16 views with a unit stride in either dimension, on our kernels: the layout is read
-    off the strides (a row-major x is A [M, K], a column-major one A given as [K, M]; likewise y as B [K, N] or
-    [N, K]). A product our kernels cannot write (N % 8 != 0: only a one-row input of the forward pass leads here)
-    runs as a float32 torch.matmul."""
+    """x @ y (BF16 out) for 2-D BF16 tensors on our kernels: the layout is read off the strides (a row-major x is A
+    [M, K], a column-major one A given as [K, M]; likewise y as B [K, N] or [N, K]); other views are copied once. A
+    product our kernels cannot take (N % 8 != 0, or rows that are not 16 bytes apart in either major order — only
+    a one-row or odd-sized input of the forward pass leads here) runs as a float32 torch.matmul."""
     if y.shape[1] % 8 != 0:
         return (x.float() @ y.float()).to(BF16)
-    x = x if x.stride(1) == 1 or x.stride(0) == 1 else x.contiguous()
-    y = y if y.stride(1) == 1 or y.stride(0) == 1 else y.contiguous()
+    x = _readable_view(x)
+    y = _readable_view(y)
     first, a = ("n", x) if x.stride(1) == 1 else ("t", x.t())
     second, b = ("n", y) if y.stride(1) == 1 else ("t", y.t())
     try:  # the op, not the api: a backward traced by AOT autograd must see a graph node
         return torch.ops.deepgemm.bf16_gemm(a, b, first + second, None, None)
-    except ValueError:  # a view TMA cannot read in place (rows not 16 bytes apart, a misaligned base): copy once
+    except ValueError:
+        pass
+    try:  # the other major order of each operand (a copy), whose rows may meet the 16-byte rule
         return torch.ops.deepgemm.bf16_gemm(x.contiguous(), y.contiguous(), "nn", None, None)
+    except ValueError:
+        return (x.float() @ y.float()).to(BF16)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
@@ -81,7 +96,7 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> N
 def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     a, b = ctx.saved_tensors
     layout = ctx.layout
-    d = grad.to(BF16)
+    d = grad.to(BF16).contiguous()  # [M, N], N % 8 == 0: its rows (and d.t()'s columns) are TMA-readable
     x = a if layout[0] == "n" else a.t()   # logical A [M, K]
     w = b if layout[1] == "t" else b.t()   # logical B [N, K]
     grad_a = grad_b = grad_c = None

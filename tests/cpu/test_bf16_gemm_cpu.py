@@ -468,3 +468,36 @@ def test_opcheck_with_inputs_that_require_grad(layout: str, seed: int) -> None:
     c = torch.randn(24, 48)
     args = (a.requires_grad_(), b.requires_grad_(), layout, c.requires_grad_(), None)
     torch.library.opcheck(torch.ops.deepgemm.bf16_gemm.default, args)
+
+
+# ---------------------------------------------------------------- review findings
+
+
+@pytest.mark.parametrize("layout,m", [("nt", 1), ("nt", 7), ("nt", 9), ("nn", 7), ("tn", 8), ("tt", 8)])
+@pytest.mark.parametrize("reduce", ["sum", "sum0"])
+def test_backward_of_broadcast_gradients(layout: str, m: int, reduce: str, seed: int) -> None:
+    """`y.sum()` hands back a stride-(0, 0) gradient and `y.sum(0)` a stride-(0, 1) one; with M % 8 != 0 a naive
+    copy of the transposed gradient has rows that break the 16-byte rule (this raised ValueError before)."""
+    n, k = 8, 8
+    a = torch.randn((m, k) if layout[0] == "n" else (k, m)).to(torch.bfloat16).requires_grad_()
+    b = torch.randn((n, k) if layout[1] == "t" else (k, n)).to(torch.bfloat16).requires_grad_()
+    y = GEMMS[layout](a, b)
+    (y.sum() if reduce == "sum" else y.sum(0).sum()).backward()
+    ref_a, ref_b = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    ref = bf16_gemm_reference(ref_a, ref_b, layout, None, torch.float64)
+    (ref.sum() if reduce == "sum" else ref.sum(0).sum()).backward()
+    for got, want in ((a.grad, ref_a.grad), (b.grad, ref_b.grad)):
+        assert got.shape == want.shape
+        assert torch.allclose(got.double(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_c_row_stride_past_32_bits_is_refused() -> None:
+    """The kernel indexes C rows with a 32-bit stride: a wider one is refused, not wrapped (metadata only: meta
+    tensors stand in for the 16 GB a real one needs)."""
+    a = torch.empty(2, 64, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(8, 64, dtype=torch.bfloat16, device="meta")
+    c = torch.empty_strided((2, 8), (2**32, 1), dtype=torch.float32, device="meta")
+    with pytest.raises(ValueError, match="'c' row stride"):
+        bf16_api.check_bf16_gemm("nt", a, b, None, c, None)
+    narrow = torch.empty_strided((2, 8), (2**32 - 8, 1), dtype=torch.float32, device="meta")
+    bf16_api.check_bf16_gemm("nt", a, b, None, narrow, None)
