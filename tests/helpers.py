@@ -105,3 +105,15 @@ class GraphRecorder:
         """Called functions, overload packets and overloads alike by their packet name (deepgemm.fp8_gemm_nt)."""
         return {str(node.target).removesuffix(".default") for gm in self.graphs for node in gm.graph.nodes
                 if node.op == "call_function"}
+
+
+def assert_clean_build(name: str, resources: object, log: str, threads: int | None) -> None:
+    """A compiled kernel's ptxas report: present, no spills, no stack frame, and (for `threads` per CTA) registers
+    that fit one CTA per SM."""
+    r = resources
+    assert r is not None, f"{name}: no ptxas resource report in log:\n{log}"
+    assert r.spill_stores == 0 and r.spill_loads == 0, f"{name}: spills {r}"
+    assert r.stack_frame == 0, f"{name}: stack frame {r}"
+    assert 0 < r.registers <= 255
+    if threads is not None:
+        assert r.registers * threads <= 65536, f"{name}: {r.registers} registers x {threads} threads"

@@ -24,6 +24,7 @@ from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_spec
 from deepgemm.kernels.sm90_bf16_gemm.spec import LAYOUTS, Bf16GemmSpec, b_mn_major, compile_spec, render_source
 from deepgemm.utils import ceil_div
 from tests.cpu.test_kernel_builds import nvdisasm
+from tests.helpers import assert_clean_build
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -103,12 +104,7 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
 @pytest.mark.parametrize("name", IDS)
 def test_no_spills_no_stack(builds: dict[str, Build], name: str) -> None:
     b = builds[name]
-    r = b.resources
-    assert r is not None, f"{name}: no ptxas resource report in log:\n{b.log}"
-    assert r.spill_stores == 0 and r.spill_loads == 0, f"{name}: spills {r}"
-    assert r.stack_frame == 0, f"{name}: stack frame {r}"
-    assert 0 < r.registers <= 255
-    assert r.registers * b.spec.config.num_threads <= 65536, f"{name}: {r.registers} x {b.spec.config.num_threads}"
+    assert_clean_build(name, b.resources, b.log, b.spec.config.num_threads)
     assert b.spec.smem_bytes <= SMEM_CAPACITY
 
 

@@ -27,6 +27,7 @@ from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import clusters_allowed, mak
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import fp8_gemm_smem_bytes, max_stages
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import compile_spec, Fp8GemmSpec, last_box_rows_b, render_source
+from tests.helpers import assert_clean_build
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -160,13 +161,7 @@ ALL_IDS = GEMM_IDS + [r[0] for r in QUANTIZE]
 @pytest.mark.parametrize("name", ALL_IDS)
 def test_no_spills_no_stack(builds: dict[str, Build], name: str) -> None:
     b = builds[name]
-    r = b.resources
-    assert r is not None, f"{name}: no ptxas resource report in log:\n{b.log}"
-    assert r.spill_stores == 0 and r.spill_loads == 0, f"{name}: spills {r}"
-    assert r.stack_frame == 0, f"{name}: stack frame {r}"
-    assert 0 < r.registers <= 255
-    if b.spec is not None:
-        assert r.registers * b.spec.config.num_threads <= 65536, f"{name}: {r.registers} registers x {b.spec.config.num_threads} threads"
+    assert_clean_build(name, b.resources, b.log, None if b.spec is None else b.spec.config.num_threads)
 
 
 @pytest.mark.parametrize("name", ALL_IDS)
