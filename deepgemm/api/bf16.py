@@ -3,6 +3,7 @@ differentiable public functions in deepgemm.ops wrap these)."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -26,11 +27,13 @@ from deepgemm.api.validation import (
 )
 from deepgemm.jit.compiler import compile_kernel_outcome
 from deepgemm.jit.resources import PtxasResources
-from deepgemm.kernels.common.device import planning_sm_count
+from deepgemm.kernels.common.device import device_name, planning_sm_count, sm_count
 from deepgemm.kernels.sm90_bf16_gemm.config import Bf16GemmConfig
-from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_spec, get_bf16_plan
+from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem, bf16_spec, get_bf16_plan
 from deepgemm.kernels.sm90_bf16_gemm.spec import LAYOUTS, render_source
 from deepgemm.reference import bf16_gemm_reference
+from deepgemm.tuning.bf16_tuner import tune_bf16_gemm
+from deepgemm.tuning.db import tuning_db
 
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 _grad_enabled = torch.is_grad_enabled
@@ -169,12 +172,37 @@ def _bf16_gemm_checked(layout: str, a: object, b: object, out: torch.Tensor | No
     if backend_for(a_t) == "reference":
         out.copy_(bf16_gemm_reference(a_t, b_t, layout, c))
         return out
-    plan = get_bf16_plan(device.index, m, n, k, layout, out.dtype, None if c is None else c.dtype)
+    c_dtype = None if c is None else c.dtype
+    config = tuned_bf16_config(device.index, m, n, k, layout, out.dtype, c_dtype)
+    plan = get_bf16_plan(device.index, m, n, k, layout, out.dtype, c_dtype, config)
     args = plan.packed_args(a_t, b_t, out, c)
     plan.launch_packed(args)
     if out_dtype is None:
         remember(_ready, _metadata_key(layout, a_t, b_t, out, c), plan, args)
     return out
+
+
+_tuned: dict[tuple, Bf16GemmConfig | None] = {}
+_TUNED_CAPACITY = 4096
+
+
+def tuned_bf16_config(device_index: int, m: int, n: int, k: int, layout: str, out_dtype: torch.dtype,
+                      c_dtype: torch.dtype | None) -> Bf16GemmConfig | None:
+    """The measured tile for this shape's M bucket on this GPU model, or None (the plan then asks the cost model);
+    looked up once per shape. DEEPGEMM_AUTOTUNE=1: an untuned bucket is measured first and recorded."""
+    key = (device_index, m, n, k, layout, out_dtype, c_dtype)
+    if key in _tuned:
+        return _tuned[key]
+    problem = bf16_problem(m, n, k, layout, out_dtype, c_dtype, sm_count(device_index))
+    db = tuning_db(device_name(device_index))
+    config = db.lookup_bf16(problem)
+    if config is None and os.environ.get("DEEPGEMM_AUTOTUNE") == "1":
+        tune_bf16_gemm(layout, m, n, k, out_dtype=out_dtype, c_dtype=c_dtype, device=device_index)
+        config = db.lookup_bf16(problem)
+    if len(_tuned) >= _TUNED_CAPACITY:
+        _tuned.clear()
+    _tuned[key] = config
+    return config
 
 
 @dataclass(frozen=True)
@@ -208,7 +236,12 @@ def precompile_bf16_gemm(layout: str, m: int, n: int, k: int, *, out_dtype: torc
     for name, dtype in (("out_dtype", out_dtype), ("c_dtype", c_dtype)):
         if dtype is not None and dtype not in OUT_DTYPES:
             raise TypeError(f"{where}: '{name}' must be torch.bfloat16 or torch.float32, got {dtype}")
-    spec = bf16_spec(m, n, k, layout, out_dtype, c_dtype, planning_sm_count() if num_sms is None else num_sms)
+    sms = planning_sm_count() if num_sms is None else num_sms
+    tuned = None
+    if torch.cuda.is_available():  # the tuned choice a call on this GPU model would load
+        tuned = tuning_db(device_name(torch.cuda.current_device())).lookup_bf16(
+            bf16_problem(m, n, k, layout, out_dtype, c_dtype, sms))
+    spec = bf16_spec(m, n, k, layout, out_dtype, c_dtype, sms, tuned)
     start = time.perf_counter()
     compiled, outcome = compile_kernel_outcome(render_source(spec))
     return Bf16PrecompileInfo(label=spec.label(), config=spec.config, resources=compiled.resources,

@@ -1,7 +1,7 @@
 """Measured tile choices, persisted per GPU model: used ahead of the cost model when present.
 
-One JSON file per GPU model under ``<cache dir>/tuning/``. An entry is keyed by (kernel, N, K, output
-dtype, SM count, M bucket) and stores only the tile choice (block_m, block_n, cluster_m, and whether the last
+One JSON file per GPU model under ``<cache dir>/tuning/``. An entry is keyed by (kernel — fp8_gemm_nt, or
+bf16_gemm_<layout> with its addend kind —, N, K, output dtype, SM count, M bucket) and stores only the tile choice (block_m, block_n, cluster_m, and whether the last
 wave ran as a stream tail or split along K) with the time
 that won; the full config (stages, shared memory, pipelining) is rebuilt by the heuristic's own rules,
 so a stale or hand-edited entry can never produce an inconsistent kernel. Unreadable files or entries
@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepgemm.jit.compiler import default_cache_dir
+from deepgemm.kernels.sm90_bf16_gemm.config import Bf16GemmConfig
+from deepgemm.kernels.sm90_bf16_gemm.cost_model import Bf16Problem, tile_allowed
+from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config as make_bf16_config
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import candidate_tiles, clusters_allowed, make_config
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind, GemmProblem
@@ -61,6 +64,12 @@ class TunedChoice:
 
 def entry_key(n: int, k: int, out_elem_bytes: int, num_sms: int, m: int, kernel: str = KERNEL_FP8_GEMM_NT) -> str:
     return f"{kernel}|n={n}|k={k}|out={out_elem_bytes}|sms={num_sms}|m<={m_bucket(m)}"
+
+
+def bf16_kernel_name(problem: Bf16Problem) -> str:
+    """The entry-key kernel of a BF16 problem: its layout and addend kind (different kernels, own entries)."""
+    layout = ("t" if problem.a_mn_major else "n") + ("n" if problem.b_mn_major else "t")
+    return f"bf16_gemm_{layout}|c={problem.addend_bytes}"
 
 
 class TuningDB:
@@ -127,18 +136,40 @@ class TuningDB:
         return make_config(m, n, k, choice.block_m, choice.block_n, num_sms, out_elem_bytes, cluster_m=choice.cluster_m,
                            split_tail=split_tail, stream_tail=stream_tail)
 
+    def lookup_bf16(self, problem: Bf16Problem) -> Bf16GemmConfig | None:
+        """The tuned BF16 tile for this problem's bucket, rebuilt by the cost model's rules and re-checked (else the
+        fallback's), or None."""
+        key = entry_key(problem.n, problem.k, problem.out_bytes, problem.num_sms, problem.m, bf16_kernel_name(problem))
+        choice = self.entries().get(key)
+        if choice is None:
+            return self.fallback.lookup_bf16(problem) if self.fallback is not None else None
+        if choice.cluster_m != 1 or choice.stream_tail or choice.split_tail:
+            return None  # the BF16 kernel has no clusters or tails: not an entry its tuner writes
+        if not tile_allowed(problem, choice.block_m, choice.block_n):
+            return None
+        return make_bf16_config(problem, choice.block_m, choice.block_n)
+
+    def record_bf16(self, problem: Bf16Problem, config: Bf16GemmConfig, median_us: float) -> None:
+        """Store the BF16 winner for this problem's bucket (replacing an older entry)."""
+        key = entry_key(problem.n, problem.k, problem.out_bytes, problem.num_sms, problem.m, bf16_kernel_name(problem))
+        self._write(key, TunedChoice(config.block_m, config.block_n, 1, float(median_us), problem.m))
+
     def record(self, m: int, n: int, k: int, num_sms: int, config: GemmConfig, median_us: float,
                out_elem_bytes: int = 2) -> None:
         """Store the winner for this shape's bucket (replacing an older entry)."""
+        self._write(entry_key(n, k, out_elem_bytes, num_sms, m), TunedChoice(
+            config.block_m, config.block_n, config.cluster_m, float(median_us), m, config.stream_tail, config.split_tail))
+
+    def _write(self, key: str, choice: TunedChoice) -> None:
+        """Read-modify-write of one entry under the file lock, published by atomic rename."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         lock_path = self.path.with_suffix(".lock")
         with open(lock_path, "a+") as lock_file:
             fcntl.flock(lock_file, fcntl.LOCK_EX)
             entries = self._read()
-            entries[entry_key(n, k, out_elem_bytes, num_sms, m)] = TunedChoice(
-                config.block_m, config.block_n, config.cluster_m, float(median_us), m, config.stream_tail, config.split_tail)
+            entries[key] = choice
             payload = {"format": FORMAT, "version": VERSION,
-                       "entries": {key: vars(choice) for key, choice in sorted(entries.items())}}
+                       "entries": {name: vars(entry) for name, entry in sorted(entries.items())}}
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".json")
             with os.fdopen(fd, "w") as f:
                 json.dump(payload, f, indent=1)

@@ -165,6 +165,7 @@ def on_both_paths(monkeypatch: pytest.MonkeyPatch, call: Callable[[], object]) -
     reference = outcome(call)
     with monkeypatch.context() as patch:
         patch.setattr(bf16_api, "backend_for", lambda *tensors, **kw: "sm90")
+        patch.setattr(bf16_api, "tuned_bf16_config", no_launch)  # planning starts with the tuned lookup
         patch.setattr(bf16_api, "get_bf16_plan", no_launch)
         kernel = outcome(call)
     return reference, kernel

@@ -28,3 +28,25 @@ def test_tune_records_a_winner_the_planner_uses(tmp_path: Path, monkeypatch: pyt
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     deepgemm.fp8_gemm_nt(a, b, out)
     assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b))
+
+
+def test_bf16_tune_records_a_winner_the_api_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    from deepgemm.api import bf16 as bf16_api
+    from deepgemm.kernels.sm90_bf16_gemm.plan import _plans, bf16_problem
+    from deepgemm.reference import bf16_gemm_reference
+    from deepgemm.tuning.bf16_tuner import tune_bf16_gemm
+
+    monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(bf16_api, "_tuned", {})
+    monkeypatch.setattr(bf16_api, "_ready", {})
+    m, n, k = 200, 1536, 1024  # tn: A [K, M], B [K, N]
+    result = tune_bf16_gemm("tn", m, n, k, top=3, iters=5)
+    assert len(result.timings_us) == 3 and result.timings_us[0][0] == result.best
+    problem = bf16_problem(m, n, k, "tn", torch.bfloat16, None, result.best.num_sms)
+    assert TuningDB(Path(result.db_path)).lookup_bf16(problem) == result.best
+    a = torch.randn(k, m, device="cuda").to(torch.bfloat16)
+    b = torch.randn(k, n, device="cuda").to(torch.bfloat16)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.bf16_gemm_tn(a, b, out)
+    assert any(key[:5] == (0, m, n, k, "tn") and key[-1] == result.best for key in _plans)
+    assert deepgemm.calc_diff(out.double(), bf16_gemm_reference(a, b, "tn", None, torch.float64)) < 2e-5

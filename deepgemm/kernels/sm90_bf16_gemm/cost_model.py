@@ -75,24 +75,39 @@ def group_rows_for(m_blocks: int, n_blocks: int, num_sms: int) -> int:
     return min(rows, m_blocks)
 
 
-def choose_config(problem: Bf16Problem) -> Bf16GemmConfig:
-    """The cheapest (block_m, block_n) by the model, with as many stages as shared memory holds (ties: larger tiles)."""
-    best: tuple[float, int, Bf16GemmConfig] | None = None
+def tile_allowed(problem: Bf16Problem, block_m: int, block_n: int) -> bool:
+    """Whether (block_m, block_n) is a tile the kernel compiles for this problem (a tuned entry is re-checked here)."""
+    step = ATOM if problem.b_mn_major else 16
+    return (block_m in (64, 128) and block_n % step == 0 and step <= block_n <= 256
+            and stages_for(block_m, block_n, problem.out_bytes) >= MIN_STAGES)
+
+
+def make_config(problem: Bf16Problem, block_m: int, block_n: int) -> Bf16GemmConfig:
+    """The full config of a tile: as many stages as fit, the raster band for this grid."""
+    group = group_rows_for(ceil_div(problem.m, block_m), ceil_div(problem.n, block_n), problem.num_sms)
+    return Bf16GemmConfig(block_m, block_n, stages_for(block_m, block_n, problem.out_bytes), group, problem.num_sms)
+
+
+def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:
+    """Every allowed tile with the model's estimate, cheapest first (within 0.1%: the larger tile first)."""
+    ranked: list[tuple[float, int, Bf16GemmConfig]] = []
     for block_m in (64, 128):
         if block_m == 128 and problem.m <= 64:
             continue
         for block_n in block_n_candidates(problem):
             if block_n > max(problem.n, 8) + (ATOM if problem.b_mn_major else 16) - 1:
                 continue
-            stages = stages_for(block_m, block_n, problem.out_bytes)
-            if stages < MIN_STAGES:
+            if not tile_allowed(problem, block_m, block_n):
                 continue
             seconds = estimate_seconds(problem, block_m, block_n)
-            group = group_rows_for(ceil_div(problem.m, block_m), ceil_div(problem.n, block_n), problem.num_sms)
-            config = Bf16GemmConfig(block_m, block_n, stages, group, problem.num_sms)
-            key = (seconds * 0.999, -block_m * block_n)  # within 0.1%: prefer the larger tile
-            if best is None or key < (best[0], best[1]):
-                best = (key[0], key[1], config)
-    if best is None:
+            ranked.append((seconds * 0.999, -block_m * block_n, make_config(problem, block_m, block_n)))
+    ranked.sort(key=lambda item: (item[0], item[1]))
+    return [(seconds / 0.999, config) for seconds, _, config in ranked]
+
+
+def choose_config(problem: Bf16Problem) -> Bf16GemmConfig:
+    """The cheapest (block_m, block_n) by the model, with as many stages as shared memory holds (ties: larger tiles)."""
+    ranked = ranked_configs(problem)
+    if not ranked:
         raise ValueError(f"no BF16 tile fits shared memory for {problem}")
-    return best[2]
+    return ranked[0][1]
