@@ -163,6 +163,9 @@ def _bf16_gemm_checked(layout: str, a: object, b: object, out: torch.Tensor | No
     a_t, b_t, dtype, device = check_bf16_gemm(layout, a, b, out, c, out_dtype)
     check_bf16_gemm_memory(layout, a_t, b_t, out, c)
     m, n, k, _ = problem_shape(layout, a_t, b_t)
+    # A broadcast operand (rows 0 bytes apart, e.g. x.expand(M, K)) is no TMA tensor: copied once, on every path.
+    a_t = a_t.contiguous() if a_t.shape[0] > 1 and a_t.stride(0) == 0 else a_t
+    b_t = b_t.contiguous() if b_t.shape[0] > 1 and b_t.stride(0) == 0 else b_t
     if out is None:
         out = allocate_out(m, n, dtype, device)
     if m == 0 or n == 0:

@@ -502,3 +502,24 @@ def test_c_row_stride_past_32_bits_is_refused() -> None:
         bf16_api.check_bf16_gemm("nt", a, b, None, c, None)
     narrow = torch.empty_strided((2, 8), (2**32 - 8, 1), dtype=torch.float32, device="meta")
     bf16_api.check_bf16_gemm("nt", a, b, None, narrow, None)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_broadcast_operands_are_copied_once(layout: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows 0 bytes apart (an expanded row) are no TMA tensor: the operand reaches the kernel path as a contiguous
+    copy (and the result matches float64)."""
+    m, n, k = 16, 24, 32
+    a_rows, b_rows = ((m, k) if layout[0] == "n" else (k, m)), ((n, k) if layout[1] == "t" else (k, n))
+    a = torch.randn(1, a_rows[1]).to(BF16).expand(*a_rows)
+    b = torch.randn(1, b_rows[1]).to(BF16).expand(*b_rows)
+    assert_matches(GEMMS[layout](a, b), layout, a, b)
+    seen: list[tuple[int, ...]] = []
+
+    def record_plan(*args: object, **kwargs: object) -> object:
+        raise AssertionError("planned")
+
+    monkeypatch.setattr(bf16_api, "backend_for", lambda *tensors, **kw: (seen.append(tensors[0].stride()), "sm90")[1])
+    monkeypatch.setattr(bf16_api, "tuned_bf16_config", record_plan)
+    with pytest.raises(AssertionError, match="planned"):
+        bf16_api.bf16_gemm(layout, a, b)
+    assert seen and seen[0][0] != 0
