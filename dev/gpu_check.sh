@@ -76,13 +76,17 @@ if has block; then
     timeout 300 python3 -m deepgemm bench --model $model --tokens 1,64,4096 --json "$OUT/block_$model.json" --markdown "$OUT/block_$model.md" 2>&1 | tee "$OUT/block_$model.txt"
   done
 fi
-# bf16: the BF16 GEMM GPU tests, then dev/bench_bf16.py (cuBLAS and, where carried, DeepGEMM HEAD interleaved);
-# BF16_LAYOUTS / BF16_M narrow the benchmark.
+# bf16: the BF16 GEMM GPU tests, then `deepgemm bench --dtype bf16` per layout on the DeepSeek-V3 suite (cuBLAS and,
+# where carried, DeepGEMM HEAD interleaved); BF16_LAYOUTS narrows the layouts.
 if has bf16; then
   timeout 90 python3 dev/bf16_smoke.py 2>&1 | tee "$OUT/bf16_smoke.log" | tail -8
   timeout 300 python3 -m pytest -x --timeout 60 -q -p no:cacheprovider tests/gpu/test_bf16_gemm_gpu.py 2>&1 | tee "$OUT/pytest_bf16.log" | grep -E "passed|failed|Error|error" | tail -25
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
-    timeout "${BF16_TIMEOUT:-300}" python3 dev/bench_bf16.py ${BF16_LAYOUTS:-} --m "${BF16_M:-64,128,4096}" 2>&1 | tee "$OUT/bench_bf16.md" )
+    for layout in ${BF16_LAYOUTS:-nt nn tn tt}; do
+      timeout "${BF16_TIMEOUT:-300}" python3 -m deepgemm bench --dtype bf16 --layout "$layout" --suite deepseek-v3 \
+        --results-dir "$OUT/bench_bf16_$layout" >"$OUT/bench_bf16_$layout.log" 2>&1
+      grep -E "summary|rror" "$OUT/bench_bf16_$layout.log"
+    done )
 fi
 if has racecheck; then
   bash dev/racecheck_ab.sh

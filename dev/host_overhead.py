@@ -80,6 +80,17 @@ def main() -> None:
     print(f"host_us split-tail plan launch {split_launch_us():.2f}")
     grouped_host_us()
     integration_host_us(a, b, out)
+    bf16_host_us()
+
+
+def bf16_host_us() -> None:
+    """A warm bf16_gemm_nt with `out` and with a new output, against torch.matmul on the same operands."""
+    x = torch.randn(16, 512, device="cuda").to(torch.bfloat16)
+    w = torch.randn(512, 512, device="cuda").to(torch.bfloat16)
+    out = torch.empty(16, 512, dtype=torch.bfloat16, device="cuda")
+    calls = [lambda: deepgemm.bf16_gemm_nt(x, w, out), lambda: deepgemm.bf16_gemm_nt(x, w), lambda: x @ w.t()]
+    print("host_us_gpu_busy bf16_gemm_nt(out=) {:.2f} | bf16_gemm_nt(alloc) {:.2f} | torch.matmul {:.2f}"
+          .format(*(busy_gpu_per_call_us(fn) for fn in calls)))
 
 
 def integration_host_us(a, b, out) -> None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 import torch
 
 from deepgemm.api.backend import backend_for
-from deepgemm.api.gemm import allocate_out
+from deepgemm.api.gemm import PrecompileInfo, allocate_out, check_num_sms
 from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
     refuse_grad_for,
@@ -26,7 +25,6 @@ from deepgemm.api.validation import (
     require_tma_strides,
 )
 from deepgemm.jit.compiler import compile_kernel_outcome
-from deepgemm.jit.resources import PtxasResources
 from deepgemm.kernels.common.device import device_name, planning_sm_count, sm_count
 from deepgemm.kernels.sm90_bf16_gemm.config import Bf16GemmConfig
 from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem, bf16_spec, get_bf16_plan
@@ -163,9 +161,10 @@ def _bf16_gemm_checked(layout: str, a: object, b: object, out: torch.Tensor | No
     a_t, b_t, dtype, device = check_bf16_gemm(layout, a, b, out, c, out_dtype)
     check_bf16_gemm_memory(layout, a_t, b_t, out, c)
     m, n, k, _ = problem_shape(layout, a_t, b_t)
-    # A broadcast operand (rows 0 bytes apart, e.g. x.expand(M, K)) is no TMA tensor: copied once, on every path.
-    a_t = a_t.contiguous() if a_t.shape[0] > 1 and a_t.stride(0) == 0 else a_t
-    b_t = b_t.contiguous() if b_t.shape[0] > 1 and b_t.stride(0) == 0 else b_t
+    # A broadcast operand (rows 0 bytes apart, e.g. x.expand(M, K)) is no TMA tensor: copied, on every path.
+    copied = (a_t.shape[0] > 1 and a_t.stride(0) == 0) or (b_t.shape[0] > 1 and b_t.stride(0) == 0)
+    if copied:
+        a_t, b_t = (t.contiguous() if t.shape[0] > 1 and t.stride(0) == 0 else t for t in (a_t, b_t))
     if out is None:
         out = allocate_out(m, n, dtype, device)
     if m == 0 or n == 0:
@@ -180,7 +179,7 @@ def _bf16_gemm_checked(layout: str, a: object, b: object, out: torch.Tensor | No
     plan = get_bf16_plan(device.index, m, n, k, layout, out.dtype, c_dtype, config)
     args = plan.packed_args(a_t, b_t, out, c)
     plan.launch_packed(args)
-    if out_dtype is None:
+    if out_dtype is None and not copied:  # (ready_launches: only the caller's own pointers are remembered)
         remember(_ready, _metadata_key(layout, a_t, b_t, out, c), plan, args)
     return out
 
@@ -208,32 +207,20 @@ def tuned_bf16_config(device_index: int, m: int, n: int, k: int, layout: str, ou
     return config
 
 
-@dataclass(frozen=True)
-class Bf16PrecompileInfo:
-    """What `precompile_bf16_gemm` built: the config, ptxas resources, the time the call took and whether the kernel
-    came from a cache (the disk cache or this process's memo: nothing was compiled) rather than NVRTC."""
-
-    label: str
-    config: Bf16GemmConfig
-    resources: PtxasResources | None
-    compile_seconds: float
-    cubin_path: str
-    cached: bool = False
-
-
 def precompile_bf16_gemm(layout: str, m: int, n: int, k: int, *, out_dtype: torch.dtype = torch.bfloat16,
-                         c_dtype: torch.dtype | None = None, num_sms: int | None = None) -> Bf16PrecompileInfo:
+                         c_dtype: torch.dtype | None = None, num_sms: int | None = None) -> PrecompileInfo:
     """Compile (into the disk cache) the kernel bf16_gemm_<layout> loads for an M x N x K call; no GPU needed.
 
     `out_dtype` / `c_dtype` (None: no C) are the output's and the addend's dtypes; `num_sms` the SMs to plan for
     (default: the current GPU's, or 132 without one, either capped by DEEPGEMM_NUM_SMS). Raises ValueError for a
-    layout, size or N no call can have, TypeError for a dtype no call can have."""
+    layout, size, N or SM count no call can have, TypeError for a dtype (or a non-int SM count) no call can have."""
     where = f"precompile_bf16_gemm_{layout}"
     if layout not in LAYOUTS:
         raise ValueError(f"precompile_bf16_gemm: 'layout' must be one of {LAYOUTS}, got {layout!r}")
-    for name, value in (("m", m), ("n", n), ("k", k), ("num_sms", 1 if num_sms is None else num_sms)):
+    for name, value in (("m", m), ("n", n), ("k", k)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{where}: '{name}' must be a positive int, got {value!r}")
+    check_num_sms(num_sms, where)  # fp8_gemm_nt's rule: an int from 1 to the GPU's (or the largest Hopper's) SM count
     if n % 8 != 0:
         raise ValueError(f"{where}: N={n} must be a multiple of 8: the output's rows are written in 16-byte TMA units")
     for name, dtype in (("out_dtype", out_dtype), ("c_dtype", c_dtype)):
@@ -247,6 +234,6 @@ def precompile_bf16_gemm(layout: str, m: int, n: int, k: int, *, out_dtype: torc
     spec = bf16_spec(m, n, k, layout, out_dtype, c_dtype, sms, tuned)
     start = time.perf_counter()
     compiled, outcome = compile_kernel_outcome(render_source(spec))
-    return Bf16PrecompileInfo(label=spec.label(), config=spec.config, resources=compiled.resources,
-                              compile_seconds=time.perf_counter() - start, cubin_path=str(compiled.cubin_path),
-                              cached=outcome != "compiled")
+    return PrecompileInfo(label=spec.label(), config=spec.config, resources=compiled.resources,
+                          compile_seconds=time.perf_counter() - start, cubin_path=str(compiled.cubin_path),
+                          cached=outcome != "compiled")

@@ -30,6 +30,7 @@ from deepgemm.jit.compiler import compile_stats
 from deepgemm.jit.resources import PtxasResources
 from deepgemm.kernels.common.device import (DEFAULT_NUM_SMS, device_name, physical_sm_count, planning_sm_count,
                                             sm_count)
+from deepgemm.kernels.sm90_bf16_gemm.config import Bf16GemmConfig
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_config
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
@@ -238,12 +239,12 @@ def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Te
 
 @dataclass(frozen=True)
 class PrecompileInfo:
-    """What `precompile_fp8_gemm_nt` built: the config, ptxas resources, the time the call took and whether the
-    kernel came from a cache (the disk cache or this process's memo: nothing was compiled) rather than NVRTC (a
+    """What `precompile_fp8_gemm_nt` (a GemmConfig) or the BF16 precompile (a Bf16GemmConfig) built: the config,
+    ptxas resources, the time the call took and whether the kernel came from a cache (the disk cache or this process's memo: nothing was compiled) rather than NVRTC (a
     compile that another thread of the process ran meanwhile counts as this call's)."""
 
     label: str
-    config: GemmConfig
+    config: GemmConfig | Bf16GemmConfig
     resources: PtxasResources | None
     compile_seconds: float
     cubin_path: str
