@@ -7,6 +7,8 @@ round-to-nearest-even into e4m3).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from deepgemm.utils import ceil_div
@@ -90,12 +92,29 @@ def m_grouped_contiguous_reference(a: torch.Tensor, sfa: torch.Tensor, b: torch.
                                    lookup_rows: int = CONTIGUOUS_SEGMENT_ROWS) -> torch.Tensor:
     """Each row times B of the expert the kernel computes it with (contiguous_row_experts: for a well-formed layout
     m_indices[r]); rows it writes as zeros (padding, -1, out-of-range indices) are zero."""
-    out = torch.zeros((a.shape[0], b.shape[1]), dtype=compute_dtype, device=a.device)
-    experts = contiguous_row_experts(m_indices.to(a.device), b.shape[0], lookup_rows)
-    for group in range(b.shape[0]):
+    return _rows_by_expert(a.shape[0], b.shape[:2], m_indices, lookup_rows, compute_dtype, a.device,
+                           lambda rows, g: fp8_gemm_nt_reference(a[rows], sfa[rows], b[g], sfb[g], compute_dtype))
+
+
+def m_grouped_bf16_contiguous_reference(a: torch.Tensor, b: torch.Tensor, m_indices: torch.Tensor,
+                                        compute_dtype: torch.dtype = torch.float32, *,
+                                        lookup_rows: int = CONTIGUOUS_SEGMENT_ROWS) -> torch.Tensor:
+    """m_grouped_contiguous_reference for BF16 operands (A [M_total, K], B [G, N, K])."""
+    return _rows_by_expert(a.shape[0], b.shape[:2], m_indices, lookup_rows, compute_dtype, a.device,
+                           lambda rows, g: a[rows].to(compute_dtype) @ b[g].to(compute_dtype).t())
+
+
+def _rows_by_expert(rows_total: int, groups_n: torch.Size, m_indices: torch.Tensor, lookup_rows: int,
+                    compute_dtype: torch.dtype, device: torch.device,
+                    product: Callable[[torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
+    """[rows_total, N] with the rows of each expert g set to product(rows, g), zeros elsewhere."""
+    groups, n = groups_n
+    out = torch.zeros((rows_total, n), dtype=compute_dtype, device=device)
+    experts = contiguous_row_experts(m_indices.to(device), groups, lookup_rows)
+    for group in range(groups):
         rows = (experts == group).nonzero().flatten()
         if rows.numel():
-            out[rows] = fp8_gemm_nt_reference(a[rows], sfa[rows], b[group], sfb[group], compute_dtype)
+            out[rows] = product(rows, group)
     return out
 
 
@@ -148,13 +167,39 @@ def m_grouped_masked_reference(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tens
                                masked_m: torch.Tensor, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The first masked_m[g] rows of A[g] times B[g], masked_m[g] clamped to [0, max_m] as the kernel clamps it (a
     negative count: no rows; past max_m: all of them); the remaining rows are zero."""
-    groups, max_m, _ = a.shape
-    out = torch.zeros((groups, max_m, b.shape[1]), dtype=compute_dtype, device=a.device)
+    return _masked_rows(a.shape[:2], b.shape[1], masked_m, compute_dtype, a.device,
+                        lambda g, rows: fp8_gemm_nt_reference(a[g, :rows], sfa[g, :rows], b[g], sfb[g], compute_dtype))
+
+
+def m_grouped_bf16_masked_reference(a: torch.Tensor, b: torch.Tensor, masked_m: torch.Tensor,
+                                    compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """m_grouped_masked_reference for BF16 operands (A [G, max_m, K], B [G, N, K])."""
+    return _masked_rows(a.shape[:2], b.shape[1], masked_m, compute_dtype, a.device,
+                        lambda g, rows: a[g, :rows].to(compute_dtype) @ b[g].to(compute_dtype).t())
+
+
+def _masked_rows(groups_max_m: torch.Size, n: int, masked_m: torch.Tensor, compute_dtype: torch.dtype,
+                 device: torch.device, product: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+    groups, max_m = groups_max_m
+    out = torch.zeros((groups, max_m, n), dtype=compute_dtype, device=device)
     for group, count in enumerate(masked_m.tolist()):
         count = max(0, min(int(count), max_m))
         if count:
-            out[group, :count] = fp8_gemm_nt_reference(a[group, :count], sfa[group, :count], b[group], sfb[group],
-                                                       compute_dtype)
+            out[group, :count] = product(group, count)
+    return out
+
+
+def k_grouped_bf16_reference(a: torch.Tensor, b: torch.Tensor, ks: list[int], c: torch.Tensor | None,
+                             compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """out[g] = c[g] + A[seg g]^T @ B[seg g] with token-major A [K_total, M] and B [K_total, N]."""
+    out = torch.zeros((len(ks), a.shape[1], b.shape[1]), dtype=compute_dtype, device=a.device)
+    if c is not None:
+        out += c.to(compute_dtype)
+    begin = 0
+    for group, k in enumerate(ks):
+        if k:
+            out[group] += a[begin:begin + k].to(compute_dtype).t() @ b[begin:begin + k].to(compute_dtype)
+        begin += k
     return out
 
 

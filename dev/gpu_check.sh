@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench grouped kgrouped ncu split clusters ab nn route block racecheck bf16 all
+# Steps: install smoke tests sanitize host sass bench grouped kgrouped bf16grouped ncu split clusters ab nn route block racecheck bf16 all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times another tree, carried as .ab/deepgemm_old (dev/rename_package.sh), interleaved with this one (dev/ab_trees.py).
@@ -115,6 +115,11 @@ if has ncu; then
 fi
 if has kgrouped; then
   timeout 200 python3 dev/bench_kgrouped.py 2>&1 | tee "$OUT/bench_kgrouped.md"
+fi
+# bf16grouped: dev/bench_grouped_bf16.py, BF16 grouped forms against DeepGEMM HEAD (where carried) and torch._grouped_mm.
+if has bf16grouped; then
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    timeout 300 python3 dev/bench_grouped_bf16.py --json "$OUT/bench_grouped_bf16.json" 2>&1 | tee "$OUT/bench_grouped_bf16.md" )
 fi
 if has split; then
   timeout 300 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider tests/gpu/test_split_tail_gpu.py 2>&1 | tee "$OUT/pytest_split.log" | grep -E "passed|failed|Error|error" | tail -8

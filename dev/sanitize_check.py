@@ -62,6 +62,7 @@ def main() -> None:
     contiguous()
     masked()
     bf16()
+    bf16_grouped()
 
 
 def captured_split() -> None:
@@ -140,7 +141,7 @@ def bf16() -> None:
     for layout in ("nt", "nn", "tn", "tt"):
         for m, n, k, out_dtype, c_dtype in ((1 if layout[0] == "n" else 8, 136, 72, torch.bfloat16, None),
                                             (7 if layout[0] == "n" else 72, 2056, 7296, torch.float32, torch.float32),
-                                            (300, 4096, 512, torch.bfloat16, torch.bfloat16)):
+                                            (300 if layout[0] == "n" else 296, 4096, 512, torch.bfloat16, torch.bfloat16)):
             a = torch.randn((m, k) if layout[0] == "n" else (k, m), device="cuda").to(torch.bfloat16)
             b = torch.randn((n, k) if layout[1] == "t" else (k, n), device="cuda").to(torch.bfloat16)
             c = None if c_dtype is None else torch.randn(m, n, device="cuda").to(c_dtype)
@@ -151,6 +152,49 @@ def bf16() -> None:
             diff = deepgemm.calc_diff(out.double(), expected)
             print(f"sanitize bf16_gemm_{layout} m={m} n={n} k={k} out={out_dtype} c={c_dtype}: calc_diff={diff:.2e}")
             assert diff < 1e-4
+
+
+def bf16_grouped() -> None:
+    """BF16 grouped kinds at their edges: contiguous with padding rows and an empty expert (N tail), masked with
+    counts 0 / 1 / 65 / max_m, k-grouped with an M tail (3-D stores clipped per group) and an empty group."""
+    from deepgemm.reference import (k_grouped_bf16_reference, m_grouped_bf16_contiguous_reference,
+                                    m_grouped_bf16_masked_reference)
+
+    rows, n, k = [200, 0, 56, 128], 2056, 1000
+    segments = [-(-r // 128) * 128 for r in rows]
+    m_indices = torch.cat([torch.cat([torch.full((r,), g, dtype=torch.int32), torch.full((s - r,), -1, dtype=torch.int32)])
+                           for g, (r, s) in enumerate(zip(rows, segments))]).cuda()
+    a = torch.randn(sum(segments), k, device="cuda").to(torch.bfloat16)
+    b = torch.randn(len(rows), n, k, device="cuda").to(torch.bfloat16)
+    out = torch.full((sum(segments), n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.m_grouped_bf16_gemm_nt_contiguous(a, b, out, m_indices)
+    torch.cuda.synchronize()
+    diff = deepgemm.calc_diff(out.double(), m_grouped_bf16_contiguous_reference(a, b, m_indices, torch.float64))
+    print(f"sanitize m_grouped_bf16 contiguous rows={rows} n={n} k={k}: calc_diff={diff:.2e}")
+    assert diff < 1e-4 and not out.isnan().any()
+
+    counts = [0, 1, 65, 128]
+    a = torch.randn(len(counts), 128, k, device="cuda").to(torch.bfloat16)
+    masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    out = torch.full((len(counts), 128, n), float("nan"), dtype=torch.float32, device="cuda")
+    deepgemm.m_grouped_bf16_gemm_nt_masked(a, b, out, masked_m, 64)
+    torch.cuda.synchronize()
+    ref = m_grouped_bf16_masked_reference(a, b, masked_m, torch.float64)
+    valid = torch.arange(128, device="cuda")[None, :] < masked_m[:, None]
+    diff = deepgemm.calc_diff(out[valid].double(), ref[valid])
+    print(f"sanitize m_grouped_bf16 masked counts={counts} n={n} k={k}: calc_diff={diff:.2e}")
+    assert diff < 1e-4
+
+    ks, m, n = [256, 0, 384, 128], 136, 264
+    dy = torch.randn(sum(ks), m, device="cuda").to(torch.bfloat16)
+    x = torch.randn(sum(ks), n, device="cuda").to(torch.bfloat16)
+    c = torch.randn(len(ks), m, n, device="cuda")
+    expected = k_grouped_bf16_reference(dy, x, ks, c, torch.float64)
+    deepgemm.k_grouped_bf16_gemm_tn_contiguous(dy, x, c, ks, c=c)
+    torch.cuda.synchronize()
+    diff = deepgemm.calc_diff(c.double(), expected)
+    print(f"sanitize k_grouped_bf16 ks={ks} m={m} n={n}: calc_diff={diff:.2e}")
+    assert diff < 1e-6
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@ class _DeviceOffsets:
         self._captured: dict[tuple[int, tuple[int, ...]], _Upload] = {}
         self._lock = threading.Lock()
 
-    def get(self, device: torch.device, ks: tuple[int, ...]) -> torch.Tensor:
+    def get(self, device: torch.device, ks: tuple[int, ...], where: str = "k_grouped_fp8_gemm_tn_contiguous"
+            ) -> torch.Tensor:
         index = device.index if device.index is not None else torch.cuda.current_device()
         key = (index, ks)
         capturing = stream_capturing(index)  # the tensors' device: it need not be the current one
@@ -69,7 +70,7 @@ class _DeviceOffsets:
                     self._recent.move_to_end(key)
                     entry = self._recent[key]
         if entry is None:
-            refuse_during_capture(f"k_grouped_fp8_gemm_tn_contiguous with a new ks ({len(ks)} groups; its offsets "
+            refuse_during_capture(f"{where} with a new ks ({len(ks)} groups; its offsets "
                                   "are uploaded on the first call)", index)
             cumulative = [0]
             for k in ks:
@@ -102,13 +103,17 @@ _VALIDATED_KS_CAPACITY = 256
 _PLAIN_INT = {int}
 
 
-def _check_ks(ks: object, where: str) -> tuple[int, ...]:
+_FP8_KS_RULE = "each group's token segment holds whole 1x128 scale blocks"
+
+
+def check_ks(ks: object, where: str, why: str = _FP8_KS_RULE) -> tuple[int, ...]:
+    """`ks` as a tuple of ints, each a non-negative multiple of 128 (`why` says why, in the error)."""
     key = tuple(ks) if isinstance(ks, (list, tuple)) and set(map(type, ks)) <= _PLAIN_INT else None
     if key is not None:
         hit = _VALIDATED_KS.get(key)
         if hit is not None:
             return hit
-    sizes = _validate_ks(ks, where)
+    sizes = _validate_ks(ks, where, why)
     if key is not None:
         if len(_VALIDATED_KS) >= _VALIDATED_KS_CAPACITY:
             _VALIDATED_KS.clear()
@@ -116,7 +121,7 @@ def _check_ks(ks: object, where: str) -> tuple[int, ...]:
     return sizes
 
 
-def _validate_ks(ks: object, where: str) -> tuple[int, ...]:
+def _validate_ks(ks: object, where: str, why: str) -> tuple[int, ...]:
     if isinstance(ks, torch.Tensor):
         if ks.is_cuda:
             raise TypeError(f"{where}: 'ks' must be host values (a list of ints or a CPU tensor); a CUDA tensor would "
@@ -135,8 +140,7 @@ def _validate_ks(ks: object, where: str) -> tuple[int, ...]:
         if isinstance(value, bool):
             raise TypeError(f"{where}: 'ks[{g}]' must be an int, got bool")
         if k < 0 or k % K_ALIGNMENT:
-            raise ValueError(f"{where}: 'ks[{g}]'={k} must be a non-negative multiple of {K_ALIGNMENT} "
-                             "(each group's token segment holds whole 1x128 scale blocks)")
+            raise ValueError(f"{where}: 'ks[{g}]'={k} must be a non-negative multiple of {K_ALIGNMENT} ({why})")
         values.append(k)
     return tuple(values)
 
@@ -216,7 +220,7 @@ def check_k_grouped(a: object, b: object, out: object, ks: object, c: object
     for name, t, rows in (("a[1]", sfa, m), ("b[1]", sfb, n)):
         require_dtype(t, name, where, (torch.float32,))
         require_shape(t, name, where, (rows, k_total // K_ALIGNMENT), "one scale per row and 128 tokens")
-    sizes = _check_ks(ks, where)
+    sizes = check_ks(ks, where)
     if sum(sizes) != k_total:
         raise ValueError(f"{where}: 'ks' sums to {sum(sizes)} tokens but the operands hold K_total={k_total}")
     groups = len(sizes)

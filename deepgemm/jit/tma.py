@@ -45,11 +45,11 @@ def encode_2d(
 
 
 def encode_3d(ptr: int, dtype: torch.dtype, sizes: tuple[int, int, int], strides_elems: tuple[int, int],
-              box: tuple[int, int, int]) -> bytes:
+              box: tuple[int, int, int], swizzle_bytes: int = 0) -> bytes:
     """Descriptor of a 3-D tensor, innermost dimension first: sizes (d0, d1, d2) with d0 contiguous and
-    strides_elems the element strides of d1 and d2 (each a multiple of 16 bytes); boxes of `box`, no swizzle.
-    Boxes that overhang a dimension read zeros there (never the neighbouring slice)."""
-    return _encode(ptr, dtype, sizes, strides_elems, box, 0)
+    strides_elems the element strides of d1 and d2 (each a multiple of 16 bytes); boxes of `box`, swizzled as
+    encode_2d's. Boxes that overhang a dimension read zeros there and write nothing (never the neighbouring slice)."""
+    return _encode(ptr, dtype, sizes, strides_elems, box, swizzle_bytes)
 
 
 def _encode(ptr: int, dtype: torch.dtype, sizes: tuple[int, ...], strides_elems: tuple[int, ...], box: tuple[int, ...],

@@ -5,6 +5,12 @@ time); under torch.compile they become graph nodes with fake kernels, so Dynamo 
 """
 
 from deepgemm.ops.bf16 import bf16_gemm_nn, bf16_gemm_nt, bf16_gemm_tn, bf16_gemm_tt
+from deepgemm.ops.bf16_grouped import (
+    k_grouped_bf16_gemm_tn_contiguous,
+    m_grouped_bf16_gemm_nt_contiguous,
+    m_grouped_bf16_gemm_nt_contiguous_psum,
+    m_grouped_bf16_gemm_nt_masked,
+)
 from deepgemm.ops.gemm import fp8_gemm_nt
 from deepgemm.ops.grouped import (
     m_grouped_fp8_gemm_nt_contiguous,
@@ -20,7 +26,11 @@ __all__ = [
     "bf16_gemm_tn",
     "bf16_gemm_tt",
     "fp8_gemm_nt",
+    "k_grouped_bf16_gemm_tn_contiguous",
     "k_grouped_fp8_gemm_tn_contiguous",
+    "m_grouped_bf16_gemm_nt_contiguous",
+    "m_grouped_bf16_gemm_nt_contiguous_psum",
+    "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_contiguous_psum",
     "m_grouped_fp8_gemm_nt_masked",

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from deepgemm.api import grouped as api
-from deepgemm.ops.library import compiling, define
+from deepgemm.ops.library import compiling, define, empty_out, refuse_validate_when_compiling
 
 _Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -15,12 +15,6 @@ _Pair = tuple[torch.Tensor, torch.Tensor]
 def _contiguous_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
     return a.shape[0], b.shape[1]
 
-
-def _empty(shape: tuple[int, ...], dtype: torch.dtype | None, like: torch.Tensor) -> torch.Tensor:
-    dtype = torch.bfloat16 if dtype is None else dtype
-    if dtype not in api.OUT_DTYPES:
-        raise TypeError(f"'out_dtype' must be torch.bfloat16 or torch.float32, got {dtype}")
-    return torch.empty(shape, dtype=dtype, device=like.device)
 
 
 # ---- contiguous: per-row expert indices (m_indices) or cumulative row ends (psum) ----------------------------
@@ -30,11 +24,11 @@ def _define_contiguous(name: str, grouping_name: str, run: Callable[..., torch.T
     """Register the functional and `_out` ops of one contiguous form; `run` is its api function."""
     def impl(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, grouping: torch.Tensor,
              out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        return run((a, sfa), (b, sfb), _empty(_contiguous_shape(a, b), out_dtype, a), grouping)
+        return run((a, sfa), (b, sfb), empty_out(_contiguous_shape(a, b), out_dtype, a), grouping)
 
     def fake(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, grouping: torch.Tensor,
              out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        out = _empty(_contiguous_shape(a, b), out_dtype, a)
+        out = empty_out(_contiguous_shape(a, b), out_dtype, a)
         api.check_contiguous((a, sfa), (b, sfb), out, grouping, psum_form=psum_form)
         return out
 
@@ -64,7 +58,7 @@ def _masked_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
 
 def _masked_impl(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, masked_m: torch.Tensor,
                  expected_m: int, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    out = _empty(_masked_shape(a, b), out_dtype, a)
+    out = empty_out(_masked_shape(a, b), out_dtype, a)
     api.m_grouped_fp8_gemm_nt_masked((a, sfa), (b, sfb), out, masked_m, expected_m)
     # A functional result is fully defined: rows at or past masked_m[g] (unspecified or unwritten in the `_out`
     # form) are zero. Done on the device, so the op stays capturable.
@@ -74,7 +68,7 @@ def _masked_impl(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch
 
 def _masked_fake(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, masked_m: torch.Tensor,
                  expected_m: int, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    out = _empty(_masked_shape(a, b), out_dtype, a)
+    out = empty_out(_masked_shape(a, b), out_dtype, a)
     api.check_masked((a, sfa), (b, sfb), out, masked_m, expected_m)
     return out
 
@@ -98,17 +92,13 @@ define("m_grouped_fp8_gemm_nt_masked_out(Tensor a, Tensor sfa, Tensor b, Tensor 
 # ---- public functions ---------------------------------------------------------------------------------------
 
 
-def _refuse_validate_when_compiling(where: str) -> None:
-    raise ValueError(f"{where}: 'validate=True' reads the grouping tensor on the host, which torch.compile cannot "
-                     "trace; call deepgemm.check_grouped_layout eagerly before the compiled region instead")
-
 
 def m_grouped_fp8_gemm_nt_contiguous(a: _Pair, b: _Pair, out: torch.Tensor, m_indices: torch.Tensor, *,
                                      validate: bool = False) -> torch.Tensor:
     if not compiling():
         return api.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices, validate=validate)
     if validate:
-        _refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_contiguous")
+        refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_contiguous")
     torch.ops.deepgemm.m_grouped_fp8_gemm_nt_contiguous_out(a[0], a[1], b[0], b[1], m_indices, out)
     return out
 
@@ -118,7 +108,7 @@ def m_grouped_fp8_gemm_nt_contiguous_psum(a: _Pair, b: _Pair, out: torch.Tensor,
     if not compiling():
         return api.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, out, psum, validate=validate)
     if validate:
-        _refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_contiguous_psum")
+        refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_contiguous_psum")
     torch.ops.deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum_out(a[0], a[1], b[0], b[1], psum, out)
     return out
 
@@ -128,7 +118,7 @@ def m_grouped_fp8_gemm_nt_masked(a: _Pair, b: _Pair, out: torch.Tensor, masked_m
     if not compiling():
         return api.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m, validate=validate)
     if validate:
-        _refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_masked")
+        refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_masked")
     torch.ops.deepgemm.m_grouped_fp8_gemm_nt_masked_out(a[0], a[1], b[0], b[1], masked_m, expected_m, out)
     return out
 

@@ -29,3 +29,19 @@ def compiling() -> bool:
     """True while Dynamo (torch.compile, torch.export) traces: public functions then call the custom ops so the
     graph holds `torch.ops.deepgemm.*` nodes; eager calls go straight to the implementation (host time)."""
     return torch.compiler.is_compiling()
+
+
+OUT_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def empty_out(shape: tuple[int, ...], dtype: torch.dtype | None, like: torch.Tensor) -> torch.Tensor:
+    """A functional op's new output on `like`'s device (dtype None: bfloat16)."""
+    dtype = torch.bfloat16 if dtype is None else dtype
+    if dtype not in OUT_DTYPES:
+        raise TypeError(f"'out_dtype' must be torch.bfloat16 or torch.float32, got {dtype}")
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def refuse_validate_when_compiling(where: str) -> None:
+    raise ValueError(f"{where}: 'validate=True' reads the grouping tensor on the host, which torch.compile cannot "
+                     "trace; call deepgemm.check_grouped_layout eagerly before the compiled region instead")

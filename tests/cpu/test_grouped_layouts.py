@@ -4,7 +4,7 @@ layout's rules.
 
 What the kernel computes is known here without a GPU: tile_schedulers_host.cpp compiles the kernel's own tile
 schedulers (deepgemm/include/deepgemm/scheduler/grouped_tiles.cuh) for the host and stores each tile as the
-kernel does, zeroing padding rows by the epilogue's per-row rule (epilogue/sm90_fp8_1d2d_padding.cuh, mirrored in
+kernel does, zeroing padding rows by the epilogue's per-row rule (epilogue/contiguous_padding.cuh, mirrored in
 its store_tile). Its `dump` mode prints the group each output row is written with, for block_m 64, 128 and 256 over
 several grids, and fails on any out-of-bounds read of the grouping tensor or of B. The reference's row maps
 (deepgemm.reference.contiguous_row_experts, m_indices_from_psum, the masked clamp) are held to that dump, then the

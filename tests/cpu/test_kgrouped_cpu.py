@@ -131,16 +131,16 @@ def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -
 
 def test_validated_ks_memo_keeps_the_type_rules() -> None:
     """A ks list seen before skips the per-group loop, but equal floats or bools are still rejected."""
-    from deepgemm.api.kgrouped import _check_ks
+    from deepgemm.api.kgrouped import check_ks
 
     sizes = [128 * (g % 5) for g in range(256)]
-    assert _check_ks(sizes, "w") == tuple(sizes)
-    assert _check_ks(tuple(sizes), "w") == tuple(sizes)  # a hit: same values
+    assert check_ks(sizes, "w") == tuple(sizes)
+    assert check_ks(tuple(sizes), "w") == tuple(sizes)  # a hit: same values
     with pytest.raises(TypeError, match=r"ks\[0\]"):
-        _check_ks([0.0] + sizes[1:], "w")
+        check_ks([0.0] + sizes[1:], "w")
     with pytest.raises(TypeError, match=r"ks\[0\]"):
-        _check_ks([False] + sizes[1:], "w")
+        check_ks([False] + sizes[1:], "w")
     with pytest.raises(ValueError, match=r"ks\[1\]"):
-        _check_ks([0, 100], "w")
+        check_ks([0, 100], "w")
     with pytest.raises(ValueError, match=r"ks\[1\]"):
-        _check_ks([0, 100], "w")  # a failed list is never remembered
+        check_ks([0, 100], "w")  # a failed list is never remembered

@@ -27,6 +27,9 @@ MAX_STAGES = 16  # memory-bound tiles keep more bytes in flight per SM
 
 @dataclass(frozen=True)
 class Bf16Problem:
+    """One GEMM as the tile choice sees it; grouped kinds are `groups` GEMMs of m x n x k each (m: rows per expert,
+    or M for k-grouped; k: K, or the tokens per group for k-grouped)."""
+
     m: int
     n: int
     k: int
@@ -35,6 +38,7 @@ class Bf16Problem:
     out_bytes: int
     addend_bytes: int  # 0: no C
     num_sms: int
+    groups: int = 1
 
 
 def block_n_candidates(problem: Bf16Problem) -> list[int]:
@@ -51,7 +55,7 @@ def stages_for(block_m: int, block_n: int, out_bytes: int) -> int:
 
 def estimate_seconds(problem: Bf16Problem, block_m: int, block_n: int) -> float:
     p = problem
-    tiles = ceil_div(p.m, block_m) * ceil_div(p.n, block_n)
+    tiles = p.groups * ceil_div(p.m, block_m) * ceil_div(p.n, block_n)
     ctas = min(p.num_sms, tiles)
     tiles_per_sm = ceil_div(tiles, ctas)
     k_steps = ceil_div(p.k, BLOCK_K) * (BLOCK_K // 16)
@@ -61,7 +65,7 @@ def estimate_seconds(problem: Bf16Problem, block_m: int, block_n: int) -> float:
     compute = tiles_per_sm * k_steps * max(math, smem) * 1.08 / CLOCK_HZ
     padded_k = ceil_div(p.k, BLOCK_K) * BLOCK_K
     per_sm_load = tiles_per_sm * (block_m + block_n) * padded_k * 2 / SM_LOAD_BYTES_PER_S
-    dram = ((p.m + p.n) * p.k * 2 + p.m * p.n * (p.out_bytes + p.addend_bytes)) / DRAM_BYTES_PER_S
+    dram = p.groups * ((p.m + p.n) * p.k * 2 + p.m * p.n * (p.out_bytes + p.addend_bytes)) / DRAM_BYTES_PER_S
     return max(compute, per_sm_load, dram) + tiles_per_sm * EPILOGUE_S
 
 
@@ -83,8 +87,10 @@ def tile_allowed(problem: Bf16Problem, block_m: int, block_n: int) -> bool:
 
 
 def make_config(problem: Bf16Problem, block_m: int, block_n: int) -> Bf16GemmConfig:
-    """The full config of a tile: as many stages as fit, the raster band for this grid."""
-    group = group_rows_for(ceil_div(problem.m, block_m), ceil_div(problem.n, block_n), problem.num_sms)
+    """The full config of a tile: as many stages as fit, the raster band for this grid (dense only: the grouped
+    kinds walk their own tile order)."""
+    group = 1 if problem.groups > 1 else group_rows_for(ceil_div(problem.m, block_m), ceil_div(problem.n, block_n),
+                                                        problem.num_sms)
     return Bf16GemmConfig(block_m, block_n, stages_for(block_m, block_n, problem.out_bytes), group, problem.num_sms)
 
 

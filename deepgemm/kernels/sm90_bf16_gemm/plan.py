@@ -1,8 +1,10 @@
-"""Launch plans of the BF16 GEMM: a loaded kernel, its persistent grid, and packed arguments per pointer set."""
+"""Launch plans of the BF16 GEMM (dense and grouped kinds): a loaded kernel, its persistent grid, and packed
+arguments per pointer set."""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import torch
 
@@ -13,13 +15,26 @@ from deepgemm.kernels.common.device import sm_count
 from deepgemm.kernels.common.hopper import elem_bytes
 from deepgemm.kernels.common.layout import tma_row_stride
 from deepgemm.kernels.common.loader import load_kernel
-from deepgemm.kernels.common.output import output_descriptors
+from deepgemm.kernels.common.kind import GemmKind
+from deepgemm.kernels.common.output import output_descriptors, output_descriptors_3d
 from deepgemm.kernels.sm90_bf16_gemm.config import ATOM, BLOCK_K, Bf16GemmConfig
 from deepgemm.kernels.sm90_bf16_gemm.cost_model import Bf16Problem, choose_config
 from deepgemm.kernels.sm90_bf16_gemm.spec import Bf16GemmSpec, a_mn_major, addend_kind, b_mn_major, render_source
 from deepgemm.utils import ceil_div
 
 BF16 = torch.bfloat16
+# Tokens per group the k-grouped tile is chosen for: ks changes every training step, the kernel must not.
+K_GROUPED_NOMINAL_K = 4096
+
+
+@dataclass(frozen=True)
+class Bf16Geometry:
+    """The run-time extent of a launch: rows of A and D as the kernel indexes them (dense: M; contiguous: M_total;
+    masked: G * max_m; k-grouped: M), the groups, and max_m (masked)."""
+
+    rows: int
+    groups: int = 1
+    max_m: int = 0
 
 
 def operand_descriptor(t: torch.Tensor, mn_major: bool, block_rows: int) -> bytes:
@@ -32,39 +47,68 @@ def operand_descriptor(t: torch.Tensor, mn_major: bool, block_rows: int) -> byte
 
 
 class Bf16GemmPlan:
-    """Launch state for one (device, M, N, K, layout, out dtype, addend kind, config)."""
+    """Launch state for one (device, geometry, N, K, layout, out dtype, addend kind, kind, config)."""
 
     _ARGS_CAPACITY = 1024
 
-    def __init__(self, device_index: int, m: int, spec: Bf16GemmSpec, kernel: LoadedKernel) -> None:
+    def __init__(self, device_index: int, geometry: Bf16Geometry | int, spec: Bf16GemmSpec, kernel: LoadedKernel) -> None:
         c = spec.config
         self.device_index = device_index
-        self.m = m
+        self.geometry = geometry if isinstance(geometry, Bf16Geometry) else Bf16Geometry(geometry)
+        self.m = self.geometry.rows
         self.spec = spec
         self.kernel = kernel
-        tiles = ceil_div(m, c.block_m) * ceil_div(spec.n, c.block_n)
+        n_blocks = ceil_div(spec.n, c.block_n)
+        if spec.kind == GemmKind.GROUPED_MASKED:
+            tiles = c.num_sms  # the counts live in device memory
+        elif spec.kind == GemmKind.K_GROUPED:
+            tiles = self.geometry.groups * ceil_div(self.m, c.block_m) * n_blocks
+        else:
+            tiles = ceil_div(self.m, c.block_m) * n_blocks
         self.grid = max(1, min(c.num_sms, tiles))
         self.block = c.num_threads
         self._args: dict[tuple, PackedArgs] = {}
         self._configs: dict[int, object] = {}
 
-    def packed_args(self, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None) -> PackedArgs:
+    def packed_args(self, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None,
+                    grouping: torch.Tensor | None = None) -> PackedArgs:
+        """A, B, D as the API holds them (masked A/D [G, max_m, *], M-grouped B [G, N, K], k-grouped D and C
+        [G, M, N]); grouping: m_indices, psum, masked_m or the k-grouped offsets."""
         key = (a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), d.data_ptr(), d.stride(0),
-               c.data_ptr() if c is not None else 0, c.stride(0) if c is not None else 0)
+               c.data_ptr() if c is not None else 0, c.stride(0) if c is not None else 0,
+               grouping.data_ptr() if grouping is not None else 0)
         args = self._args.get(key)
         if args is None:
             if len(self._args) >= self._ARGS_CAPACITY:
                 self._args.clear()
-            layout, config = self.spec.layout, self.spec.config
-            args = self._args[key] = PackedArgs([
-                operand_descriptor(a, a_mn_major(layout), config.block_m),
-                operand_descriptor(b, b_mn_major(layout), config.block_n),
-                output_descriptors(d, self.m, self.spec.n, tma_row_stride(d)),
-                U32(self.m),
-                U64(c.data_ptr() if c is not None else 0),
-                U32(tma_row_stride(c) if c is not None else 0),
-            ])
+            args = self._args[key] = self._pack(a, b, d, c, grouping)
         return args
+
+    def _pack(self, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None,
+              grouping: torch.Tensor | None) -> PackedArgs:
+        layout, config, kind, g = self.spec.layout, self.spec.config, self.spec.kind, self.geometry
+        if a.dim() == 3:
+            a = a.flatten(0, 1)  # masked: [G * max_m, K] (stacked rows, checked by the API)
+        if b.dim() == 3:
+            b = b.flatten(0, 1)  # M-grouped: [G * N, K]
+        if kind == GemmKind.K_GROUPED:
+            d_desc = output_descriptors_3d(d)
+            c_stride = self.spec.n if c is not None else 0
+        else:
+            d2 = d.flatten(0, 1) if d.dim() == 3 else d
+            d_desc = output_descriptors(d2, self.m, self.spec.n, tma_row_stride(d2))
+            c_stride = tma_row_stride(c) if c is not None else 0
+        return PackedArgs([
+            operand_descriptor(a, a_mn_major(layout), config.block_m),
+            operand_descriptor(b, b_mn_major(layout), config.block_n),
+            d_desc,
+            U32(self.m),
+            U64(grouping.data_ptr() if grouping is not None else 0),
+            U32(g.groups),
+            U32(g.max_m),
+            U64(c.data_ptr() if c is not None else 0),
+            U32(c_stride),
+        ])
 
     def launch_packed(self, args: PackedArgs) -> None:
         stream = current_raw_stream(self.device_index)
@@ -73,8 +117,9 @@ class Bf16GemmPlan:
             config = self._configs[stream] = self.kernel.launch_config(self.device_index, stream, self.grid, self.block)
         launch_on_device(self.kernel, self.device_index, stream, config, args.address)
 
-    def launch(self, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
-        self.launch_packed(self.packed_args(a, b, d, c))
+    def launch(self, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None,
+               grouping: torch.Tensor | None = None) -> None:
+        self.launch_packed(self.packed_args(a, b, d, c, grouping))
 
 
 def bf16_problem(m: int, n: int, k: int, layout: str, out_dtype: torch.dtype, c_dtype: torch.dtype | None,
@@ -89,6 +134,27 @@ def bf16_spec(m: int, n: int, k: int, layout: str, out_dtype: torch.dtype, c_dty
     if config is None:
         config = choose_config(bf16_problem(m, n, k, layout, out_dtype, c_dtype, num_sms))
     return Bf16GemmSpec(n=n, k=k, layout=layout, out_dtype=out_dtype, addend=addend_kind(c_dtype), config=config)
+
+
+def grouped_problem(kind: GemmKind, geometry: Bf16Geometry, n: int, k: int, out_dtype: torch.dtype,
+                    c_dtype: torch.dtype | None, expected_m: int, num_sms: int) -> Bf16Problem:
+    """The cost model's view of a grouped launch: `groups` GEMMs of (rows per expert) x N x K; masked rows per expert
+    = expected_m, contiguous = M_total / G, k-grouped = M with K_GROUPED_NOMINAL_K tokens per group."""
+    groups = max(1, geometry.groups)
+    if kind == GemmKind.K_GROUPED:
+        return Bf16Problem(geometry.rows, n, K_GROUPED_NOMINAL_K, True, True, 4,
+                           0 if c_dtype is None else elem_bytes(c_dtype), num_sms, groups)
+    rows = expected_m if kind == GemmKind.GROUPED_MASKED else ceil_div(geometry.rows, groups)
+    return Bf16Problem(max(1, rows), n, k, False, False, elem_bytes(out_dtype), 0, num_sms, groups)
+
+
+def grouped_spec(kind: GemmKind, geometry: Bf16Geometry, n: int, k: int, out_dtype: torch.dtype,
+                 c_dtype: torch.dtype | None, expected_m: int, num_sms: int) -> Bf16GemmSpec:
+    """The instantiation a grouped launch uses (k-grouped: k = 0, each group's K range is run-time)."""
+    config = choose_config(grouped_problem(kind, geometry, n, k, out_dtype, c_dtype, expected_m, num_sms))
+    layout = "tn" if kind == GemmKind.K_GROUPED else "nt"
+    return Bf16GemmSpec(n=n, k=0 if kind == GemmKind.K_GROUPED else k, layout=layout, out_dtype=out_dtype,
+                        addend=addend_kind(c_dtype), config=config, kind=kind)
 
 
 _plans: dict[tuple, Bf16GemmPlan] = {}
@@ -107,4 +173,19 @@ def get_bf16_plan(device_index: int, m: int, n: int, k: int, layout: str, out_dt
     with _plans_lock, torch.cuda.device(device_index):
         if len(_plans) >= _PLANS_CAPACITY:
             _plans.clear()
-        return _plans.setdefault(key, Bf16GemmPlan(device_index, m, spec, kernel))
+        return _plans.setdefault(key, Bf16GemmPlan(device_index, Bf16Geometry(m), spec, kernel))
+
+
+def get_bf16_grouped_plan(device_index: int, kind: GemmKind, geometry: Bf16Geometry, n: int, k: int,
+                          out_dtype: torch.dtype, c_dtype: torch.dtype | None, expected_m: int) -> Bf16GemmPlan:
+    """The plan of a grouped launch (expected_m: masked only; its bucket is part of the key)."""
+    key = (device_index, kind, geometry, n, k, out_dtype, c_dtype, expected_m)
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    spec = grouped_spec(kind, geometry, n, k, out_dtype, c_dtype, expected_m, sm_count(device_index))
+    kernel = load_kernel(render_source(spec), spec.smem_bytes, device_index)
+    with _plans_lock, torch.cuda.device(device_index):
+        if len(_plans) >= _PLANS_CAPACITY:
+            _plans.clear()
+        return _plans.setdefault(key, Bf16GemmPlan(device_index, geometry, spec, kernel))

@@ -8,6 +8,7 @@ import torch
 
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
 from deepgemm.kernels.common.hopper import elem_bytes
+from deepgemm.kernels.common.kind import GemmKind
 from deepgemm.kernels.sm90_bf16_gemm.config import Bf16GemmConfig
 
 LAYOUTS = ("nt", "nn", "tn", "tt")
@@ -31,9 +32,17 @@ def addend_kind(c_dtype: torch.dtype | None) -> int:
     return ADDEND_FP32 if c_dtype == torch.float32 else ADDEND_BF16
 
 
+# The public operation each kind serves (the kernel's label).
+KIND_NAMES = {GemmKind.GROUPED_CONTIGUOUS: "m_grouped_bf16_gemm_nt_contiguous",
+              GemmKind.GROUPED_CONTIGUOUS_PSUM: "m_grouped_bf16_gemm_nt_contiguous_psum",
+              GemmKind.GROUPED_MASKED: "m_grouped_bf16_gemm_nt_masked",
+              GemmKind.K_GROUPED: "k_grouped_bf16_gemm_tn_contiguous"}
+
+
 @dataclass(frozen=True)
 class Bf16GemmSpec:
-    """One instantiation: N, K, the layout, the output dtype, the addend kind and the tile config (M stays run-time)."""
+    """One instantiation: N, K, the layout, the output dtype, the addend kind, the GEMM kind and the tile config
+    (M, the groups and the grouping stay run-time; k-grouped has k = 0: each group's K range is run-time)."""
 
     n: int
     k: int
@@ -41,6 +50,12 @@ class Bf16GemmSpec:
     out_dtype: torch.dtype
     addend: int
     config: Bf16GemmConfig
+    kind: GemmKind = GemmKind.DENSE
+
+    def __post_init__(self) -> None:
+        expected = {GemmKind.DENSE: None, GemmKind.K_GROUPED: "tn"}.get(self.kind, "nt")
+        if expected is not None and self.layout != expected:
+            raise ValueError(f"{self.kind.name} BF16 kernels are {expected}, not {self.layout}")
 
     @property
     def smem_bytes(self) -> int:
@@ -49,7 +64,9 @@ class Bf16GemmSpec:
     def label(self) -> str:
         out = "fp32" if self.out_dtype == torch.float32 else "bf16"
         c = ("", " c=bf16", " c=fp32")[self.addend]
-        return f"bf16_gemm_{self.layout} n={self.n} k={self.k} out={out}{c} {self.config.label()}"
+        name = KIND_NAMES.get(self.kind, f"bf16_gemm_{self.layout}")
+        k = "" if self.kind == GemmKind.K_GROUPED else f" k={self.k}"
+        return f"{name} n={self.n}{k} out={out}{c} {self.config.label()}"
 
 
 def render_source(spec: Bf16GemmSpec) -> KernelSource:
@@ -60,14 +77,16 @@ def render_source(spec: Bf16GemmSpec) -> KernelSource:
 
 using Kernel = deepgemm::Sm90Bf16Gemm<{spec.n}u, {spec.k}u, {c.block_m}u, {c.block_n}u, {c.num_stages}u, {c.group_rows}u,
                                       {flag[a_mn_major(spec.layout)]}, {flag[b_mn_major(spec.layout)]},
-                                      {flag[spec.out_dtype == torch.float32]}, {spec.addend}u>;
+                                      {flag[spec.out_dtype == torch.float32]}, {spec.addend}u,
+                                      static_cast<deepgemm::GemmKind>({int(spec.kind)})>;
 static_assert(Kernel::kSmemBytes == {spec.smem_bytes}u, "host and device disagree on the shared-memory size");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
 deepgemm_bf16_gemm(const __grid_constant__ deepgemm::TmaDescriptor tma_a, const __grid_constant__ deepgemm::TmaDescriptor tma_b,
-                   const __grid_constant__ deepgemm::OutputDescriptors tma_d, deepgemm::u32 m, const void* c,
-                   deepgemm::u32 c_stride) {{
-    Kernel::run(&tma_a, &tma_b, &tma_d, deepgemm::Bf16GemmProblem{{m, c, c_stride}});
+                   const __grid_constant__ deepgemm::OutputDescriptors tma_d, deepgemm::u32 m, const deepgemm::i32* grouping,
+                   deepgemm::u32 num_groups, deepgemm::u32 max_m, const void* c, deepgemm::u32 c_stride) {{
+    const deepgemm::GemmProblem tiles{{m, grouping, num_groups, max_m, nullptr, nullptr}};
+    Kernel::run(&tma_a, &tma_b, &tma_d, deepgemm::Bf16GemmProblem{{tiles, c, c_stride}});
 }}
 """
     return KernelSource(code=code, entry="deepgemm_bf16_gemm", label=spec.label())

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import torch
 
 from deepgemm.kernels.common.hopper import elem_bytes
+from deepgemm.kernels.common.kind import GemmKind
 
-
-class GemmKind(enum.IntEnum):
-    """Mirrors deepgemm::GemmKind in scheduler/tile_sources.cuh."""
-
-    DENSE = 0
-    GROUPED_CONTIGUOUS = 1
-    GROUPED_MASKED = 2
-    GROUPED_CONTIGUOUS_PSUM = 3
+__all__ = ["GemmKind", "GemmProblem"]
 
 
 @dataclass(frozen=True)

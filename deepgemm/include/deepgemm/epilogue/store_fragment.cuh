@@ -22,8 +22,11 @@ struct OutputDescriptors {
 
 // kBuffers staging buffers of kBytes each, used in turn: a store waits only until the store that last used
 // its buffer (kBuffers stores earlier) has been read, so with two buffers consecutive stores overlap.
-template <u32 kBlockN, bool kOutputFp32, u32 kBuffers = 1>
+// kRank 3: the descriptors are 3-D [slices, rows, cols] (boxes one slice deep), and a store names its slice z,
+// so TMA clips rows at the end of each slice (the k-grouped outputs [G, M, N] with any M).
+template <u32 kBlockN, bool kOutputFp32, u32 kBuffers = 1, u32 kRank = 2>
 struct WarpgroupTileStore {
+    static_assert(kRank == 2 || kRank == 3, "2-D or 3-D output descriptors");
     static constexpr u32 kElemBytes = kOutputFp32 ? 4 : 2;
     static constexpr u32 kRowBytes = kBlockN * kElemBytes;
     static_assert(kRowBytes % 16 == 0, "output rows of a tile must be whole 16-byte chunks");
@@ -70,7 +73,7 @@ struct WarpgroupTileStore {
     // row 16w + l/4 + 8(r/2), column 8j + 2(l%4) + r%2.
     // Every thread of the warpgroup calls it with the same arguments; one TMA bulk group per call.
     DG_DEVICE void store(const float (&values)[kBlockN / 2], const OutputDescriptors* out, u32 col, u32 row,
-                         u32 thread_in_wg, u32 barrier_id) {
+                         u32 thread_in_wg, u32 barrier_id, u32 z = 0) {
         if constexpr (kOutputFp32) {
             const u32 warp = thread_in_wg / 32;
             const u32 lane = thread_in_wg % 32;
@@ -85,11 +88,11 @@ struct WarpgroupTileStore {
                         make_float2(values[j * 4 + half * 2], values[j * 4 + half * 2 + 1]);
                 }
             }
-            finish(smem_tile, out, col, row, thread_in_wg, barrier_id);
+            finish(smem_tile, out, col, row, thread_in_wg, barrier_id, z);
         } else {
             u32 packed[kBlockN / 4];
             pack_bf16(values, packed);
-            store_bf16(packed, out, col, row, thread_in_wg, barrier_id);
+            store_bf16(packed, out, col, row, thread_in_wg, barrier_id, z);
         }
     }
 
@@ -104,7 +107,7 @@ struct WarpgroupTileStore {
 
     // store() of a BF16 output from its packed pairs.
     DG_DEVICE void store_bf16(const u32 (&packed)[kBlockN / 4], const OutputDescriptors* out, u32 col, u32 row,
-                              u32 thread_in_wg, u32 barrier_id) {
+                              u32 thread_in_wg, u32 barrier_id, u32 z = 0) {
         static_assert(!kOutputFp32, "packed BF16 stores are for BF16 output");
         const u32 warp = thread_in_wg / 32;
         const u32 lane = thread_in_wg % 32;
@@ -122,7 +125,7 @@ struct WarpgroupTileStore {
             constexpr u32 j = kBlockN / 8 - 1;
             ptx::stmatrix_x2(smem_tile + smem_offset(matrix_row, j * 16), packed[j * 2], packed[j * 2 + 1]);
         }
-        finish(smem_tile, out, col, row, thread_in_wg, barrier_id);
+        finish(smem_tile, out, col, row, thread_in_wg, barrier_id, z);
     }
 
     // The next staging buffer, once the store that last used it (kBuffers bulk groups ago) has read it.
@@ -137,26 +140,35 @@ struct WarpgroupTileStore {
     }
 
     // Every thread's writes to the staging buffer are done: one thread stores it with TMA.
-    DG_DEVICE static void finish(u8* smem_tile, const OutputDescriptors* out, u32 col, u32 row, u32 thread_in_wg, u32 barrier_id) {
+    DG_DEVICE static void store_piece(const TmaDescriptor* desc, const u8* smem_piece, u32 col, i32 y, u32 z) {
+        if constexpr (kRank == 3) {
+            ptx::tma_store_3d(desc, smem_piece, static_cast<i32>(col), y, static_cast<i32>(z));
+        } else {
+            ptx::tma_store_2d(desc, smem_piece, static_cast<i32>(col), y);
+        }
+    }
+
+    DG_DEVICE static void finish(u8* smem_tile, const OutputDescriptors* out, u32 col, u32 row, u32 thread_in_wg,
+                                 u32 barrier_id, u32 z = 0) {
         ptx::fence_proxy_async_smem();
         ptx::named_barrier_sync(barrier_id, 128);
         if (thread_in_wg == 0) {
             const i32 y = static_cast<i32>(row);
 #pragma unroll
             for (u32 p = 0; p < kFullPieces; ++p) {
-                ptx::tma_store_2d(&out->width128, smem_tile + p * 64 * 128, static_cast<i32>(col + p * 128 / kElemBytes), y);
+                store_piece(&out->width128, smem_tile + p * 64 * 128, col + p * 128 / kElemBytes, y, z);
             }
             u32 tail_col = col + kFullPieces * 128 / kElemBytes;
             if constexpr ((kTail & 64) != 0) {
-                ptx::tma_store_2d(&out->width64, smem_tile + kTail64Offset, static_cast<i32>(tail_col), y);
+                store_piece(&out->width64, smem_tile + kTail64Offset, tail_col, y, z);
                 tail_col += 64 / kElemBytes;
             }
             if constexpr ((kTail & 32) != 0) {
-                ptx::tma_store_2d(&out->width32, smem_tile + kTail32Offset, static_cast<i32>(tail_col), y);
+                store_piece(&out->width32, smem_tile + kTail32Offset, tail_col, y, z);
                 tail_col += 32 / kElemBytes;
             }
             if constexpr ((kTail & 16) != 0) {
-                ptx::tma_store_2d(&out->width16, smem_tile + kTail16Offset, static_cast<i32>(tail_col), y);
+                store_piece(&out->width16, smem_tile + kTail16Offset, tail_col, y, z);
             }
             ptx::tma_store_commit();
         }

@@ -1,15 +1,20 @@
-// BF16 GEMM on sm_90a in every layout:  D[M,N] = C + A @ B^T with FP32 accumulation over the whole K.
+// BF16 GEMM on sm_90a in every layout:  D[M,N] = C + A @ B^T with FP32 accumulation over the whole K, and its
+// grouped kinds (GemmKind): M-grouped contiguous / psum / masked (NT: A [rows, K], B [G, N, K], one expert per
+// tile, as the FP8 kernel's schedulers define them) and k-grouped (TN: A [K_total, M], B [K_total, N] token-major,
+// D [G, M, N] FP32 = C[g] + A_g^T B_g over group g's K range).
 // A is [M,K] (K-major) or given as [K,M] (MN-major), B [N,K] or given as [K,N]; wgmma reads either major order
 // from shared memory (its transpose bits), so no layout is copied. D is BF16 or FP32; the optional addend C
 // (BF16 or FP32, [M,N], may be D itself) is read in the epilogue.
 //
 // One CTA = 1 TMA producer warpgroup (setmaxnreg down) + kBlockM / 64 math warpgroups of 64 rows each,
-// persistent over tiles in PersistentTileScheduler's banded raster. Stages of 64 K: a K-major tile is
-// 128-byte rows (one swizzle row each), an MN-major tile is 64-element atoms along MN of 64 K rows, both
-// loaded by TMA with the 128B swizzle. Each K block is one wgmma commit group; the stage of the previous one
-// is released as soon as it retires (one group in flight). Epilogue: registers -> shared memory -> TMA store
-// (store_fragment.cuh), which clips the M and N tails; TMA zero-fills the K tail of both operands.
+// persistent over its kind's tile sequence (dense: PersistentTileScheduler's banded raster). Stages of 64 K: a
+// K-major tile is 128-byte rows (one swizzle row each), an MN-major tile is 64-element atoms along MN of 64 K
+// rows, both loaded by TMA with the 128B swizzle. Each K block is one wgmma commit group; the stage of the
+// previous one is released as soon as it retires (one group in flight). Epilogue: registers -> shared memory
+// -> TMA store (store_fragment.cuh), which clips the M and N tails (k-grouped: 3-D descriptors clip each group's
+// rows at M); TMA zero-fills the K tail of both operands (k-grouped K ranges are whole 64-wide blocks).
 #pragma once
+#include <deepgemm/epilogue/contiguous_padding.cuh>
 #include <deepgemm/epilogue/store_fragment.cuh>
 #include <deepgemm/pipeline/stage_ring.cuh>
 #include <deepgemm/ptx/mbarrier.cuh>
@@ -17,7 +22,8 @@
 #include <deepgemm/ptx/tma.cuh>
 #include <deepgemm/ptx/wgmma.cuh>
 #include <deepgemm/ptx/wgmma_bf16.cuh>
-#include <deepgemm/scheduler/persistent_tiles.cuh>
+#include <deepgemm/scheduler/kgrouped_tiles.cuh>
+#include <deepgemm/scheduler/tile_sources.cuh>
 
 namespace deepgemm {
 
@@ -25,19 +31,39 @@ namespace deepgemm {
 enum Bf16Addend : u32 { kAddendNone = 0, kAddendBf16 = 1, kAddendFp32 = 2 };
 
 struct Bf16GemmProblem {
-    u32 m;
-    const void* c;  // addend [M, N] with row stride c_stride elements, or null
+    GemmProblem tiles;  // m: rows of A (dense, contiguous M_total) or M (k-grouped); grouping: m_indices, psum,
+                        // masked_m or the k-grouped offsets [G + 1]; num_groups; max_m (masked)
+    const void* c;      // addend [M, N] (k-grouped [G, M, N]) with row stride c_stride elements, or null
     u32 c_stride;
 };
 
+// The BF16 tile as the contiguous layouts' padding rows see it: one 64-row wave per math warpgroup.
+template <u32 kTileM, u32 kTileN, GemmKind kTileKind, typename TileStore>
+struct Bf16PaddingTile {
+    static constexpr u32 kBlockM = kTileM;
+    static constexpr u32 kBlockN = kTileN;
+    static constexpr u32 kStoreN = kTileN;
+    static constexpr u32 kStoreChunks = 1;
+    static constexpr u32 kNumWaves = 1;
+    static constexpr GemmKind kKind = kTileKind;
+    using Store = TileStore;
+    DG_DEVICE static constexpr u32 wave_row(u32, u32 math_wg) { return math_wg * 64; }
+};
+
 template <u32 kN, u32 kK, u32 kBlockM, u32 kBlockN, u32 kNumStages, u32 kGroupRows, bool kAMnMajor, bool kBMnMajor,
-          bool kOutputFp32, u32 kAddend>
+          bool kOutputFp32, u32 kAddend, GemmKind kKind = GemmKind::kDense>
 struct Sm90Bf16Gemm {
+    static constexpr bool kMGrouped = kKind != GemmKind::kDense && kKind != GemmKind::kKGrouped;
+    static constexpr bool kContiguous = kKind == GemmKind::kGroupedContiguous || kKind == GemmKind::kGroupedContiguousPsum;
+    static constexpr bool kKGrouped = kKind == GemmKind::kKGrouped;
     static_assert(kBlockM == 64 || kBlockM == 128, "block_m is one or two 64-row math warpgroups");
     static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "block_n must be a multiple of 8 in [8, 256]");
     static_assert(!kBMnMajor || kBlockN % 64 == 0, "an MN-major B tile is whole 64-column atoms");
-    static_assert(kK > 0 && kN % 8 == 0, "K > 0 (K = 0 never launches) and N % 8 == 0 (16-byte output rows)");
+    static_assert((kK > 0 || kKGrouped) && kN % 8 == 0, "K > 0 (K = 0 never launches) and N % 8 == 0 (16-byte output rows)");
     static_assert(kNumStages >= 2, "need at least two pipeline stages");
+    static_assert(!kMGrouped || (!kAMnMajor && !kBMnMajor && kAddend == kAddendNone), "M-grouped kinds are NT without C");
+    static_assert(!kKGrouped || (kAMnMajor && kBMnMajor && kOutputFp32 && kAddend != kAddendBf16),
+                  "k-grouped is TN (token-major operands) into FP32, with an FP32 C or none");
 
     static constexpr u32 kBlockK = 64;  // 128 bytes: one swizzled row of a K-major tile
     static constexpr u32 kAtom = 64;    // MN elements per 128-byte row of an MN-major tile
@@ -51,8 +77,9 @@ struct Sm90Bf16Gemm {
 
     using Mma = ptx::WgmmaBf16<kBlockN>;
     using Ring = StageRing<kNumStages>;
-    using Store = WarpgroupTileStore<kBlockN, kOutputFp32, 1>;
-    using Scheduler = PersistentTileScheduler<kBlockM, kNumNBlocks, kGroupRows, 1>;
+    using Store = WarpgroupTileStore<kBlockN, kOutputFp32, 1, kKGrouped ? 3 : 2>;
+
+    using Padding = PaddingRows<Bf16PaddingTile<kBlockM, kBlockN, kKind, Store>>;
 
     // Shared memory: A stages, B stages, one output staging buffer per math warpgroup, the ring's barriers.
     static constexpr u32 kStageABytes = kBlockM * kBlockK * 2;
@@ -69,6 +96,54 @@ struct Sm90Bf16Gemm {
     // Descriptor steps per 16 K inside a stage: 32 bytes along a K-major row, 16 rows of 128 bytes MN-major.
     static constexpr u64 kStepA = kAMnMajor ? (16 * 128) >> 4 : 32 >> 4;
     static constexpr u64 kStepB = kBMnMajor ? (16 * 128) >> 4 : 32 >> 4;
+
+    // A tile of the kind's sequence with its K range (every kind but k-grouped: all of K).
+    struct Tile {
+        GroupedTile tile;  // group, m_block, n_block; row_begin / rows: the group's rows of A and D; padding
+        u32 k_begin;
+        u32 k_blocks;
+    };
+
+    struct Tiles {
+        using Source = typename SelectType<kKGrouped, KGroupedTileScheduler<kNumNBlocks, kBlockK>,
+                                           TileSource<kKGrouped ? GemmKind::kDense : kKind, kBlockM, kNumNBlocks, kGroupRows, 1,
+                                                      false>>::Type;
+        Source source;
+        u32 m;
+
+        DG_DEVICE static Source make(const GemmProblem& p) {
+            if constexpr (kKGrouped) {
+                return Source(p.grouping, p.num_groups, ceil_div(p.m, kBlockM));
+            } else {
+                return Source(p, 0);
+            }
+        }
+
+        DG_DEVICE explicit Tiles(const GemmProblem& p) : source(make(p)), m(p.m) {}
+
+        DG_DEVICE bool next(Tile& t) {
+            if constexpr (kKGrouped) {
+                KGroupedTile k_tile;
+                if (!source.next(k_tile)) {
+                    return false;
+                }
+                t.tile.group = k_tile.group;
+                t.tile.m_block = k_tile.m_block;
+                t.tile.n_block = k_tile.n_block;
+                t.tile.row_begin = 0;
+                t.tile.rows = m;
+                t.tile.padding = false;
+                t.k_begin = k_tile.k_begin;
+                t.k_blocks = k_tile.k_blocks;
+                return true;
+            } else {
+                SplitUnit unit;
+                t.k_begin = 0;
+                t.k_blocks = kNumKBlocks;
+                return source.next(t.tile, unit);
+            }
+        }
+    };
 
     DG_DEVICE static u64 descriptor(const u8* tile, bool mn_major) {
         return mn_major ? ptx::make_smem_desc_mn_major_sw128(tile, kBlockK) : ptx::make_smem_desc_k_major_sw128(tile);
@@ -87,19 +162,23 @@ struct Sm90Bf16Gemm {
         }
     }
 
-    DG_DEVICE static void producer(const Ring& ring, const TmaDescriptor* tma_a, const TmaDescriptor* tma_b, u32 m) {
-        Scheduler tiles(m, 0);
-        u32 m_block;
-        u32 n_block;
+    DG_DEVICE static void producer(const Ring& ring, const TmaDescriptor* tma_a, const TmaDescriptor* tma_b,
+                                   const GemmProblem& problem) {
+        Tiles tiles(problem);
+        Tile t;
         u32 stage = 0;
         u32 phase = 0;
-        while (tiles.next(m_block, n_block)) {
-            const i32 row_a = static_cast<i32>(m_block * kBlockM);
-            const i32 row_b = static_cast<i32>(n_block * kBlockN);
-            for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
+        while (tiles.next(t)) {
+            if (kContiguous && t.tile.padding) {
+                continue;  // stored as zeros, nothing read
+            }
+            const i32 row_a = static_cast<i32>(t.tile.row_begin + t.tile.m_block * kBlockM);
+            // M-grouped B is [G * N, K]: an N tail box reads the next expert's rows only for columns past N.
+            const i32 row_b = static_cast<i32>((kMGrouped ? t.tile.group * kN : 0) + t.tile.n_block * kBlockN);
+            for (u32 k_block = 0; k_block < t.k_blocks; ++k_block) {
                 ptx::mbarrier_wait(&ring.empty[stage], phase ^ 1);
                 u64* full = &ring.full[stage];
-                const i32 k = static_cast<i32>(k_block * kBlockK);
+                const i32 k = static_cast<i32>(t.k_begin + k_block * kBlockK);
                 // Boxes overhanging M, N or K are zero-filled and still count all their bytes.
                 ptx::mbarrier_arrive_expect_tx(full, kStageABytes + kStageBBytes);
                 load_operand<kAMnMajor, kBlockM>(ring.smem + kOffsetA + stage * kStageABytes, tma_a, full, k, row_a);
@@ -117,15 +196,16 @@ struct Sm90Bf16Gemm {
     }
 
     // acc += C over this thread's accumulator elements (register 4j + r: row 16 warp + lane / 4 + 8 (r / 2),
-    // column 8j + 2 (lane % 4) + r % 2); rows past M read nothing. N % 8 == 0, so a pair never straddles N.
-    DG_DEVICE static void add_addend(float (&acc)[kBlockN / 2], const Bf16GemmProblem& problem, u32 row0, u32 col0,
+    // column 8j + 2 (lane % 4) + r % 2); `c` is the addend's row 0, rows at or past `rows` read nothing.
+    // N % 8 == 0, so a pair never straddles N.
+    DG_DEVICE static void add_addend(float (&acc)[kBlockN / 2], const void* c, u32 c_stride, u32 rows, u32 row0, u32 col0,
                                      u32 thread_in_wg) {
         const u32 warp = thread_in_wg / 32;
         const u32 lane = thread_in_wg % 32;
 #pragma unroll
         for (u32 half = 0; half < 2; ++half) {
             const u32 row = row0 + warp * 16 + lane / 4 + half * 8;
-            if (row >= problem.m) {
+            if (row >= rows) {
                 continue;
             }
 #pragma unroll
@@ -134,12 +214,12 @@ struct Sm90Bf16Gemm {
                 if (kN % kBlockN != 0 && col >= kN) {
                     continue;
                 }
-                const u64 offset = static_cast<u64>(row) * problem.c_stride + col;
+                const u64 offset = static_cast<u64>(row) * c_stride + col;
                 float2 value;
                 if constexpr (kAddend == kAddendFp32) {
-                    value = *reinterpret_cast<const float2*>(static_cast<const float*>(problem.c) + offset);
+                    value = *reinterpret_cast<const float2*>(static_cast<const float*>(c) + offset);
                 } else {
-                    const u32 pair = *reinterpret_cast<const u32*>(static_cast<const u16*>(problem.c) + offset);
+                    const u32 pair = *reinterpret_cast<const u32*>(static_cast<const u16*>(c) + offset);
                     value = make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xFFFF0000u));
                 }
                 acc[j * 4 + half * 2] += value.x;
@@ -148,59 +228,96 @@ struct Sm90Bf16Gemm {
         }
     }
 
+    // The addend of a tile: dense C [M, N]; k-grouped C[group] of [G, M, N].
+    DG_DEVICE static void add_tile_addend(float (&acc)[kBlockN / 2], const Bf16GemmProblem& problem, const GroupedTile& tile,
+                                          u32 row0, u32 col0, u32 thread_in_wg) {
+        if constexpr (kAddend != kAddendNone) {
+            if (problem.c != nullptr) {
+                const u32 elem_bytes = kAddend == kAddendFp32 ? 4 : 2;
+                const u64 group_bytes = static_cast<u64>(tile.group) * problem.tiles.m * problem.c_stride * elem_bytes;
+                const void* c = static_cast<const u8*>(problem.c) + (kKGrouped ? group_bytes : 0);
+                add_addend(acc, c, problem.c_stride, problem.tiles.m, row0, col0, thread_in_wg);
+            }
+        }
+    }
+
+    DG_DEVICE static void zero(float (&acc)[kBlockN / 2]) {
+#pragma unroll
+        for (u32 i = 0; i < kBlockN / 2; ++i) {
+            acc[i] = 0.0f;
+        }
+    }
+
+    // The tile's K range into acc (all of it overwritten: a range of no blocks gives zeros).
+    DG_DEVICE static void k_loop(const Ring& ring, u32& stage, u32& phase, const Tile& t, u32 math_wg, u32 lane,
+                                 float (&acc)[kBlockN / 2]) {
+        if (t.k_blocks == 0) {
+            zero(acc);
+            return;
+        }
+        u32 previous = 0;
+        for (u32 k_block = 0; k_block < t.k_blocks; ++k_block) {
+            ptx::mbarrier_wait(&ring.full[stage], phase);
+            const u64 desc_a = descriptor(ring.smem + kOffsetA + stage * kStageABytes + math_wg * kWarpgroupABytes, kAMnMajor);
+            const u64 desc_b = descriptor(ring.smem + kOffsetB + stage * kStageBBytes, kBMnMajor);
+            ptx::fence_accumulators(acc);
+            ptx::wgmma_fence();
+#pragma unroll
+            for (u32 k = 0; k < kBlockK / 16; ++k) {
+                Mma::template mma<kAMnMajor, kBMnMajor>(desc_a + k * kStepA, desc_b + k * kStepB, acc, k_block > 0 || k > 0);
+            }
+            ptx::wgmma_commit_group();
+            if (k_block > 0) {
+                ptx::wgmma_wait_group<1>();  // the previous K block's MMAs have read their stage
+                release(ring, previous, lane);
+            }
+            previous = stage;
+            Ring::advance(stage, phase);
+        }
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_accumulators(acc);
+        release(ring, previous, lane);
+    }
+
     DG_DEVICE static void consumer(const Ring& ring, const OutputDescriptors* tma_d, const Bf16GemmProblem& problem) {
         const u32 math_wg = threadIdx.x / 128 - 1;
         const u32 thread_in_wg = threadIdx.x % 128;
         const u32 lane = thread_in_wg % 32;
+        const u32 row_in_wg = (thread_in_wg / 32) * 16 + lane / 4;
         const u32 barrier_id = 1 + math_wg;
         Store store{ring.smem + kOffsetD + math_wg * Store::kBytes, 0};
-        Scheduler tiles(problem.m, 0);
-        u32 m_block;
-        u32 n_block;
+        Tiles tiles(problem.tiles);
+        Tile t;
         u32 stage = 0;
         u32 phase = 0;
-        float acc[kBlockN / 2];
-        while (tiles.next(m_block, n_block)) {
-            const u32 row0 = m_block * kBlockM + math_wg * 64;
-            if (row0 >= problem.m) {
-                // This warpgroup's rows are all past M: keep the ring moving, compute and store nothing.
-                for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
+        float acc[1][kBlockN / 2];
+        while (tiles.next(t)) {
+            const GroupedTile& tile = t.tile;
+            if constexpr (kContiguous) {
+                if (tile.padding) {
+                    Padding::store_block(store, tma_d, tile, math_wg, thread_in_wg, barrier_id);
+                    continue;
+                }
+            }
+            const u32 row_in_group = tile.m_block * kBlockM + math_wg * 64;
+            if (row_in_group >= tile.rows) {
+                // This warpgroup's rows are all past the group's: keep the ring moving, compute and store nothing.
+                for (u32 k_block = 0; k_block < t.k_blocks; ++k_block) {
                     ptx::mbarrier_wait(&ring.full[stage], phase);
                     release(ring, stage, lane);
                     Ring::advance(stage, phase);
                 }
                 continue;
             }
-            u32 previous = 0;
-            for (u32 k_block = 0; k_block < kNumKBlocks; ++k_block) {
-                ptx::mbarrier_wait(&ring.full[stage], phase);
-                const u64 desc_a = descriptor(ring.smem + kOffsetA + stage * kStageABytes + math_wg * kWarpgroupABytes, kAMnMajor);
-                const u64 desc_b = descriptor(ring.smem + kOffsetB + stage * kStageBBytes, kBMnMajor);
-                ptx::fence_accumulators(acc);
-                ptx::wgmma_fence();
-#pragma unroll
-                for (u32 k = 0; k < kBlockK / 16; ++k) {
-                    Mma::template mma<kAMnMajor, kBMnMajor>(desc_a + k * kStepA, desc_b + k * kStepB, acc, k_block > 0 || k > 0);
-                }
-                ptx::wgmma_commit_group();
-                if (k_block > 0) {
-                    ptx::wgmma_wait_group<1>();  // the previous K block's MMAs have read their stage
-                    release(ring, previous, lane);
-                }
-                previous = stage;
-                Ring::advance(stage, phase);
-            }
-            ptx::wgmma_wait_group<0>();
-            ptx::fence_accumulators(acc);
-            release(ring, previous, lane);
+            k_loop(ring, stage, phase, t, math_wg, lane, acc[0]);
 
-            const u32 col0 = n_block * kBlockN;
-            if constexpr (kAddend != kAddendNone) {
-                if (problem.c != nullptr) {
-                    add_addend(acc, problem, row0, col0, thread_in_wg);
-                }
+            const u32 col0 = tile.n_block * kBlockN;
+            const u32 row0 = tile.row_begin + row_in_group;  // in A's / D's rows (k-grouped: in group's D)
+            if constexpr (kContiguous) {
+                Padding::zero_rows(acc, problem.tiles, tile, row0, math_wg, math_wg * 64, row_in_wg);
             }
-            store.store(acc, tma_d, col0, row0, thread_in_wg, barrier_id);
+            add_tile_addend(acc[0], problem, tile, row0, col0, thread_in_wg);
+            store.store(acc[0], tma_d, col0, row0, thread_in_wg, barrier_id, tile.group);
         }
         Store::drain(thread_in_wg);
     }
@@ -219,7 +336,7 @@ struct Sm90Bf16Gemm {
         if (threadIdx.x < 128) {
             ptx::setmaxnreg_dec<kProducerRegisters>();
             if (threadIdx.x == 0) {
-                producer(ring, tma_a, tma_b, problem.m);
+                producer(ring, tma_a, tma_b, problem.tiles);
             }
         } else {
             ptx::setmaxnreg_inc<kMathRegisters>();

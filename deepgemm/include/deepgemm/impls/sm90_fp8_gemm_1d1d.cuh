@@ -17,6 +17,7 @@
 #include <deepgemm/ptx/tma.cuh>
 #include <deepgemm/ptx/wgmma.cuh>
 #include <deepgemm/ptx/wgmma_fp8.cuh>
+#include <deepgemm/scheduler/kgrouped_tiles.cuh>
 
 namespace deepgemm {
 
@@ -38,7 +39,6 @@ struct Sm90Fp8GemmKGrouped1D1D {
     static constexpr u32 kNumThreads = 128 + kNumMathThreads;
     static constexpr u32 kNumMBlocks = ceil_div(kM, kBlockM);
     static constexpr u32 kNumNBlocks = ceil_div(kN, kBlockN);
-    static constexpr u32 kTilesPerGroup = kNumMBlocks * kNumNBlocks;
     static constexpr u32 kProducerRegisters = 40;
     static constexpr u32 kMathRegisters = 232;
     using Mma = ptx::WgmmaFp8<kBlockN>;
@@ -58,45 +58,15 @@ struct Sm90Fp8GemmKGrouped1D1D {
     static_assert(kStageBBytes % 1024 == 0, "B stages must stay 1024-byte aligned (block_n % 8 == 0)");
     static_assert(kSmemBytes <= 232448, "shared memory budget (227 KB) exceeded: use fewer stages");
 
-    struct Tile {
-        u32 group;
-        u32 m_block;
-        u32 n_block;
-        u32 k_begin;   // first K column of the group
-        u32 k_blocks;  // 128-wide K blocks of the group
-    };
-
-    // Tiles group by group, N-block fastest inside an M-block (consecutive CTAs share A's rows).
-    struct Tiles {
-        const KGroupedProblem& problem;
-        u32 next_tile;
-
-        DG_DEVICE explicit Tiles(const KGroupedProblem& p) : problem(p), next_tile(blockIdx.x) {}
-
-        DG_DEVICE bool next(Tile& tile) {
-            if (next_tile >= problem.num_groups * kTilesPerGroup) {
-                return false;
-            }
-            tile.group = next_tile / kTilesPerGroup;
-            const u32 in_group = next_tile % kTilesPerGroup;
-            tile.m_block = in_group / kNumNBlocks;
-            tile.n_block = in_group % kNumNBlocks;
-            const i32 begin = __ldg(problem.k_offsets + tile.group);
-            const i32 end = __ldg(problem.k_offsets + tile.group + 1);
-            // Invalid offsets (negative, decreasing) give an empty K range; TMA bounds-checks the rest.
-            tile.k_begin = static_cast<u32>(max(begin, 0));
-            tile.k_blocks = end > begin && begin >= 0 ? static_cast<u32>(end - begin) / kBlockK : 0;
-            next_tile += gridDim.x;
-            return true;
-        }
-    };
+    using Tiles = KGroupedTileScheduler<kNumNBlocks, kBlockK>;
+    using Tile = KGroupedTile;
 
     using Ring = StageRing<kNumStages>;
 
     DG_DEVICE static void producer(const Ring& ring, const TmaDescriptor* tma_a, const TmaDescriptor* tma_b,
                                    const TmaDescriptor* tma_sfa, const TmaDescriptor* tma_sfb,
                                    const KGroupedProblem& problem) {
-        Tiles tiles(problem);
+        Tiles tiles(problem.k_offsets, problem.num_groups, kNumMBlocks);
         Tile tile;
         u32 stage = 0;
         u32 phase = 0;
@@ -125,7 +95,7 @@ struct Sm90Fp8GemmKGrouped1D1D {
         const u32 row_in_wg = (thread_in_wg / 32) * 16 + lane / 4;  // and row_in_wg + 8
         const u32 col_in_8 = (lane % 4) * 2;                        // and col_in_8 + 1, in every 8 columns
 
-        Tiles tiles(problem);
+        Tiles tiles(problem.k_offsets, problem.num_groups, kNumMBlocks);
         Tile tile;
         u32 stage = 0;
         u32 phase = 0;

@@ -12,12 +12,12 @@
 //   mainloop/fp8_promotion.cuh                the promotion with sfa x sfb;
 //   epilogue/sm90_fp8_1d2d_wave_stores.cuh    registers -> shared memory -> TMA stores, overlapped with MMAs;
 //   epilogue/split_reduction.cuh              the split and stream tails' reductions of FP32 partials;
-//   epilogue/sm90_fp8_1d2d_padding.cuh        the contiguous layouts' padding rows.
+//   epilogue/contiguous_padding.cuh           the contiguous layouts' padding rows.
 // block_m 256 serves dense GEMMs, masked groups (a group's last tile skips the waves past its rows) and the
 // contiguous layout (a block whose two 128-row halves hold different experts runs as two half tiles, see
 // grouped_tiles.cuh). M is a run-time value; N, K and every tile constant are compile-time.
 #pragma once
-#include <deepgemm/epilogue/sm90_fp8_1d2d_padding.cuh>
+#include <deepgemm/epilogue/contiguous_padding.cuh>
 #include <deepgemm/epilogue/sm90_fp8_1d2d_wave_stores.cuh>
 #include <deepgemm/epilogue/split_reduction.cuh>
 #include <deepgemm/impls/sm90_fp8_gemm_1d2d_config.cuh>

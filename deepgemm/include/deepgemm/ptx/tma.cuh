@@ -35,6 +35,14 @@ DG_DEVICE void tma_store_2d(const TmaDescriptor* desc, const void* smem_src, i32
                  : "memory");
 }
 
+// Store the box at (c0, c1, c2) of a 3-D tensor (c0 innermost) from `smem_src`, clipped to the tensor.
+DG_DEVICE void tma_store_3d(const TmaDescriptor* desc, const void* smem_src, i32 c0, i32 c1, i32 c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                     reinterpret_cast<u64>(desc)),
+                 "r"(smem_addr(smem_src)), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
+
 DG_DEVICE void tma_store_commit() {
     asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }

@@ -8,8 +8,9 @@
 
 namespace deepgemm {
 
-// Which rows of A/D and which B a tile uses (B is [G, N, K] for the grouped kinds).
-enum class GemmKind : int { kDense = 0, kGroupedContiguous = 1, kGroupedMasked = 2, kGroupedContiguousPsum = 3 };
+// Which rows of A/D and which B a tile uses (B is [G, N, K] for the M-grouped kinds). kKGrouped (the BF16
+// kernel's; its tiles come from kgrouped_tiles.cuh, not a TileSource): a K range per group, D [G, M, N].
+enum class GemmKind : int { kDense = 0, kGroupedContiguous = 1, kGroupedMasked = 2, kGroupedContiguousPsum = 3, kKGrouped = 4 };
 
 // How a dense GEMM's last partial wave runs: as whole tiles, split evenly along K (SplitTailTileScheduler),
 // or cut into heads on their own CTAs and ends on the CTAs the wave leaves idle (StreamTailTileScheduler).

@@ -1,6 +1,7 @@
-// Padding rows of the contiguous grouped layouts in the 1D2D GEMM's output: a block of padding rows is stored
-// as zeros without reading anything, and padding rows inside a computed block are zeroed in the registers
-// before the tile is stored.
+// Padding rows of the contiguous grouped layouts in a GEMM's output (the FP8 1D2D and the BF16 kernels): a
+// block of padding rows is stored as zeros without reading anything, and padding rows inside a computed block
+// are zeroed in the registers before the tile is stored. Cfg describes the tile: kBlockM, kBlockN, kStoreN,
+// kStoreChunks, kNumWaves, wave_row(w, math_wg), Store and kKind.
 #pragma once
 #include <deepgemm/epilogue/store_fragment.cuh>
 #include <deepgemm/scheduler/tile_sources.cuh>
