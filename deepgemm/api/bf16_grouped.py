@@ -16,7 +16,7 @@ from deepgemm.api.kgrouped import K_ALIGNMENT, _offsets, check_ks
 from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
     MAX_ROWS,
-    refuse_grad,
+    refuse_grad_for,
     require_aligned,
     require_dtype,
     require_no_overlap,
@@ -46,7 +46,9 @@ _CONTIGUOUS_WHERE = "m_grouped_bf16_gemm_nt_contiguous"
 _PSUM_WHERE = "m_grouped_bf16_gemm_nt_contiguous_psum"
 _MASKED_WHERE = "m_grouped_bf16_gemm_nt_masked"
 _KGROUPED_WHERE = "k_grouped_bf16_gemm_tn_contiguous"
-_KS_RULE = "the kernel's 64-token K blocks never span two groups"
+_KS_RULE = "the k-grouped layouts' segment alignment, as in the FP8 form"
+_NOT_DIFFERENTIABLE = ("the grouped BF16 GEMMs have no backward (they write into `out`); call them under "
+                       "torch.no_grad(), or use bf16_gemm_* per expert for autograd")
 
 # Launch-ready work (deepgemm.api.ready_launches): metadata key -> (plan, packed arguments); grouping tensors are
 # keyed by pointer, their contents are read by the kernel.
@@ -133,7 +135,7 @@ def check_bf16_contiguous(a: object, b: object, out: object, grouping: object, *
     require_tma_strides(out_t, "out", where)
     require_no_self_overlap(out_t, "out", where)
     require_row_count(m_total, "'a' (M_total)", where)
-    refuse_grad(where, a=a_t, b=b_t, out=out_t)
+    refuse_grad_for(where, _NOT_DIFFERENTIABLE, dict(a=a_t, b=b_t, out=out_t))
     return a_t, b_t, out_t, grouping_t
 
 
@@ -297,7 +299,7 @@ def check_bf16_masked(a: object, b: object, out: object, masked_m: object, expec
     require_stacked_strides(out_t, "out", where)
     require_no_self_overlap(out_t, "out", where)
     require_row_count(groups * max_m, "'a' (G * max_m)", where)
-    refuse_grad(where, a=a_t, b=b_t, out=out_t)
+    refuse_grad_for(where, _NOT_DIFFERENTIABLE, dict(a=a_t, b=b_t, out=out_t))
     return a_t, b_t, out_t, masked_t
 
 
@@ -401,7 +403,7 @@ def check_bf16_k_grouped(a: object, b: object, out: object, ks: object, c: objec
     if k_total > MAX_ROWS:
         raise ValueError(f"{where}: 'a' has K_total={k_total} tokens, past the kernel's 32-bit K coordinates "
                          f"({MAX_ROWS})")
-    refuse_grad(where, a=a_t, b=b_t, out=out_t, c=c_t)
+    refuse_grad_for(where, _NOT_DIFFERENTIABLE, dict(a=a_t, b=b_t, out=out_t, c=c_t))
     return a_t, b_t, out_t, c_t, sizes
 
 

@@ -74,7 +74,8 @@ class Bf16GemmPlan:
                     grouping: torch.Tensor | None = None) -> PackedArgs:
         """A, B, D as the API holds them (masked A/D [G, max_m, *], M-grouped B [G, N, K], k-grouped D and C
         [G, M, N]); grouping: m_indices, psum, masked_m or the k-grouped offsets."""
-        key = (a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), d.data_ptr(), d.stride(0),
+        # Shapes are part of the key: a k-grouped plan serves every K_total, which its descriptors hold.
+        key = (a.data_ptr(), a.shape, a.stride(0), b.data_ptr(), b.shape, b.stride(0), d.data_ptr(), d.stride(0),
                c.data_ptr() if c is not None else 0, c.stride(0) if c is not None else 0,
                grouping.data_ptr() if grouping is not None else 0)
         args = self._args.get(key)
