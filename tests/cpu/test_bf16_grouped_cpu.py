@@ -7,14 +7,8 @@ kernel path alike), the kernel path's host logic (plan keys, launch-ready cache)
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import re
-import subprocess
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -23,11 +17,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import deepgemm
 from deepgemm.api import bf16_grouped as api
-from deepgemm.kernels.common.hopper import SMEM_CAPACITY
 from deepgemm.kernels.common.kind import GemmKind
 from deepgemm.kernels.sm90_bf16_gemm.plan import Bf16Geometry, grouped_spec
-from deepgemm.kernels.sm90_bf16_gemm.spec import Bf16GemmSpec, compile_spec
-from tests.helpers import GraphRecorder, assert_clean_build, no_launch, outcome
+from tests.helpers import GraphRecorder, no_launch, outcome
 
 BF16, FP32 = torch.bfloat16, torch.float32
 ALIGN = 128  # contiguous segments (get_m_alignment_for_contiguous_layout())
@@ -894,122 +886,3 @@ def test_compile_with_out_and_accumulate(seed: int) -> None:
 
     with pytest.raises(Exception, match="validate=True"):
         torch.compile(checked, fullgraph=True, backend="eager")(torch.empty(512, 136, dtype=BF16))
-
-
-# ---------------------------------------------------------------- sm_90a builds (compile only, no GPU)
-
-# (id, kind, geometry, N, K, out dtype, C dtype, expected_m): the plan the API would build on 132 SMs.
-CONTIGUOUS_SHAPES = [
-    ("n7168_k2048", Bf16Geometry(4 * 4096, 4), 7168, 2048, BF16),
-    ("n4096_k7168_fp32", Bf16Geometry(4 * 4096, 4), 4096, 7168, FP32),
-    ("small_m_n4096_k7168", Bf16Geometry(512, 4), 4096, 7168, BF16),
-    ("small_m_n7168_k2048_fp32", Bf16Geometry(256, 2), 7168, 2048, FP32),
-    ("n136_k72_fp32", Bf16Geometry(512, 4), 136, 72, FP32),
-]
-MASKED_SHAPES = [
-    ("n7168_k2048_e1", Bf16Geometry(4 * 128, 4, 128), 7168, 2048, BF16, 1),
-    ("n4096_k7168_e64_fp32", Bf16Geometry(8 * 256, 8, 256), 4096, 7168, FP32, 64),
-    ("n4096_k7168_e256", Bf16Geometry(4 * 256, 4, 256), 4096, 7168, BF16, 256),
-    ("n7168_k2048_e128_fp32", Bf16Geometry(4 * 256, 4, 256), 7168, 2048, FP32, 128),
-    ("n136_k72_e64", Bf16Geometry(2 * 64, 2, 64), 136, 72, BF16, 64),
-]
-K_GROUPED_SHAPES = [  # (id, M, G, N, C dtype)
-    ("m4096_n7168", 4096, 4, 7168, None),
-    ("m7168_n4096_c", 7168, 8, 4096, FP32),
-    ("m136_n4096", 136, 4, 4096, None),
-    ("m4096_n136_c", 4096, 8, 136, FP32),
-    ("m136_n136_c", 136, 8, 136, FP32),
-    ("m8_n8", 8, 4, 8, None),
-]
-
-
-def _build_requests() -> list[tuple[str, Bf16GemmSpec]]:
-    requests = []
-    for kind in (GemmKind.GROUPED_CONTIGUOUS, GemmKind.GROUPED_CONTIGUOUS_PSUM):
-        for name, geometry, n, k, out_dtype in CONTIGUOUS_SHAPES:
-            requests.append((f"{kind.name.lower()}-{name}",
-                             grouped_spec(kind, geometry, n, k, out_dtype, None, 0, 132)))
-    for name, geometry, n, k, out_dtype, expected_m in MASKED_SHAPES:
-        requests.append((f"grouped_masked-{name}",
-                         grouped_spec(GemmKind.GROUPED_MASKED, geometry, n, k, out_dtype, None, expected_m, 132)))
-    for name, m, groups, n, c_dtype in K_GROUPED_SHAPES:
-        requests.append((f"k_grouped-{name}",
-                         grouped_spec(GemmKind.K_GROUPED, Bf16Geometry(m, groups), n, 0, FP32, c_dtype, 0, 132)))
-    return requests
-
-
-BUILD_REQUESTS = _build_requests()
-BUILD_IDS = [name for name, _ in BUILD_REQUESTS]
-
-
-@dataclasses.dataclass
-class Build:
-    name: str
-    spec: Bf16GemmSpec
-    resources: Any
-    log: str
-    cubin: Path
-
-
-def _build(request: tuple[str, Bf16GemmSpec]) -> Build:
-    name, spec = request
-    compiled = compile_spec(spec)
-    return Build(name, spec, compiled.resources, compiled.log, Path(compiled.cubin_path))
-
-
-@pytest.fixture(scope="module")
-def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
-    # Module fixtures run before the function-scoped cache isolation of conftest: isolate here too.
-    with pytest.MonkeyPatch.context() as mp:
-        if "DEEPGEMM_CACHE_DIR" not in os.environ:
-            mp.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "deepgemm-cache"))
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            results = list(pool.map(_build, BUILD_REQUESTS))
-    print("\ncovered grouped BF16 GEMM configs:")
-    for b in results:
-        print(f"  {b.name:44s} {b.spec.label()}  regs={b.resources.registers if b.resources else '?'}")
-    return {b.name: b for b in results}
-
-
-@pytest.mark.parametrize("name", BUILD_IDS)
-def test_grouped_kernel_builds_without_spills_or_stack(builds: dict[str, Build], name: str) -> None:
-    b = builds[name]
-    assert_clean_build(name, b.resources, b.log, b.spec.config.num_threads)
-    assert b.spec.smem_bytes <= SMEM_CAPACITY
-    assert "Compiling entry function" in b.log and "C7514" not in b.log, f"{name}: ptxas serialized wgmma"
-
-
-@pytest.mark.parametrize("name", BUILD_IDS)
-def test_grouped_wgmma_not_serialized_in_sass(builds: dict[str, Build], name: str) -> None:
-    from tests.cpu.test_kernel_builds import nvdisasm
-
-    sass = subprocess.run([nvdisasm(), str(builds[name].cubin)], capture_output=True, text=True, check=True).stdout
-    mmas, waits = sass.count("HGMMA"), sass.count("WARPGROUP.DEPBAR")
-    assert mmas > 0, f"{name}: no HGMMA in the SASS"
-    assert 2 * waits <= mmas, f"{name}: {waits} wgmma waits for {mmas} HGMMA: ptxas serialized the MMAs"
-
-
-def test_grouped_builds_cover_the_kinds_and_tiles(builds: dict[str, Build]) -> None:
-    specs = [b.spec for b in builds.values()]
-    for kind in (GemmKind.GROUPED_CONTIGUOUS, GemmKind.GROUPED_CONTIGUOUS_PSUM, GemmKind.GROUPED_MASKED,
-                 GemmKind.K_GROUPED):
-        mine = [s for s in specs if s.kind == kind]
-        assert {s.config.block_m for s in mine} == {64, 128}, kind
-        assert {s.layout for s in mine} == {"tn" if kind == GemmKind.K_GROUPED else "nt"}, kind
-        assert any(s.n % s.config.block_n for s in mine), f"{kind}: no N tail"
-        if kind == GemmKind.K_GROUPED:
-            assert all(s.k == 0 and s.out_dtype == FP32 for s in mine)
-            assert {s.addend for s in mine} == {0, 2}
-        else:
-            assert {s.out_dtype for s in mine} == {BF16, FP32}, kind
-            assert all(s.addend == 0 for s in mine)
-            assert any(s.k % 64 for s in mine), f"{kind}: no K tail"
-
-
-def test_grouped_specs_refuse_other_layouts() -> None:
-    spec = grouped_spec(GemmKind.K_GROUPED, Bf16Geometry(136, 4), 136, 0, FP32, None, 0, 132)
-    with pytest.raises(ValueError, match="K_GROUPED.*tn"):
-        dataclasses.replace(spec, layout="nt")
-    spec = grouped_spec(GemmKind.GROUPED_MASKED, Bf16Geometry(128, 2, 64), 136, 72, BF16, None, 64, 132)
-    with pytest.raises(ValueError, match="GROUPED_MASKED.*nt"):
-        dataclasses.replace(spec, layout="tn")

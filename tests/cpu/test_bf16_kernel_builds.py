@@ -1,6 +1,6 @@
 """Real sm_90a compile-only builds (NVRTC, no GPU) of the BF16 GEMM in every layout: the cost model's choices for a
 few shapes and hand-picked tiles it may pick (block_m 64 and 128, narrow and wide block_n, N and K tails, BF16 and
-FP32 out, with and without C). Each must compile without register spills, stack frame or wgmma serialization
+FP32 out, with and without C), and the grouped kinds' plans (contiguous, psum, masked, k-grouped). Each must compile without register spills, stack frame or wgmma serialization
 (ptxas C7514, and in the SASS: no wait after every HGMMA)."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from deepgemm.jit import compile_kernel
 from deepgemm.kernels.common.hopper import SMEM_CAPACITY, elem_bytes
 from deepgemm.kernels.sm90_bf16_gemm.config import Bf16GemmConfig
 from deepgemm.kernels.sm90_bf16_gemm.cost_model import group_rows_for, stages_for
-from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_spec
+from deepgemm.kernels.common.kind import GemmKind
+from deepgemm.kernels.sm90_bf16_gemm.plan import Bf16Geometry, bf16_spec, grouped_spec
 from deepgemm.kernels.sm90_bf16_gemm.spec import LAYOUTS, Bf16GemmSpec, b_mn_major, compile_spec, render_source
 from deepgemm.utils import ceil_div
 from tests.cpu.test_kernel_builds import nvdisasm
@@ -77,7 +78,47 @@ def _requests() -> list[tuple[str, Bf16GemmSpec]]:
     return requests
 
 
-REQUESTS = _requests()
+# The grouped kinds: the plans the API would build on 132 SMs.
+CONTIGUOUS_SHAPES = [
+    ("n7168_k2048", Bf16Geometry(4 * 4096, 4), 7168, 2048, BF16),
+    ("n4096_k7168_fp32", Bf16Geometry(4 * 4096, 4), 4096, 7168, FP32),
+    ("small_m_n4096_k7168", Bf16Geometry(512, 4), 4096, 7168, BF16),
+    ("small_m_n7168_k2048_fp32", Bf16Geometry(256, 2), 7168, 2048, FP32),
+    ("n136_k72_fp32", Bf16Geometry(512, 4), 136, 72, FP32),
+]
+MASKED_SHAPES = [
+    ("n7168_k2048_e1", Bf16Geometry(4 * 128, 4, 128), 7168, 2048, BF16, 1),
+    ("n4096_k7168_e64_fp32", Bf16Geometry(8 * 256, 8, 256), 4096, 7168, FP32, 64),
+    ("n4096_k7168_e256", Bf16Geometry(4 * 256, 4, 256), 4096, 7168, BF16, 256),
+    ("n7168_k2048_e128_fp32", Bf16Geometry(4 * 256, 4, 256), 7168, 2048, FP32, 128),
+    ("n136_k72_e64", Bf16Geometry(2 * 64, 2, 64), 136, 72, BF16, 64),
+]
+K_GROUPED_SHAPES = [  # (id, M, G, N, C dtype)
+    ("m4096_n7168", 4096, 4, 7168, None),
+    ("m7168_n4096_c", 7168, 8, 4096, FP32),
+    ("m136_n4096", 136, 4, 4096, None),
+    ("m4096_n136_c", 4096, 8, 136, FP32),
+    ("m136_n136_c", 136, 8, 136, FP32),
+    ("m8_n8", 8, 4, 8, None),
+]
+
+
+def _grouped_requests() -> list[tuple[str, Bf16GemmSpec]]:
+    requests = []
+    for kind in (GemmKind.GROUPED_CONTIGUOUS, GemmKind.GROUPED_CONTIGUOUS_PSUM):
+        for name, geometry, n, k, out_dtype in CONTIGUOUS_SHAPES:
+            requests.append((f"{kind.name.lower()}-{name}",
+                             grouped_spec(kind, geometry, n, k, out_dtype, None, 0, 132)))
+    for name, geometry, n, k, out_dtype, expected_m in MASKED_SHAPES:
+        requests.append((f"grouped_masked-{name}",
+                         grouped_spec(GemmKind.GROUPED_MASKED, geometry, n, k, out_dtype, None, expected_m, 132)))
+    for name, m, groups, n, c_dtype in K_GROUPED_SHAPES:
+        requests.append((f"k_grouped-{name}",
+                         grouped_spec(GemmKind.K_GROUPED, Bf16Geometry(m, groups), n, 0, FP32, c_dtype, 0, 132)))
+    return requests
+
+
+REQUESTS = _requests() + _grouped_requests()
 IDS = [name for name, _ in REQUESTS]
 
 
@@ -149,3 +190,29 @@ def test_static_assert_catches_smem_mismatch(builds: dict[str, Build]) -> None:
     assert wrong.code != source.code
     with pytest.raises(CompileError):
         compile_kernel(wrong)
+
+
+def test_grouped_builds_cover_the_kinds_and_tiles(builds: dict[str, Build]) -> None:
+    specs = [b.spec for b in builds.values()]
+    for kind in (GemmKind.GROUPED_CONTIGUOUS, GemmKind.GROUPED_CONTIGUOUS_PSUM, GemmKind.GROUPED_MASKED,
+                 GemmKind.K_GROUPED):
+        mine = [s for s in specs if s.kind == kind]
+        assert {s.config.block_m for s in mine} == {64, 128}, kind
+        assert {s.layout for s in mine} == {"tn" if kind == GemmKind.K_GROUPED else "nt"}, kind
+        assert any(s.n % s.config.block_n for s in mine), f"{kind}: no N tail"
+        if kind == GemmKind.K_GROUPED:
+            assert all(s.k == 0 and s.out_dtype == FP32 for s in mine)
+            assert {s.addend for s in mine} == {0, 2}
+        else:
+            assert {s.out_dtype for s in mine} == {BF16, FP32}, kind
+            assert all(s.addend == 0 for s in mine)
+            assert any(s.k % 64 for s in mine), f"{kind}: no K tail"
+
+
+def test_grouped_specs_refuse_other_layouts() -> None:
+    spec = grouped_spec(GemmKind.K_GROUPED, Bf16Geometry(136, 4), 136, 0, FP32, None, 0, 132)
+    with pytest.raises(ValueError, match="K_GROUPED.*tn"):
+        dataclasses.replace(spec, layout="nt")
+    spec = grouped_spec(GemmKind.GROUPED_MASKED, Bf16Geometry(128, 2, 64), 136, 72, BF16, None, 64, 132)
+    with pytest.raises(ValueError, match="GROUPED_MASKED.*nt"):
+        dataclasses.replace(spec, layout="tn")
