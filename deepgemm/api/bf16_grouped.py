@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import torch
 
 from deepgemm.api.backend import backend_for
-from deepgemm.api.grouped import CONTIGUOUS_M_ALIGNMENT, MASKED_M_ALIGNMENT
+from deepgemm.api.grouped import CONTIGUOUS_M_ALIGNMENT, MASKED_M_ALIGNMENT, check_grouping
 from deepgemm.api.grouped_layout import check_layout_values
-from deepgemm.api.kgrouped import K_ALIGNMENT, _offsets, check_ks
+from deepgemm.api.kgrouped import K_ALIGNMENT, _offsets, check_k_grouped_outputs, check_ks
 from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
     MAX_ROWS,
@@ -106,17 +106,6 @@ def _check_operands(a: object, b: object, out: object, where: str, a_rank: int
     return a_t, b_t, out_t
 
 
-def _check_grouping(grouping: object, name: str, where: str, device_of: torch.Tensor, length: int, rule: str
-                    ) -> torch.Tensor:
-    tensor = require_tensor(grouping, name, where)
-    require_dtype(tensor, name, where, (torch.int32,))
-    require_shape(tensor, name, where, (length,), rule)
-    require_same_device(where, a=device_of, **{name: tensor})
-    if not tensor.is_contiguous():
-        raise ValueError(f"{where}: '{name}' must be contiguous")
-    return tensor
-
-
 def check_bf16_contiguous(a: object, b: object, out: object, grouping: object, *, psum_form: bool
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The metadata rules of both contiguous forms (shared with the custom ops' fake kernels)."""
@@ -124,9 +113,9 @@ def check_bf16_contiguous(a: object, b: object, out: object, grouping: object, *
     a_t, b_t, out_t = _check_operands(a, b, out, where, 2)
     m_total, groups = a_t.shape[0], b_t.shape[0]
     if psum_form:
-        grouping_t = _check_grouping(grouping, "psum", where, a_t, groups, "one cumulative end row per expert")
+        grouping_t = check_grouping(grouping, "psum", where, a_t, groups, "one cumulative end row per expert")
     else:
-        grouping_t = _check_grouping(grouping, "m_indices", where, a_t, m_total, "one expert index per row of A")
+        grouping_t = check_grouping(grouping, "m_indices", where, a_t, m_total, "one expert index per row of A")
     if m_total % CONTIGUOUS_M_ALIGNMENT:
         raise ValueError(f"{where}: 'a' has M_total={m_total} rows; expert segments are padded to "
                          f"{CONTIGUOUS_M_ALIGNMENT} rows, so M_total must be a multiple of {CONTIGUOUS_M_ALIGNMENT}")
@@ -285,7 +274,7 @@ def check_bf16_masked(a: object, b: object, out: object, masked_m: object, expec
     groups = b_t.shape[0]
     if groups_a != groups:
         raise ValueError(f"{where}: 'a' has {groups_a} groups but 'b' has {groups}; they must match")
-    masked_t = _check_grouping(masked_m, "masked_m", where, a_t, groups, "one row count per expert")
+    masked_t = check_grouping(masked_m, "masked_m", where, a_t, groups, "one row count per expert")
     if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
         raise ValueError(f"{where}: 'expected_m' must be a positive int (a hint for the tile choice), got {expected_m!r}")
     if max_m % MASKED_M_ALIGNMENT:
@@ -377,27 +366,12 @@ def check_bf16_k_grouped(a: object, b: object, out: object, ks: object, c: objec
     sizes = check_ks(ks, where, _KS_RULE)
     if sum(sizes) != k_total:
         raise ValueError(f"{where}: 'ks' sums to {sum(sizes)} tokens but the operands hold K_total={k_total}")
-    groups = len(sizes)
-    out_t = require_tensor(out, "out", where)
-    require_dtype(out_t, "out", where, (torch.float32,))
-    require_shape(out_t, "out", where, (groups, m, n), "[G, M, N] (one FP32 gradient per group)")
-    tensors = {"a": a_t, "b": b_t, "out": out_t}
-    c_t = None
-    if c is not None:
-        c_t = require_tensor(c, "c", where)
-        require_dtype(c_t, "c", where, (torch.float32,))
-        require_shape(c_t, "c", where, (groups, m, n), "the same [G, M, N] as out")
-        tensors["c"] = c_t
-    require_same_device(where, **tensors)
-    for name in ("out", "c"):
-        if name in tensors and not tensors[name].is_contiguous():
-            raise ValueError(f"{where}: '{name}' must be contiguous (each group's rows are stored back to back), got "
-                             f"strides {tensors[name].stride()}")
+    out_t, c_t = check_k_grouped_outputs(out, c, (len(sizes), m, n), where, {"a": a_t, "b": b_t})
     for name, extent, what in (("a", m, "M"), ("b", n, "N")):
         if extent % 8:
             raise ValueError(f"{where}: '{name}' has {what}={extent}; {what} must be a multiple of 8 (its token rows "
                              "are read in 16-byte TMA units)")
-        require_tma_strides(tensors[name], name, where)
+        require_tma_strides(a_t if name == "a" else b_t, name, where)
     require_row_count(m, "'a' (M)", where)
     require_row_count(n, "'b' (N)", where)
     if k_total > MAX_ROWS:

@@ -271,9 +271,9 @@ def check_contiguous(a: object, b: object, out: object, grouping: object, *, psu
     where = _PSUM_WHERE if psum_form else _CONTIGUOUS_WHERE
     a_q, sfa, b_q, sfb, out_t = _check_contiguous(a, b, out, where)
     if psum_form:
-        _check_grouping(grouping, "psum", where, a_q, b_q.shape[0], "one cumulative end row per expert")
+        check_grouping(grouping, "psum", where, a_q, b_q.shape[0], "one cumulative end row per expert")
     else:
-        _check_grouping(grouping, "m_indices", where, a_q, a_q.shape[0], "one expert index per row of A")
+        check_grouping(grouping, "m_indices", where, a_q, a_q.shape[0], "one expert index per row of A")
     # The kernel's layout rules, on every path (the reference path could take more, the kernel cannot).
     (m_total, k), (groups, n, _) = a_q.shape, b_q.shape
     require_k_multiple_of_16(k, "a[0]", where)
@@ -287,14 +287,16 @@ def check_contiguous(a: object, b: object, out: object, grouping: object, *, psu
     return a_q, sfa, b_q, sfb, out_t
 
 
-def _check_grouping(grouping: object, name: str, where: str, a_q: torch.Tensor, length: int, rule: str) -> None:
-    """A contiguous int32 vector of `length` on A's device (m_indices, psum)."""
+def check_grouping(grouping: object, name: str, where: str, a_q: torch.Tensor, length: int, rule: str
+                   ) -> torch.Tensor:
+    """A contiguous int32 vector of `length` on A's device (m_indices, psum, masked_m), returned."""
     tensor = require_tensor(grouping, name, where)
     require_dtype(tensor, name, where, (torch.int32,))
     require_shape(tensor, name, where, (length,), rule)
     require_same_device(where, a=a_q, **{name: tensor})
     if not tensor.is_contiguous():
         raise ValueError(f"{where}: '{name}' must be contiguous")
+    return tensor
 
 
 def _check_contiguous(a: object, b: object, out: object, where: str

@@ -223,22 +223,8 @@ def check_k_grouped(a: object, b: object, out: object, ks: object, c: object
     sizes = check_ks(ks, where)
     if sum(sizes) != k_total:
         raise ValueError(f"{where}: 'ks' sums to {sum(sizes)} tokens but the operands hold K_total={k_total}")
-    groups = len(sizes)
-    out_t = require_tensor(out, "out", where)
-    require_dtype(out_t, "out", where, (torch.float32,))
-    require_shape(out_t, "out", where, (groups, m, n), "[G, M, N] (one FP32 gradient per group)")
-    tensors = {"a": a_q, "sfa": sfa, "b": b_q, "sfb": sfb, "out": out_t}
-    if c is not None:
-        c_t = require_tensor(c, "c", where)
-        require_dtype(c_t, "c", where, (torch.float32,))
-        require_shape(c_t, "c", where, (groups, m, n), "the same [G, M, N] as out")
-        tensors["c"] = c_t
-    require_same_device(where, **tensors)
-    # The kernel's layout rules, on every path (the reference path could take more, the kernel cannot).
-    for name, maybe in (("out", out_t), ("c", tensors.get("c"))):
-        if maybe is not None and not maybe.is_contiguous():
-            raise ValueError(f"{where}: '{name}' must be contiguous (each group's rows are stored back to back), got "
-                             f"strides {maybe.stride()}")
+    out_t, c_t = check_k_grouped_outputs(out, c, (len(sizes), m, n), where,
+                                         {"a": a_q, "sfa": sfa, "b": b_q, "sfb": sfb})
     require_tma_strides(a_q, "a[0]", where)
     require_tma_strides(b_q, "b[0]", where)
     require_row_count(m, "'a[0]' (M)", where)
@@ -246,9 +232,31 @@ def check_k_grouped(a: object, b: object, out: object, ks: object, c: object
     if k_total > MAX_ROWS:
         raise ValueError(f"{where}: 'a[0]' has K_total={k_total} tokens, past the kernel's 32-bit K coordinates "
                          f"({MAX_ROWS})")
-    refuse_grad(where, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out_t,
-                          "c": tensors.get("c")})
-    return a_q, sfa, b_q, sfb, out_t, tensors.get("c"), sizes
+    refuse_grad(where, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out_t, "c": c_t})
+    return a_q, sfa, b_q, sfb, out_t, c_t, sizes
+
+
+def check_k_grouped_outputs(out: object, c: object, shape: tuple[int, int, int], where: str,
+                            operands: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`out` and the optional `c` of a k-grouped GEMM: float32 [G, M, N], contiguous (each group's rows back to
+    back), on the operands' device."""
+    out_t = require_tensor(out, "out", where)
+    require_dtype(out_t, "out", where, (torch.float32,))
+    require_shape(out_t, "out", where, shape, "[G, M, N] (one FP32 gradient per group)")
+    tensors = {**operands, "out": out_t}
+    c_t = None
+    if c is not None:
+        c_t = require_tensor(c, "c", where)
+        require_dtype(c_t, "c", where, (torch.float32,))
+        require_shape(c_t, "c", where, shape, "the same [G, M, N] as out")
+        tensors["c"] = c_t
+    require_same_device(where, **tensors)
+    # The kernel's layout rules, on every path (the reference path could take more, the kernel cannot).
+    for name, maybe in (("out", out_t), ("c", c_t)):
+        if maybe is not None and not maybe.is_contiguous():
+            raise ValueError(f"{where}: '{name}' must be contiguous (each group's rows are stored back to back), got "
+                             f"strides {maybe.stride()}")
+    return out_t, c_t
 
 
 def check_k_grouped_memory(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor,
