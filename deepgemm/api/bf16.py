@@ -10,6 +10,7 @@ import torch
 
 from deepgemm.api.backend import backend_for
 from deepgemm.api.gemm import PrecompileInfo, allocate_out, check_num_sms
+from deepgemm.api.layout import tma_rows
 from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
     refuse_grad_for,
@@ -162,9 +163,9 @@ def _bf16_gemm_checked(layout: str, a: object, b: object, out: torch.Tensor | No
     check_bf16_gemm_memory(layout, a_t, b_t, out, c)
     m, n, k, _ = problem_shape(layout, a_t, b_t)
     # A broadcast operand (rows 0 bytes apart, e.g. x.expand(M, K)) is no TMA tensor: copied, on every path.
-    copied = (a_t.shape[0] > 1 and a_t.stride(0) == 0) or (b_t.shape[0] > 1 and b_t.stride(0) == 0)
-    if copied:
-        a_t, b_t = (t.contiguous() if t.shape[0] > 1 and t.stride(0) == 0 else t for t in (a_t, b_t))
+    a_rows, b_rows = tma_rows(a_t), tma_rows(b_t)
+    copied = a_rows is not a_t or b_rows is not b_t
+    a_t, b_t = a_rows, b_rows
     if out is None:
         out = allocate_out(m, n, dtype, device)
     if m == 0 or n == 0:

@@ -10,9 +10,19 @@ from collections.abc import Sequence
 import torch
 
 from deepgemm.api.backend import backend_for
-from deepgemm.api.grouped import CONTIGUOUS_M_ALIGNMENT, MASKED_M_ALIGNMENT, check_grouping
+from deepgemm.api.grouped import (
+    CONTIGUOUS_M_ALIGNMENT,
+    MASKED_M_ALIGNMENT,
+    check_grouping,
+)
 from deepgemm.api.grouped_layout import check_layout_values
-from deepgemm.api.kgrouped import K_ALIGNMENT, _offsets, check_k_grouped_outputs, check_ks
+from deepgemm.api.kgrouped import (
+    K_ALIGNMENT,
+    _offsets,
+    check_k_grouped_outputs,
+    check_ks,
+)
+from deepgemm.api.layout import tma_rows
 from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
     MAX_ROWS,
@@ -31,7 +41,11 @@ from deepgemm.api.validation import (
 )
 from deepgemm.kernels.common.device import planning_sm_count
 from deepgemm.kernels.common.kind import GemmKind
-from deepgemm.kernels.sm90_bf16_gemm.plan import Bf16Geometry, get_bf16_grouped_plan, grouped_spec
+from deepgemm.kernels.sm90_bf16_gemm.plan import (
+    Bf16Geometry,
+    get_bf16_grouped_plan,
+    grouped_spec,
+)
 from deepgemm.reference import (
     contiguous_row_experts,
     k_grouped_bf16_reference,
@@ -244,9 +258,11 @@ def _run_contiguous(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, groupin
         return out
     kind = GemmKind.GROUPED_CONTIGUOUS_PSUM if psum_form else GemmKind.GROUPED_CONTIGUOUS
     plan = get_bf16_grouped_plan(a.device.index, kind, Bf16Geometry(m_total, groups), n, k, out.dtype, None, 0)
-    args = plan.packed_args(a, b, out, None, grouping)
+    a_rows = tma_rows(a)  # (a broadcast A is copied: TMA walks rows by a positive stride)
+    args = plan.packed_args(a_rows, b, out, None, grouping)
     plan.launch_packed(args)
-    remember(_ready, _key("psum" if psum_form else "contiguous", a, b, out, grouping), plan, args)
+    if a_rows is a:
+        remember(_ready, _key("psum" if psum_form else "contiguous", a, b, out, grouping), plan, args)
     return out
 
 
@@ -285,8 +301,8 @@ def check_bf16_masked(a: object, b: object, out: object, masked_m: object, expec
                          "cannot zero the selected rows without a kernel)")
     require_same_device(where, a=a_t, b=b_t, out=out_t)
     require_stacked_strides(a_t, "a", where)
+    require_no_self_overlap(out_t, "out", where)  # (first: its message names the real problem of a broadcast out)
     require_stacked_strides(out_t, "out", where)
-    require_no_self_overlap(out_t, "out", where)
     require_row_count(groups * max_m, "'a' (G * max_m)", where)
     refuse_grad_for(where, _NOT_DIFFERENTIABLE, dict(a=a_t, b=b_t, out=out_t))
     return a_t, b_t, out_t, masked_t
@@ -437,7 +453,7 @@ def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, out: tor
     c_dtype = None if c_t is None else torch.float32
     plan = get_bf16_grouped_plan(a_t.device.index, GemmKind.K_GROUPED, Bf16Geometry(m, groups), n, 0, torch.float32,
                                  c_dtype, 0)
-    plan.launch(a_t, b_t, out_t, c_t, _offsets.get(a_t.device, sizes, _KGROUPED_WHERE))
+    plan.launch(tma_rows(a_t), tma_rows(b_t), out_t, c_t, _offsets.get(a_t.device, sizes, _KGROUPED_WHERE))
     return out_t
 
 

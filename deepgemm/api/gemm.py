@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from deepgemm.api.backend import backend_for
-from deepgemm.api.layout import to_mn_major_tma_aligned
+from deepgemm.api.layout import tma_rows, to_mn_major_tma_aligned
 from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
     require_aligned,
@@ -215,6 +215,10 @@ def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Te
     a_q, sfa, b_q, sfb, dtype, device = check_fp8_gemm_nt(a, b, out, out_dtype, num_sms)
     num_sms = None if num_sms is None else int(num_sms)  # (an int subclass keys as the plain int)
     check_fp8_gemm_nt_memory(a_q, sfa, b_q, sfb, out)
+    # A broadcast operand (rows 0 bytes apart) is no TMA tensor: copied, on every path.
+    a_rows, b_rows = tma_rows(a_q), tma_rows(b_q)
+    copied = a_rows is not a_q or b_rows is not b_q
+    a_q, b_q = a_rows, b_rows
     (m, k), n = a_q.shape, b_q.shape[0]
     if out is None:
         out = allocate_out(m, n, dtype, device)
@@ -232,7 +236,7 @@ def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Te
     sfb_rows = sfb.contiguous()
     args = plan.packed_args(a_q, sfa_tma, b_q, sfb_rows, out)
     plan.launch_packed(args)
-    if sfa_tma is sfa and sfb_rows is sfb and out_dtype is None:
+    if sfa_tma is sfa and sfb_rows is sfb and out_dtype is None and not copied:
         remember(_ready, _metadata_key(a_q, sfa, b_q, sfb, out, num_sms), plan, args)
     return out
 

@@ -9,7 +9,7 @@ import torch
 
 from deepgemm.api.backend import backend_for
 from deepgemm.api.grouped_layout import check_layout_values
-from deepgemm.api.layout import to_mn_major_tma_aligned
+from deepgemm.api.layout import tma_rows, to_mn_major_tma_aligned
 from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
     require_aligned,
@@ -332,10 +332,10 @@ def _run_contiguous(where: str, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch
         return out
     kind = GemmKind.GROUPED_CONTIGUOUS_PSUM if psum_form else GemmKind.GROUPED_CONTIGUOUS
     plan = get_grouped_plan(a_q.device.index, kind, Geometry(rows=m_total, groups=groups), n, k, out.dtype, m_total)
-    sfa_tma, sfb_rows = to_mn_major_tma_aligned(sfa), sfb.contiguous()
-    args = plan.packed_args(a_q, sfa_tma, b_q, sfb_rows, out, grouping)
+    a_rows, sfa_tma, sfb_rows = tma_rows(a_q), to_mn_major_tma_aligned(sfa), sfb.contiguous()
+    args = plan.packed_args(a_rows, sfa_tma, b_q, sfb_rows, out, grouping)
     plan.launch_packed(args)
-    if sfa_tma is sfa and sfb_rows is sfb:
+    if a_rows is a_q and sfa_tma is sfa and sfb_rows is sfb:
         form = _PSUM_FORM if psum_form else _CONTIGUOUS_FORM
         remember(_ready, _metadata_key(form, a_q, sfa, b_q, sfb, out, grouping), plan, args)
     return out
@@ -471,8 +471,8 @@ def check_masked(a: object, b: object, out: object, masked_m: object, expected_m
     require_k_multiple_of_16(k, "a[0]", where)
     require_stacked_strides(a_q, "a[0]", where)
     require_stacked_strides(b_q, "b[0]", where)
+    require_no_self_overlap(out_t, "out", where)  # (first: its message names the real problem of a broadcast out)
     require_stacked_strides(out_t, "out", where)
-    require_no_self_overlap(out_t, "out", where)
     if not masked_t.is_contiguous():
         raise ValueError(f"{where}: 'masked_m' must be contiguous")
     require_row_count(groups * max_m, "'a[0]' (G * max_m)", where)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from deepgemm.api.backend import backend_for
-from deepgemm.api.layout import to_mn_major_tma_aligned
+from deepgemm.api.layout import tma_rows, to_mn_major_tma_aligned
 from deepgemm.api.validation import (
     MAX_ROWS,
     require_aligned,
@@ -288,6 +288,6 @@ def _run_k_grouped(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb:
     if k_total == 0:
         return out_t.copy_(c) if c is not None else out_t.zero_()
     plan = get_kgrouped_plan(a_q.device.index, m, n)
-    plan.launch(a_q, to_mn_major_tma_aligned(sfa), b_q, to_mn_major_tma_aligned(sfb),
+    plan.launch(tma_rows(a_q), to_mn_major_tma_aligned(sfa), tma_rows(b_q), to_mn_major_tma_aligned(sfb),
                 _offsets.get(a_q.device, sizes), groups, out_t, c)
     return out_t

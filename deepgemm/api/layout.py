@@ -1,4 +1,4 @@
-"""Scale-factor layouts: what the GEMM's TMA reads, and conversions from natural layouts."""
+"""Operand and scale-factor layouts: what the GEMMs' TMA reads, and conversions from natural layouts."""
 
 from __future__ import annotations
 
@@ -43,3 +43,9 @@ def to_mn_major_tma_aligned(sf: torch.Tensor) -> torch.Tensor:
     view = storage[:, :m]
     view.copy_(sf.t())
     return view.t()
+
+
+def tma_rows(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a contiguous copy when its rows are 0 bytes apart (a broadcast such as x.expand(M, K)): TMA walks rows
+    by a positive stride. Applied before the path is chosen, so both paths read the same operand."""
+    return t.contiguous() if t.dim() == 2 and t.shape[0] > 1 and t.stride(0) == 0 else t

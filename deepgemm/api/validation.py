@@ -133,6 +133,9 @@ def require_stacked_strides(t: torch.Tensor, name: str, where: str) -> None:
                          f"got strides {stride}")
     if shape[2] > 1 and stride[2] != 1:
         raise ValueError(f"{where}: '{name}' must have unit stride along its last dimension, got strides {stride}")
+    if shape[1] > 1 and stride[1] == 0:
+        raise ValueError(f"{where}: '{name}' rows are 0 bytes apart (a broadcast, strides {stride}); TMA walks rows by "
+                         "a positive stride: pass a materialized tensor (.contiguous())")
     if shape[1] > 1 and (stride[1] * t.element_size()) % TMA_ALIGNMENT:
         raise ValueError(f"{where}: '{name}' rows must be a multiple of {TMA_ALIGNMENT} bytes apart (TMA rule); got "
                          f"strides {stride} of {t.element_size()}-byte elements")

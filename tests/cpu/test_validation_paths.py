@@ -361,6 +361,30 @@ def test_dense_out_overlapping_itself_is_refused(monkeypatch: pytest.MonkeyPatch
         assert "'out' overlaps itself" in reference[1], reference
 
 
+def test_broadcast_fp8_operands_reach_the_kernel_path_as_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows 0 bytes apart (an expanded row) are no TMA tensor: A and B reach the kernel path materialized, and the
+    result matches the reference on the broadcast operands."""
+    (a0, sfa), (b0, sfb) = dense(n=136)
+    a_b, b_b = a0[:1].expand(*a0.shape), b0[:1].expand(*b0.shape)
+    expected = deepgemm.fp8_gemm_nt((a_b.contiguous(), sfa), (b_b.contiguous(), sfb))
+    assert torch.equal(deepgemm.fp8_gemm_nt((a_b, sfa), (b_b, sfb)), expected)
+    monkeypatch.setattr(gemm_api, "backend_for", lambda *tensors, **kw: "sm90")
+    monkeypatch.setattr(gemm_api, "tuned_config", lambda *args, **kw: None)
+    captured: list[torch.Tensor] = []
+
+    class Plan:
+        def packed_args(self, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
+                        out: torch.Tensor) -> None:
+            captured.extend((a, b))
+
+        def launch_packed(self, args: object) -> None:
+            pass
+
+    monkeypatch.setattr(gemm_api, "get_plan", lambda *args, **kw: Plan())
+    deepgemm.fp8_gemm_nt((a_b, sfa), (b_b, sfb))
+    assert [t.stride(0) for t in captured] == [a0.shape[1], b0.shape[1]]
+
+
 def test_disjoint_parts_of_one_buffer_are_accepted() -> None:
     """Overlap means intersecting byte ranges, not a shared allocation: a workspace carved in parts is fine."""
     (a0, sfa), b = dense()
