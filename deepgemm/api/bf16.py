@@ -3,7 +3,6 @@ differentiable public functions in deepgemm.ops wrap these)."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -11,6 +10,7 @@ import torch
 from deepgemm.api.backend import backend_for
 from deepgemm.api.gemm import PrecompileInfo, allocate_out, check_num_sms
 from deepgemm.api.layout import tma_rows
+from deepgemm.api.tuned import TunedLookups
 from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
     refuse_grad_for,
@@ -185,27 +185,17 @@ def _bf16_gemm_checked(layout: str, a: object, b: object, out: torch.Tensor | No
     return out
 
 
-_tuned: dict[tuple, Bf16GemmConfig | None] = {}
-_TUNED_CAPACITY = 4096
+_tuned: TunedLookups[Bf16GemmConfig] = TunedLookups()
 
 
 def tuned_bf16_config(device_index: int, m: int, n: int, k: int, layout: str, out_dtype: torch.dtype,
                       c_dtype: torch.dtype | None) -> Bf16GemmConfig | None:
     """The measured tile for this shape's M bucket on this GPU model, or None (the plan then asks the cost model);
     looked up once per shape. DEEPGEMM_AUTOTUNE=1: an untuned bucket is measured first and recorded."""
-    key = (device_index, m, n, k, layout, out_dtype, c_dtype)
-    if key in _tuned:
-        return _tuned[key]
     problem = bf16_problem(m, n, k, layout, out_dtype, c_dtype, sm_count(device_index))
-    db = tuning_db(device_name(device_index))
-    config = db.lookup_bf16(problem)
-    if config is None and os.environ.get("DEEPGEMM_AUTOTUNE") == "1":
-        tune_bf16_gemm(layout, m, n, k, out_dtype=out_dtype, c_dtype=c_dtype, device=device_index)
-        config = db.lookup_bf16(problem)
-    if len(_tuned) >= _TUNED_CAPACITY:
-        _tuned.clear()
-    _tuned[key] = config
-    return config
+    return _tuned.get((device_index, m, n, k, layout, out_dtype, c_dtype),
+                      lambda: tuning_db(device_name(device_index)).lookup_bf16(problem),
+                      lambda: tune_bf16_gemm(layout, m, n, k, out_dtype=out_dtype, c_dtype=c_dtype, device=device_index))
 
 
 def precompile_bf16_gemm(layout: str, m: int, n: int, k: int, *, out_dtype: torch.dtype = torch.bfloat16,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -10,6 +9,7 @@ import torch
 
 from deepgemm.api.backend import backend_for
 from deepgemm.api.layout import tma_rows, to_mn_major_tma_aligned
+from deepgemm.api.tuned import TunedLookups
 from deepgemm.api.ready_launches import remember
 from deepgemm.api.validation import (
     require_aligned,
@@ -336,8 +336,7 @@ def planned_spec(m: int, n: int, k: int, out_dtype: torch.dtype, num_sms: int, g
     return Fp8GemmSpec(n=n, k=k, out_dtype=out_dtype, config=choose_config(problem) if config is None else config)
 
 
-_tuned: dict[tuple[int, int, int, int, torch.dtype, int], GemmConfig | None] = {}
-_TUNED_CAPACITY = 4096
+_tuned: TunedLookups[GemmConfig] = TunedLookups()
 
 
 def tuned_config(device_index: int, m: int, n: int, k: int, out_dtype: torch.dtype,
@@ -346,16 +345,7 @@ def tuned_config(device_index: int, m: int, n: int, k: int, out_dtype: torch.dty
     under the DEEPGEMM_NUM_SMS cap; entries are keyed by the SM count), or None (the plan then asks the cost model);
     looked up once per shape. DEEPGEMM_AUTOTUNE=1: an untuned bucket is measured first and recorded."""
     sms = sm_count(device_index) if num_sms is None else num_sms
-    key = (device_index, m, n, k, out_dtype, sms)
-    if key in _tuned:
-        return _tuned[key]
     problem = GemmProblem(m, n, k, sms, out_dtype)
-    db = tuning_db(device_name(device_index))
-    config = db.lookup_problem(problem)
-    if config is None and os.environ.get("DEEPGEMM_AUTOTUNE") == "1":
-        tune_fp8_gemm_nt(m, n, k, out_dtype=out_dtype, device=device_index, num_sms=sms)
-        config = db.lookup_problem(problem)
-    if len(_tuned) >= _TUNED_CAPACITY:
-        _tuned.clear()
-    _tuned[key] = config
-    return config
+    return _tuned.get((device_index, m, n, k, out_dtype, sms),
+                      lambda: tuning_db(device_name(device_index)).lookup_problem(problem),
+                      lambda: tune_fp8_gemm_nt(m, n, k, out_dtype=out_dtype, device=device_index, num_sms=sms))

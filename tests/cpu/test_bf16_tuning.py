@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from deepgemm.api import bf16 as bf16_api
-from deepgemm.kernels.sm90_bf16_gemm.cost_model import Bf16Problem, choose_config, make_config, ranked_configs
+from deepgemm.api.tuned import TunedLookups
+from deepgemm.kernels.sm90_bf16_gemm.cost_model import (
+    Bf16Problem,
+    choose_config,
+    make_config,
+    ranked_configs,
+)
 from deepgemm.tuning import bf16_tuner
 from deepgemm.tuning.db import TuningDB
 from deepgemm.tuning.timing import Timing
@@ -149,7 +155,7 @@ def test_the_api_plans_with_the_tuned_tile(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(bf16_api, "tuning_db", lambda name: db)
     monkeypatch.setattr(bf16_api, "device_name", lambda index: "Fake GPU")
     monkeypatch.setattr(bf16_api, "sm_count", lambda index: 132)
-    monkeypatch.setattr(bf16_api, "_tuned", {})
+    monkeypatch.setattr(bf16_api, "_tuned", TunedLookups())
     monkeypatch.setattr(bf16_api, "_ready", {})
     a = torch.randn(7168, 256).to(torch.bfloat16)
     b = torch.randn(7168, 2112).to(torch.bfloat16)

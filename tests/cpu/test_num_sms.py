@@ -18,6 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import deepgemm
 from deepgemm.api import gemm as gemm_api
+from deepgemm.api.tuned import TunedLookups
 from deepgemm.kernels.sm90_fp8_gemm_1d2d import plan as plan_module
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_config
@@ -69,7 +70,7 @@ def kernel_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple[F
     monkeypatch.setattr(gemm_api, "backend_for", lambda *tensors, **kw: "sm90")
     monkeypatch.setattr(gemm_api, "sm_count", lambda index: H200_SMS)
     monkeypatch.setattr(gemm_api, "device_name", lambda index: "NVIDIA H200")
-    monkeypatch.setattr(gemm_api, "_tuned", {})
+    monkeypatch.setattr(gemm_api, "_tuned", TunedLookups())
     monkeypatch.setattr(gemm_api, "_ready", {})
     monkeypatch.setattr(plan_module, "sm_count", lambda index: H200_SMS)
     monkeypatch.setattr(plan_module, "_plans", {})
@@ -289,7 +290,7 @@ def test_tuned_config_reads_and_autotunes_the_requested_sm_count(monkeypatch: py
     monkeypatch.delenv("DEEPGEMM_AUTOTUNE", raising=False)
     monkeypatch.setattr(gemm_api, "sm_count", lambda index: H200_SMS)
     monkeypatch.setattr(gemm_api, "device_name", lambda index: "NVIDIA H200")
-    monkeypatch.setattr(gemm_api, "_tuned", {})
+    monkeypatch.setattr(gemm_api, "_tuned", TunedLookups())
     m, n, k = 512, 3072, 1536
     recorded = make_config(m, n, k, 64, 96, 66)
     tuning_db("NVIDIA H200").record(m, n, k, 66, recorded, 12.5)
