@@ -116,8 +116,10 @@ fi
 if has kgrouped; then
   timeout 200 python3 dev/bench_kgrouped.py 2>&1 | tee "$OUT/bench_kgrouped.md"
 fi
-# bf16grouped: dev/bench_grouped_bf16.py, BF16 grouped forms against DeepGEMM HEAD (where carried) and torch._grouped_mm.
+# bf16grouped: the BF16 grouped GPU tests, then dev/bench_grouped_bf16.py (the grouped forms against DeepGEMM HEAD
+# where carried, and torch._grouped_mm).
 if has bf16grouped; then
+  timeout 240 python3 -m pytest --timeout 150 -q -p no:cacheprovider tests/gpu/test_bf16_grouped_gpu.py 2>&1 | tee "$OUT/pytest_bf16_grouped.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -25
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
     timeout 300 python3 dev/bench_grouped_bf16.py --json "$OUT/bench_grouped_bf16.json" 2>&1 | tee "$OUT/bench_grouped_bf16.md" )
 fi
