@@ -27,13 +27,23 @@ from deepgemm.api.precompile import (
     token_counts,
     unique_sources,
 )
+from deepgemm.api.tuned import TunedLookups
 from deepgemm.cli import main
 from deepgemm.commands.precompile import plan_model, planning_target
 from deepgemm.jit import compiler
-from deepgemm.jit.compiler import CompileStats, KernelSource, compile_kernel, compile_stats
+from deepgemm.jit.compiler import (
+    CompileStats,
+    KernelSource,
+    compile_kernel,
+    compile_stats,
+)
 from deepgemm.kernels.sm90_fp8_gemm_1d2d import plan as plan_module
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_config
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Geometry, get_grouped_plan, get_plan
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import (
+    Geometry,
+    get_grouped_plan,
+    get_plan,
+)
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind, GemmProblem
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec
 from deepgemm.nn.linear import Fp8Linear
@@ -58,7 +68,7 @@ def fake_h200(monkeypatch: pytest.MonkeyPatch) -> None:
     """The runtime's planners on device 0 = an H200, with plan building stopped at the spec (no kernel load)."""
     monkeypatch.setattr(gemm_api, "sm_count", lambda index: 132)
     monkeypatch.setattr(gemm_api, "device_name", lambda index: "NVIDIA H200")
-    monkeypatch.setattr(gemm_api, "_tuned", {})
+    monkeypatch.setattr(gemm_api, "_tuned", TunedLookups())
     monkeypatch.setattr(plan_module, "sm_count", lambda index: 132)
     monkeypatch.setattr(plan_module, "_build", lambda table, key, index, geometry, spec, what: spec)
     monkeypatch.delenv("DEEPGEMM_AUTOTUNE", raising=False)

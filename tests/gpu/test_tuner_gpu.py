@@ -32,12 +32,13 @@ def test_tune_records_a_winner_the_planner_uses(tmp_path: Path, monkeypatch: pyt
 
 def test_bf16_tune_records_a_winner_the_api_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
     from deepgemm.api import bf16 as bf16_api
+    from deepgemm.api.tuned import TunedLookups
     from deepgemm.kernels.sm90_bf16_gemm.plan import _plans, bf16_problem
     from deepgemm.reference import bf16_gemm_reference
     from deepgemm.tuning.bf16_tuner import tune_bf16_gemm
 
     monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(bf16_api, "_tuned", {})
+    monkeypatch.setattr(bf16_api, "_tuned", TunedLookups())
     monkeypatch.setattr(bf16_api, "_ready", {})
     m, n, k = 200, 1536, 1024  # tn: A [K, M], B [K, N]
     result = tune_bf16_gemm("tn", m, n, k, top=3, iters=5)
