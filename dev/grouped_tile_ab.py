@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from dev.bench_grouped import contiguous_inputs, issue5_cases, masked_bytes, masked_inputs  # noqa: E402
+from dev.bench_grouped import _peer_launch, contiguous_inputs, issue5_cases, masked_bytes, masked_inputs  # noqa: E402
+from deepgemm.bench import deepseek  # noqa: E402
 
 
 def main() -> None:
@@ -119,7 +120,9 @@ def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool, scale
     from deepgemm.api.grouped import _masked_sfa_layout
     from deepgemm.tuning.timing import bench_gpu_interleaved
 
-    print("| case | tile | µs | GB/s | TFLOPS | calc_diff vs the first tile | DeepGEMM |")
+    with_peer = deepseek.missing() is None
+
+    print("| case | tile | µs | GB/s | TFLOPS | calc_diff vs the first tile | DeepGEMM (issue 5) |")
     print("|---|---|---|---|---|---|---|")
     for case in cases:
         groups, expected, max_m, counts, n, k = case.groups, case.expected, case.max_m, case.counts, case.n, case.k
@@ -143,6 +146,15 @@ def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool, scale
                 outs.append(out if index == 0 else out.clone())
                 names.append(f"{bm}x{bn}{layout}")
                 launches.append(lambda plan=plan, out=outs[-1], scales=scales: plan.launch(a[0], scales, b[0], sfb, out, masked_m))
+                launches[-1]()
+        if with_peer:  # DeepGEMM HEAD on the same inputs, interleaved with the tiles
+            peer, why_not = _peer_launch("m_grouped_fp8_gemm_nt_masked", a, b, outs[0], max_m, k, groups, masked_m, expected)
+            if peer is None:
+                print(f"(DeepGEMM not run: {why_not})")
+            else:
+                launches.append(peer[0])
+                outs.append(peer[1])
+                names.append("DeepGEMM HEAD")
                 launches[-1]()
         torch.cuda.synchronize()
         timings = bench_gpu_interleaved(launches, iters=30, warmup=5)

@@ -183,20 +183,54 @@ def test_contiguous_layouts_take_128x192_tiles_where_they_pay() -> None:
     assert contiguous_tile(64, 1, 4096, 7168, 132, 2)[0] == 64  # decode-sized: the model's pick
 
 
-def test_masked_tiles_stay_at_most_128_wide() -> None:
-    """Masked groups never get tiles wider than 128 (their rows vary, so wave counts are guesses)."""
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import masked_config_m, masked_tile
+def test_masked_decode_tiles_stay_at_most_128_wide() -> None:
+    """Decode-sized masked groups keep the model's pick capped at 128 columns (measured there)."""
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import masked_tile
 
-    # The model alone goes wider here (block_m 256 is not allowed for masked groups at K = 2048). (Since
-    # session 12 the model itself keeps 2 x ~512 rows at N = 7168, K = 2048 at 128 x 128, where 128 x 160 measured
-    # 13% slower; it still widens 1 x ~384 rows.)
-    assert choose_fp8_gemm_config(384, 7168, 2048, 132, allow_block_m_256=False).block_n > 128
-    assert masked_tile(384, 1, 7168, 2048, 132, 2) == (128, 128)
-    assert masked_tile(512, 2, 7168, 2048, 132, 2) == (128, 128)
-    for groups, expected, n, k in ((1, 1024, 4096, 7168), (4, 256, 7168, 2048), (32, 16, 4096, 7168), (256, 8, 2048, 7168)):
-        block_m, block_n = masked_tile(masked_config_m(expected, 4096 if expected > 128 else 128), groups, n, k, 132, 2)
-        assert block_n <= 128 and block_m in (64, 128, 256)
+    for groups, expected, n, k in ((32, 16, 4096, 7168), (256, 8, 2048, 7168), (64, 32, 7168, 2048), (8, 64, 4096, 7168)):
+        block_m, block_n = masked_tile(expected, 128, groups, n, k, 132, 2)
+        assert block_n <= 128 and block_m in (64, 128)
+    assert masked_tile(64, 128, 8, 4096, 7168, 132, 2) == (128, 128)  # rows up to 83: one M-block per group
+    assert masked_tile(16, 128, 32, 4096, 7168, 132, 2) == (64, 128)
+
+
+def test_masked_block_counts_are_the_distribution_of_the_sum() -> None:
+    """Two groups of 3-5 rows with 2-row blocks, enumerated by hand: the convolution gives the same distribution."""
+    import itertools
+
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d import grouped_heuristics as gh
+
+    counts = gh._masked_block_counts(4, 4096, 2, 2)  # rows uniform in round(2.8)..round(5.2) = 3..5
+    expected: dict[int, float] = {}
+    for a, b in itertools.product(range(3, 6), repeat=2):
+        blocks = -(-a // 2) + -(-b // 2)
+        expected[blocks] = expected.get(blocks, 0.0) + 1 / 9
+    assert counts.keys() == expected.keys() and all(abs(counts[b] - expected[b]) < 1e-12 for b in expected)
+    # max_m caps the spread: every group holds exactly 3 rows.
+    assert gh._masked_block_counts(4, 3, 2, 2) == {4: 1.0}
+    # Many groups: the mean stands for the distribution.
+    many = gh._masked_block_counts(100, 4096, 128, gh.MASKED_EXACT_GROUPS + 1)
+    assert len(many) == 1 and abs(sum(many.values()) - 1) < 1e-12
+
+
+def test_masked_tiles_ranked_over_the_row_spread() -> None:
+    """Above decode sizes the tile is ranked by its expected time over rows 0.7-1.3 x expected_m: 1 x ~1024 rows at
+    N = 4096, K = 7168 leaves 256 x 128 (one wave at 1007 rows, two at 1229: measured 51.6 / 93.3 us) for 128 x 128,
+    and 4 x ~256 rows takes 128 x 192 (two waves across the spread where 128 x 128 mostly needs three)."""
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d import grouped_heuristics as gh
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import estimate_seconds
+
+    # At exactly expected_m the model alone prefers 256 x 128 (the old rule's pick).
+    assert estimate_seconds(1024, 4096, 7168, 256, 128, 132, 2) < estimate_seconds(1024, 4096, 7168, 128, 128, 132, 2)
+    assert gh.masked_tile(1024, 4096, 1, 4096, 7168, 132, 2) == (128, 128)
+    assert gh.masked_tile(256, 4096, 4, 4096, 7168, 132, 2) == (128, 192)
+    for groups, expected, n, k in ((1, 1024, 7168, 2048), (2, 512, 7168, 2048), (4, 256, 7168, 2048)):
+        assert gh.masked_tile(expected, 4096, groups, n, k, 132, 2) == (128, 128)
+    # The ranking follows the expected time it computes.
+    counts = gh._masked_block_counts(1024, 4096, 256, 1)
+    wide = gh.masked_expected_seconds(counts, 1024, 1, 4096, 7168, 256, 128, 132, 2)
+    plain = gh.masked_expected_seconds(gh._masked_block_counts(1024, 4096, 128, 1), 1024, 1, 4096, 7168, 128, 128, 132, 2)
+    assert plain < wide
 
 
 def test_masked_block_m_256_compiles_without_spills() -> None:

@@ -287,9 +287,8 @@ def test_dense_wide_tile_rule_is_dense_only() -> None:
     assert dense_wide_tile_share(32768, 4095) == 1
     plain = choose_fp8_gemm_config(32768, 4096, 7168, 132, wide_tile_share=1.0)
     assert (plain.block_m, plain.block_n) == (256, 128)
-    # The grouped tile choices call the model with the rule off: with it, masked 8 x ~1024 rows at N = 4096, K = 7168
-    # would rank 128 x 192 first and be capped to 128 x 128 instead of keeping block_m 256.
-    assert masked_tile(1024, 8, 4096, 7168, 132, 2) == (256, 128)
+    # The grouped tile choices call the model with the rule off (masked ones rank by their own expected time).
+    assert masked_tile(1024, 4096, 1, 4096, 7168, 132, 2) == (128, 128)
     assert contiguous_tile(4 * 8192, 4, 4096, 7168, 132, 2) == (128, 192)  # their own measured rule
 
 

@@ -301,9 +301,23 @@ def test_masked_graph_replay_with_new_counts() -> None:
         check_masked(out, a, b, masked_m.cpu())
 
 
+@pytest.fixture
+def masked_block_m_256(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    """Masked plans (and the CPU path's tile rule) use 256 x 128 tiles while the test runs (the tile rule picks them
+    only where their expected time over the routing spread is lowest)."""
+    import deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics as heuristics
+    from deepgemm.api.grouped import clear_grouped_plans
+
+    clear_grouped_plans()
+    monkeypatch.setattr(heuristics, "masked_tile", lambda *args: (256, 128))
+    yield
+    clear_grouped_plans()
+
+
+@pytest.mark.usefixtures("masked_block_m_256")
 def test_masked_block_m_256_tails() -> None:
-    """Large masked groups with long K run 256-row tiles; a group's last tile computes (and stores) only the
-    64-row pieces that start below masked_m, like 128-row tiles do."""
+    """256-row masked tiles (long K): a group's last tile computes (and stores) only the 64-row pieces that start
+    below masked_m, like 128-row tiles do."""
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Geometry, get_grouped_plan
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 
@@ -324,10 +338,14 @@ def test_masked_block_m_256_tails() -> None:
     (128, 64, [64, 65, 127, 1, 128, 0, 80, 45]),
     (256, 512, [64, 1000, 257, 1]),
 ], ids=lambda v: str(v))
-def test_masked_loads_only_the_a_rows_a_tile_needs(block_m: int, expected_m: int, counts: list[int]) -> None:
+def test_masked_loads_only_the_a_rows_a_tile_needs(block_m: int, expected_m: int, counts: list[int],
+                                                   request: pytest.FixtureRequest) -> None:
     """Masked tiles load A in 16-row (block_m 64) or 64-row boxes, as many as their valid rows need: counts
-    on and around the box edges, including FP32 output (block_m 256 then stores in chunks)."""
+    on and around the box edges, including FP32 output (block_m 256, forced, then stores in chunks)."""
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import masked_config_m
+
+    if block_m == 256:
+        request.getfixturevalue("masked_block_m_256")
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Geometry, get_grouped_plan
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 

@@ -82,11 +82,16 @@ def hbm_seconds(m: int, n: int, k: int, out_elem_bytes: int) -> float:
 
 def tile_schedule_seconds(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int,
                           wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE) -> float:
-    """waves x per-tile time, the per-tile time being the slower of MMA and streaming operands from L2, plus (above
+    """waves x per-tile time (tile_seconds)."""
+    waves = ceil_div(ceil_div(m, block_m) * ceil_div(n, block_n), num_sms)
+    return waves * tile_seconds(m, k, block_m, block_n, num_sms, wide_tail_k_blocks)
+
+
+def tile_seconds(m: int, k: int, block_m: int, block_n: int, num_sms: int,
+                 wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE) -> float:
+    """One tile's time in a wave of an M-row problem: the slower of MMA and streaming operands from L2, plus (above
     decode sizes) a fixed cost per tile."""
     k_padded = align_up(max(k, 1), 128)
-    tiles = ceil_div(m, block_m) * ceil_div(n, block_n)
-    waves = ceil_div(tiles, num_sms)
     mma_per_k_block = 2 * block_m * block_n * 128 / (FP8_DENSE_FLOPS / num_sms * mma_efficiency(m, block_m, block_n))
     mma = mma_per_k_block * k_padded / 128
     stream = (block_m + block_n) * k_padded / L2_TO_SM_BYTES_PER_S
@@ -95,7 +100,7 @@ def tile_schedule_seconds(m: int, n: int, k: int, block_m: int, block_n: int, nu
         exposed_tail = not pipelined_for(block_m, block_n) and math_warpgroups(block_m) < 3
         exposed = wide_tail_k_blocks if block_m == 128 and block_n >= PREFILL_WIDE_BLOCK_N else PREFILL_EXPOSED_K_BLOCKS
         tile_fixed = PREFILL_TILE_SECONDS + (exposed * mma_per_k_block if exposed_tail else 0.0)
-    return waves * (max(mma, stream) + tile_fixed)
+    return max(mma, stream) + tile_fixed
 
 
 def mma_efficiency(m: int, block_m: int, block_n: int) -> float:

@@ -3,10 +3,13 @@ grouped timings showed it wrong (each rule cites its measurement; docs/performan
 
 from __future__ import annotations
 
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import (DECODE_MAX_M, DENSE_WIDE_TILE, MIN_M_FOR_BLOCK_M_256,
-                                                            PREFILL_EXPOSED_K_BLOCKS, choose_fp8_gemm_config,
-                                                            estimate_seconds, spans_at_most_two_scale_blocks)
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import (DECODE_MAX_M, DENSE_WIDE_TILE, HBM_BYTES_PER_S,
+                                                            MIN_M_FOR_BLOCK_M_256, PREFILL_EXPOSED_K_BLOCKS,
+                                                            candidate_tiles, choose_fp8_gemm_config, estimate_seconds,
+                                                            spans_at_most_two_scale_blocks, tile_seconds)
+from deepgemm.errors import UnsupportedError
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import max_stages
+from deepgemm.utils import ceil_div
 
 # Grouped layouts keep 1.25 exposed K blocks for 128 x 192 tiles (the dense model's 2.0 would move masked groups at
 # N = 7168, K = 2048 to 128 x 96, measured 10-28% slower than 128 x 128).
@@ -45,23 +48,84 @@ def max_block_n_for(n: int, cap: int) -> int:
     return max(bn for bn in range(8, limit + 1, 8) if spans_at_most_two_scale_blocks(bn))
 
 
-# Masked grouped GEMMs: the model sees N x groups columns (the same tile count and weight bytes as one GEMM that
-# wide) with block_m 256 (block_n 128) only when one group's N fills it. Tiles stay at most MASKED_MAX_BLOCK_N wide:
-# the groups' rows vary around expected_m, so the wave count a wider tile would be chosen for is a guess (128 x 160
-# measured 13% slower on 2 x ~512 rows at N = 7168, K = 2048, and 1.5-3% faster on 1 x ~1024 and 4 x ~256).
-MASKED_MAX_BLOCK_N = 128
+# Masked grouped GEMMs above decode sizes: each group's rows vary around expected_m (MoE routing; benchmarks and
+# issue 22 draw expected x U(0.7, 1.3)), and a tile chosen for exactly expected_m rows can sit just below a wave
+# boundary the real rows cross. Measured (H200, 1 x ~1024 rows, N = 4096, K = 7168): 256 x 128 tiles ran 51.6 us on
+# 1007 rows and 93.3 us on 1229 (one wave became two), 128 x 192 ran 69.1 / 69.7, DeepGEMM HEAD 49.6 / 70.6. So these
+# tiles are ranked by the model's expected time over that spread: every group's row count uniform in
+# MASKED_ROW_SPREAD x expected_m (capped at max_m), independently, the wave count averaged over the resulting
+# distribution of the tile count. Decode-sized groups keep masked_config_m's headroom rule.
+MASKED_ROW_SPREAD = (0.7, 1.3)
+MASKED_EXACT_GROUPS = 64  # more groups: the mean block count stands for its distribution (bounds the host time)
 
-def masked_tile(expected_rows: int, groups: int, n: int, k: int, num_sms: int, out_elem_bytes: int) -> tuple[int, int]:
-    """(block_m, block_n) for masked groups sized for `expected_rows` each: the model's pick, its width capped at
-    MASKED_MAX_BLOCK_N and narrowed to cover N without waste (block_m 256 keeps its 128 columns). The cap applies
-    after ranking, so where the model preferred a wider tile the capped one was not itself ranked (e.g. 2 x ~512
-    rows at N = K = 7168: 128 x 160 becomes 128 x 128, which the model estimates 7% slower than 256 x 128)."""
-    base = choose_fp8_gemm_config(max(expected_rows, 1), n * groups, k, num_sms, out_elem_bytes,
-                                  allow_block_m_256=masked_allows_block_m_256(k) and n >= 128,
-                                  wide_tail_k_blocks=GROUPED_EXPOSED_K_BLOCKS_WIDE, wide_tile_share=1.0)
-    if base.block_m == 256:
-        return 256, base.block_n
-    return base.block_m, max_block_n_for(n, min(base.block_n, MASKED_MAX_BLOCK_N))
+
+# Decode-sized masked tiles stay at most MASKED_DECODE_MAX_BLOCK_N wide (block_m 256 keeps its 128 columns).
+MASKED_DECODE_MAX_BLOCK_N = 128
+# Wider masked tiles: 128 x 192 only. 128 x 160 measured slower than 128 x 128 on 2 x ~512 rows twice (N = 7168,
+# K = 2048: 13%; N = 4096, K = 7168: 58.6 against 55.3 us), where the spread ranks it first or close.
+MASKED_WIDE_BLOCK_N = 192
+
+
+def masked_width_allowed(block_n: int) -> bool:
+    return block_n <= MASKED_DECODE_MAX_BLOCK_N or block_n == MASKED_WIDE_BLOCK_N
+
+
+def masked_tile(expected_m: int, max_m: int, groups: int, n: int, k: int, num_sms: int,
+                out_elem_bytes: int) -> tuple[int, int]:
+    """(block_m, block_n) for masked groups of about `expected_m` rows each (at most max_m): at decode sizes the
+    model's pick for masked_config_m rows and N x groups columns (the same tile count and weight bytes as one GEMM
+    that wide), narrowed to cover N without waste; larger groups the fastest tile by masked_expected_seconds."""
+    allow_256 = masked_allows_block_m_256(k) and n >= 128
+    rows = masked_config_m(expected_m, max_m)
+    if min(expected_m, max_m) <= MASKED_DECODE_MAX_EXPECTED_M:
+        base = choose_fp8_gemm_config(rows, n * groups, k, num_sms, out_elem_bytes, allow_block_m_256=allow_256,
+                                      wide_tail_k_blocks=GROUPED_EXPOSED_K_BLOCKS_WIDE, wide_tile_share=1.0)
+        if base.block_m == 256:
+            return 256, base.block_n
+        return base.block_m, max_block_n_for(n, min(base.block_n, MASKED_DECODE_MAX_BLOCK_N))
+    counts = {bm: _masked_block_counts(rows, max_m, bm, groups) for bm in (64, 128, 256)}
+    ranked = []
+    for block_m, block_n in candidate_tiles(rows, n, allow_256, allow_block_m_192=False):
+        if masked_width_allowed(block_n) and max_stages(block_m, block_n, k, out_elem_bytes) >= 2:
+            seconds = masked_expected_seconds(counts[block_m], rows, groups, n, k, block_m, block_n, num_sms,
+                                              out_elem_bytes)
+            ranked.append((seconds, block_m, block_n))
+    if not ranked:
+        raise UnsupportedError(f"no masked FP8 GEMM tile for n={n} k={k} fits in shared memory")
+    _, block_m, block_n = min(ranked)
+    return block_m, block_n
+
+
+def _masked_block_counts(expected_rows: int, max_m: int, block_m: int, groups: int) -> dict[int, float]:
+    """Distribution of the total M-block count of `groups` groups, each holding a uniform row count in
+    MASKED_ROW_SPREAD x expected_rows (at most max_m), independently: {blocks: probability}."""
+    low = max(1, round(MASKED_ROW_SPREAD[0] * expected_rows))
+    high = max(low, min(max_m, round(MASKED_ROW_SPREAD[1] * expected_rows)))
+    one: dict[int, float] = {}
+    for rows in range(low, high + 1):
+        one[ceil_div(rows, block_m)] = one.get(ceil_div(rows, block_m), 0.0) + 1.0 / (high - low + 1)
+    if groups > MASKED_EXACT_GROUPS:  # the total's spread is small against its mean: the mean alone
+        return {round(groups * sum(blocks * p for blocks, p in one.items())): 1.0}
+    total = {0: 1.0}
+    for _ in range(groups):
+        step: dict[int, float] = {}
+        for blocks, p in total.items():
+            for more, q in one.items():
+                step[blocks + more] = step.get(blocks + more, 0.0) + p * q
+        total = step
+    return total
+
+
+def masked_expected_seconds(block_counts: dict[int, float], expected_rows: int, groups: int, n: int, k: int,
+                            block_m: int, block_n: int, num_sms: int, out_elem_bytes: int) -> float:
+    """The model's expected time of a masked launch whose total M-block count is distributed as `block_counts`: the
+    mean wave count times one tile's time, or the HBM floor (every group's weights and expected rows)."""
+    n_blocks = ceil_div(n, block_n)
+    waves = sum(p * ceil_div(blocks * n_blocks, num_sms) for blocks, p in block_counts.items())
+    schedule = waves * tile_seconds(expected_rows, k, block_m, block_n, num_sms, GROUPED_EXPOSED_K_BLOCKS_WIDE)
+    rows = groups * expected_rows
+    floor = (rows * k + groups * n * k + rows * n * out_elem_bytes) / HBM_BYTES_PER_S
+    return max(schedule, floor)
 
 
 # Contiguous grouped GEMMs (the four DeepSeek-V3 MoE cases, tiles timed interleaved, three runs): 128 x 192 tiles

@@ -15,7 +15,7 @@ def choose_config(problem: GemmProblem) -> GemmConfig:
         return choose_fp8_gemm_config(p.m, p.n, p.k, p.num_sms, p.out_elem_bytes)
     if p.kind == GemmKind.GROUPED_MASKED:
         rows = masked_config_m(p.m, p.max_m)
-        block_m, block_n = masked_tile(rows, p.groups, p.n, p.k, p.num_sms, p.out_elem_bytes)
+        block_m, block_n = masked_tile(p.m, p.max_m, p.groups, p.n, p.k, p.num_sms, p.out_elem_bytes)
     else:
         rows = max(p.m, 1)
         block_m, block_n = contiguous_tile(p.m, p.groups, p.n, p.k, p.num_sms, p.out_elem_bytes)

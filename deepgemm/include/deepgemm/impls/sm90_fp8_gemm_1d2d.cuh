@@ -205,7 +205,7 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
     DG_DEVICE static void consumer(const Ring& ring, const Slots& slots, const OutputDescriptors* tma_d, const float* sfb,
                                    const GemmProblem& problem, u32 cta_rank) {
         MathThread me;
-        me.math_wg = threadIdx.x / 128 - 1;
+        me.math_wg = __shfl_sync(0xFFFFFFFFu, threadIdx.x / 128 - 1, 0);  // warp-uniform: kept in uniform registers
         me.thread_in_wg = threadIdx.x % 128;
         me.lane = me.thread_in_wg % 32;
         me.row_in_wg = (me.thread_in_wg / 32) * 16 + me.lane / 4;

@@ -49,6 +49,11 @@ struct Sm90Fp8KLoop1D2D : Cfg {
     using Cfg::kStraddleStep;
     using Cfg::wave_row;
     using Promotion = Fp8Promotion<kBlockN, kNumKBlocks>;
+    // Dense tiles without overlapped stores run every wave's MMAs, also past M (those rows are zero-filled or stale
+    // in shared memory, and never stored): the wave loop then has no branch on per-thread values, which keeps the
+    // stage's descriptors in uniform registers. Grouped waves past a group's rows are skipped (they are another
+    // group's rows, or the overlapped stores count the waves that have rows).
+    static constexpr bool kSkipEmptyWaves = Cfg::kKind != GemmKind::kDense || kOverlapStores;
     using Stores = WaveStores<Cfg>;
 
     // Tell the producers of every CTA sharing this stage that this warp is done with it.
@@ -100,7 +105,7 @@ struct Sm90Fp8KLoop1D2D : Cfg {
             for (u32 w = 0; w < kNumWaves; ++w) {
                 // Waves past the tile's rows (block_m 256 tail tiles, and contiguous half tiles)
                 // issue nothing; TMA zero-filled any rows past M.
-                if (w > 0 && t.row_in_tensor + (wave_row(w, t.math_wg) - t.first_row) >= t.rows) {
+                if (kSkipEmptyWaves && w > 0 && t.row_in_tensor + (wave_row(w, t.math_wg) - t.first_row) >= t.rows) {
                     break;
                 }
                 ScaleA scale_a;
@@ -117,7 +122,8 @@ struct Sm90Fp8KLoop1D2D : Cfg {
                 ptx::wgmma_wait_group<0>();
                 ptx::fence_accumulators(partial);
                 const bool last_wave =
-                    w + 1 == kNumWaves || t.row_in_tensor + (wave_row(w + 1, t.math_wg) - t.first_row) >= t.rows;
+                    w + 1 == kNumWaves ||
+                    (kSkipEmptyWaves && t.row_in_tensor + (wave_row(w + 1, t.math_wg) - t.first_row) >= t.rows);
                 if (last_wave) {
                     release_stage(ring, stage, t.lane);  // every MMA reading the stage is done
                 }
