@@ -280,7 +280,7 @@ struct Sm90Bf16Gemm {
     }
 
     DG_DEVICE static void consumer(const Ring& ring, const OutputDescriptors* tma_d, const Bf16GemmProblem& problem) {
-        const u32 math_wg = threadIdx.x / 128 - 1;
+        const u32 math_wg = __shfl_sync(0xFFFFFFFFu, threadIdx.x / 128 - 1, 0);  // warp-uniform: kept in uniform registers
         const u32 thread_in_wg = threadIdx.x % 128;
         const u32 lane = thread_in_wg % 32;
         const u32 row_in_wg = (thread_in_wg / 32) * 16 + lane / 4;
