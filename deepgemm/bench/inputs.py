@@ -40,6 +40,10 @@ class Problem:
     def shape(self) -> Shape:
         return self.m, self.n, self.k
 
+    @property
+    def label(self) -> str:
+        return ""
+
     def reference(self) -> Any:
         """float64 product of the exact (dequantized) inputs."""
         if "scaled" not in self._cache:
@@ -76,14 +80,14 @@ def make_problem(shape: Shape, precision: Precision, *, device: Any, seed: int =
         return Problem(m, n, k, "bf16", a.bfloat16(), b.bfloat16())
     a_fp8, sfa = quantize_per_token_group(a, GROUP)
     b_fp8, sfb = quantize_per_block(b, GROUP)
-    exact_a = _dequantize(a_fp8, sfa, GROUP, 1)
-    exact_b = _dequantize(b_fp8, sfb, GROUP, GROUP)
+    exact_a = dequantize(a_fp8, sfa, GROUP, 1)
+    exact_b = dequantize(b_fp8, sfb, GROUP, GROUP)
     sfa_cublas = sfa if sfa.stride() == (1, m) else sfa.t().contiguous().t()
     return Problem(m, n, k, "fp8", exact_a.bfloat16(), exact_b.bfloat16(), a_fp8, sfa, sfa_cublas, b_fp8, sfb,
                    exact_a, exact_b)
 
 
-def _dequantize(q: Any, scales: Any, col_block: int, row_block: int) -> Any:
+def dequantize(q: Any, scales: Any, col_block: int, row_block: int) -> Any:
     """Exact values in float64: every scale covers ``row_block`` rows x ``col_block`` columns."""
     rows, cols = q.shape
     expanded = scales.double().repeat_interleave(row_block, dim=0)[:rows].repeat_interleave(col_block, dim=1)

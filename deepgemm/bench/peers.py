@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from deepgemm.analysis.gpus import Precision
 from deepgemm.api import gemm as api_gemm
@@ -26,20 +26,43 @@ class Unavailable(Exception):
     """This implementation cannot run this problem; ``str(exc)`` says why."""
 
 
+class BenchProblem(Protocol):
+    """What the runner reads of a problem (dense :class:`Problem`, or an MoE case's ``MoeProblem``)."""
+
+    @property
+    def m(self) -> int: ...
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def k(self) -> int: ...
+
+    @property
+    def shape(self) -> tuple[int, int, int]: ...
+
+    @property
+    def label(self) -> str: ...  # an MoE case's label, "" for a dense shape
+
+
+P = TypeVar("P", bound=BenchProblem)
+
+
 @dataclass(frozen=True)
 class Prepared:
     fn: Callable[[], Any]
     reference: Callable[[], Any]  # the float64 result ``fn`` should approximate
     bytes: int  # HBM bytes one call must move at least: A, B, D and scales
     note: str = ""
+    select: Callable[[Any], Any] | None = None  # fn's result -> the part `reference` covers (e.g. valid rows)
 
 
 @dataclass(frozen=True)
-class Implementation:
+class Implementation(Generic[P]):
     name: str
     description: str
     precision: Precision
-    prepare: Callable[[Problem], Prepared]
+    prepare: Callable[[P], Prepared]
     # What it computes; implementations of the same operation are timed interleaved (bench_gpu_interleaved).
     operation: str = ""
     # An optional peer: why it cannot run here (e.g. not installed), or None. A run leaves such a peer out

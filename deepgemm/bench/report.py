@@ -8,9 +8,8 @@ from collections.abc import Sequence
 from deepgemm.analysis.roofline import Ceilings
 from deepgemm.bench.console import print_table
 from deepgemm.bench.results import CALC_DIFF_TOLERANCE, BenchResults, Measurement
-from deepgemm.bench.suites import format_shape
 
-HEADERS = ("shape (MxNxK)", "implementation", "median us", "p10-p90 us", "TFLOPS", "% peak", "GB/s", "% BW",
+HEADERS = ("shape (MxNxK) or case", "implementation", "median us", "p10-p90 us", "TFLOPS", "% peak", "GB/s", "% BW",
            "calc_diff", "speedup")
 SPEEDUP_NOTE = "speedup: deepgemm's over the row's implementation (its time / deepgemm's)"
 # Left out of the terminal table, in this order, while it does not fit (the JSON and Markdown keep them).
@@ -35,7 +34,7 @@ def result_rows(results: BenchResults) -> list[list[str]]:
 
 
 def _row(results: BenchResults, m: Measurement, speedup: float | None) -> list[str]:
-    shape = format_shape(m.shape)
+    shape = m.where
     if not m.ok:
         return [shape, m.impl, m.status, m.reason or "", "", "", "", "", "", ""]
     ceilings = results.ceilings
@@ -81,7 +80,7 @@ def problems(results: BenchResults) -> list[str]:
     """Lines naming every failed, unavailable or inaccurate measurement."""
     lines = []
     for m in results.measurements:
-        where = f"{format_shape(m.shape)} {m.impl}"
+        where = f"{m.where} {m.impl}"
         if m.status != "ok":
             lines.append(f"{where}: {m.status}: {m.reason}")
         elif not m.accurate:

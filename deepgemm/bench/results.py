@@ -45,10 +45,17 @@ class Measurement:
     calc_diff: float | None = None
     bytes: int = 0
     note: str = ""
+    case: str = ""  # an MoE case's label (its shape is valid rows x N x K); "" for a dense shape
 
     @property
     def shape(self) -> Shape:
         return self.m, self.n, self.k
+
+    @property
+    def where(self) -> str:
+        """The shape as reports name it: M x N x K, or an MoE case's label with its valid rows."""
+        shape = f"{self.m}x{self.n}x{self.k}"
+        return f"{self.case} ({self.m} rows)" if self.case else shape
 
     @property
     def flops(self) -> int:
@@ -168,7 +175,7 @@ class BenchResults:
 
 
 _MEASUREMENT_FIELDS = ("m", "n", "k", "impl", "precision", "status", "reason", "median_us", "min_us", "p10_us",
-                       "p90_us", "samples", "cuda_graph", "calc_diff", "bytes", "note")
+                       "p90_us", "samples", "cuda_graph", "calc_diff", "bytes", "note", "case")
 _STATUSES = ("ok", "n/a", "error")
 
 

@@ -10,8 +10,11 @@ from typing import Any, Literal
 
 from deepgemm.analysis.gpus import Precision
 from deepgemm.analysis.roofline import Ceilings
-from deepgemm.bench.inputs import Problem, make_problem
-from deepgemm.bench.peers import Implementation, Prepared, Unavailable, implementations_for
+from deepgemm.bench.inputs import make_problem
+from deepgemm.bench.moe_cases import MoeCase
+from deepgemm.bench.moe_inputs import make_moe_problem
+from deepgemm.bench.moe_peers import MOE_IMPLEMENTATIONS
+from deepgemm.bench.peers import P, Implementation, Prepared, Unavailable, implementations_for
 from deepgemm.bench.results import BenchResults, Measurement
 from deepgemm.bench.suites import Shape, format_shape
 from deepgemm.errors import UnsupportedError
@@ -69,12 +72,31 @@ def environment() -> dict[str, Any]:
 
 def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilings, *,
               progress: Progress) -> BenchResults:
+    chosen, left_out = runnable(implementations_for(settings.precision, settings.layout), settings.skip)
+    return _run(shapes, lambda shape: make_problem(shape, settings.precision, device="cuda", seed=settings.seed),
+                chosen, left_out, settings, ceilings, progress, format_shape)
+
+
+def run_moe_bench(cases: Sequence[MoeCase], settings: BenchSettings, ceilings: Ceilings, *,
+                  progress: Progress) -> BenchResults:
+    """An MoE suite: each case's grouped GEMM, ours and DeepGEMM's where installed, stored under (valid rows, N, K)
+    with the case's label in the note."""
+    if settings.precision != "fp8" or settings.layout != "nt":
+        raise ValueError("argument --suite: the MoE suites time the FP8 NT grouped GEMMs (no --dtype bf16 or --layout)")
+    by_shape = {case.shape: case for case in cases}
+    chosen, left_out = runnable(MOE_IMPLEMENTATIONS, settings.skip)
+    return _run(list(by_shape), lambda shape: make_moe_problem(by_shape[shape], device="cuda", seed=settings.seed),
+                chosen, left_out, settings, ceilings, progress, lambda shape: by_shape[shape].label)
+
+
+def _run(shapes: Sequence[Shape], make: Callable[[Shape], P], chosen: Sequence[Implementation[P]],
+         left_out: dict[str, str], settings: BenchSettings, ceilings: Ceilings, progress: Progress,
+         label: Callable[[Shape], str]) -> BenchResults:
     import torch
 
-    chosen, left_out = runnable(implementations_for(settings.precision, settings.layout), settings.skip)
     measurements: list[Measurement] = []
-    for shape in progress(list(shapes), "benchmarking", format_shape):
-        problem = make_problem(shape, settings.precision, device="cuda", seed=settings.seed)
+    for shape in progress(list(shapes), "benchmarking", label):
+        problem = make(shape)
         measurements.extend(measure_all(chosen, problem, settings))
         del problem
         torch.cuda.empty_cache()
@@ -87,11 +109,11 @@ def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilin
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
-def runnable(implementations: Sequence[Implementation],
-             skip: Sequence[str] = ()) -> tuple[tuple[Implementation, ...], dict[str, str]]:
+def runnable(implementations: Sequence[Implementation[P]],
+             skip: Sequence[str] = ()) -> tuple[tuple[Implementation[P], ...], dict[str, str]]:
     """(the implementations to run, {name: why left out}): peers named in `skip` and optional peers that cannot run
     here (not installed) are left out; deepgemm's own implementations always run."""
-    kept: list[Implementation] = []
+    kept: list[Implementation[P]] = []
     left_out: dict[str, str] = {}
     for impl in implementations:
         reason = "skipped on request" if impl.name in skip and not impl.is_deepgemm else (
@@ -103,7 +125,7 @@ def runnable(implementations: Sequence[Implementation],
     return tuple(kept), left_out
 
 
-def measure_all(implementations: Sequence[Implementation], problem: Problem, settings: BenchSettings) -> list[Measurement]:
+def measure_all(implementations: Sequence[Implementation[P]], problem: P, settings: BenchSettings) -> list[Measurement]:
     """Every implementation on one problem: a checked eager call each, then their timed graph replays.
     Implementations of the same operation (deepgemm, DeepGEMM where installed, and cuBLAS block-wise) are timed
     interleaved, round by round (``bench_gpu_interleaved``), so they run under the same clock; the others
@@ -127,7 +149,7 @@ def measure_all(implementations: Sequence[Implementation], problem: Problem, set
         try:
             out = prepared.fn()
             torch.cuda.synchronize()
-            diff = calc_diff(out, prepared.reference())
+            diff = calc_diff(out if prepared.select is None else prepared.select(out), prepared.reference())
         except Exception as exc:  # noqa: BLE001 - reported per shape, the run goes on
             results.append(_failed(impl, base, problem, prepared, exc))
             continue
@@ -177,12 +199,13 @@ def measure_all(implementations: Sequence[Implementation], problem: Problem, set
     return [result for result in results if result is not None]
 
 
-def _identity(impl: Implementation, problem: Problem) -> dict[str, Any]:
+def _identity(impl: Implementation[P], problem: P) -> dict[str, Any]:
     """The fields that name a measurement: shape, implementation and precision."""
-    return {"m": problem.m, "n": problem.n, "k": problem.k, "impl": impl.name, "precision": impl.precision}
+    return {"m": problem.m, "n": problem.n, "k": problem.k, "impl": impl.name, "precision": impl.precision,
+            "case": problem.label}
 
 
-def _failed(impl: Implementation, base: dict[str, Any], problem: Problem, prepared: Prepared,
+def _failed(impl: Implementation[P], base: dict[str, Any], problem: P, prepared: Prepared,
             exc: BaseException) -> Measurement:
     status: Literal["n/a", "error"] = "n/a" if isinstance(exc, UnsupportedError) or not impl.is_deepgemm else "error"
     reason = f"{type(exc).__name__}: {_first_line(exc)} ({format_shape(problem.shape)})"

@@ -19,7 +19,7 @@ from deepgemm.bench.block_impls import SKIPPABLE
 from deepgemm.bench.block_layers import DEFAULT_TOKENS, block_plan, parse_tokens
 from deepgemm.bench.block_runner import BlockSettings, run_block_bench
 from deepgemm.bench.ceilings import measure_ceilings
-from deepgemm.bench.compare import Comparison, compare
+from deepgemm.bench.compare import Comparison, compare, gated_implementations
 from deepgemm.bench.console import print_table, say, track, usage_error
 from deepgemm.bench.offline import find_precompiler, plan_shapes
 from deepgemm.bench.peers import ALL_IMPLEMENTATIONS, BF16_LAYOUTS
@@ -33,7 +33,8 @@ from deepgemm.bench.report import (
 )
 from deepgemm.bench.results import BenchResults, ResultsFormatError
 from deepgemm.bench.results_dir import DEFAULT_RESULTS_ROOT, ResultPaths, result_paths
-from deepgemm.bench.runner import BenchSettings, cuda_device_problem, run_bench
+from deepgemm.bench.moe_cases import MOE_SUITES, is_moe_suite, moe_suite
+from deepgemm.bench.runner import BenchSettings, cuda_device_problem, run_bench, run_moe_bench
 from deepgemm.bench.suites import Shape, format_shape, parse_shape, suite_names, suite_shapes
 
 DEFAULT_SUITE = "deepseek-v3"
@@ -45,7 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Time deepgemm and its cuBLAS peers on a suite of GEMM shapes (CUDA-graph replay, L2 flushed "
                     "before every sample), or, with --compare, check the results against a stored baseline.")
     shapes = parser.add_mutually_exclusive_group()
-    shapes.add_argument("--suite", help=f"named shape set: {', '.join(suite_names())} (default {DEFAULT_SUITE})")
+    shapes.add_argument("--suite", help=f"named shape set: {', '.join(suite_names())} (default {DEFAULT_SUITE}); or MoE "
+                                        f"grouped GEMM cases (contiguous and masked, FP8): {', '.join(MOE_SUITES)}")
     shapes.add_argument("--shape", type=parse_shape, action="append", metavar="M,N,K", help="a shape; repeatable")
     shapes.add_argument("--model", metavar="NAME|config.json",
                         help=f"time one transformer block's linear layers as PyTorch modules instead ({', '.join(PRESETS)}"
@@ -85,6 +87,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="implementation(s) whose speed is checked (default: the baseline's deepgemm ones)")
     gate.add_argument("--results", type=Path, metavar="CURRENT.json",
                       help="compare this stored results file instead of running the benchmark")
+    gate.add_argument("--relative-to", metavar="PEER",
+                      help="compare each implementation's speed relative to PEER in the same run (PEER time / its "
+                           "time) with the baseline's, instead of absolute times, which move between hosts")
     parser.set_defaults(func=run)
 
 
@@ -108,26 +113,49 @@ def run(args: argparse.Namespace) -> int:
         return usage_error("bench", str(exc) if str(exc).startswith("argument") else f"argument --gpu: {exc}")
     if args.results and baseline is None:
         return usage_error("bench", "argument --results: needs --compare BASELINE.json")
+    if args.relative_to and baseline is None:
+        return usage_error("bench", "argument --relative-to: needs --compare BASELINE.json")
 
     try:
         if current is not None and baseline is not None:  # --results always comes with --compare
-            return _report_comparison(compare(baseline, current, fail_below=args.fail_below, gate=args.gate))
+            return _report_comparison(compare(baseline, current, fail_below=args.fail_below, gate=args.gate,
+                                              relative_to=args.relative_to))
         no_gpu = cuda_device_problem()
+        moe = _moe_suite_name(args, baseline)
+        if moe is not None and (args.dtype != "fp8" or args.layout != "nt"):
+            return usage_error("bench", f"argument --suite: {moe} times the FP8 NT grouped GEMMs (no --dtype bf16 "
+                                        "or --layout)")
         if no_gpu is not None:
+            if moe is not None:
+                return usage_error("bench", f"argument --suite: {moe} needs a GPU ({no_gpu}); without one only "
+                                            "dense suites print predictions")
             return _offline(args, shapes, gpu or get_gpu(DEFAULT_GPU), no_gpu)
-        results = _measure(args, shapes, gpu)
+        if baseline is not None:  # a bad --gate or --relative-to fails before the run, not after it
+            gated_implementations(baseline, args.gate, args.relative_to)
+        results = _measure(args, shapes, gpu, moe)
         status = _report(args, results)
         if baseline is not None:
             status = max(status, _report_comparison(compare(baseline, results, fail_below=args.fail_below,
-                                                            gate=args.gate)))
+                                                            gate=args.gate, relative_to=args.relative_to)))
         return status
     except ValueError as exc:
         return usage_error("bench", str(exc))
 
 
+def _moe_suite_name(args: argparse.Namespace, baseline: BenchResults | None) -> str | None:
+    """The MoE suite this run times: --suite, or (without --suite and --shape) the baseline's."""
+    if args.shape:
+        return None
+    name = args.suite or (str(baseline.settings.get("suite") or "") if baseline is not None else "")
+    return name.strip().lower() if name and is_moe_suite(name) else None
+
+
 def _shapes(args: argparse.Namespace, baseline: BenchResults | None) -> list[Shape]:
     if args.shape:
         return list(dict.fromkeys(args.shape))
+    moe = _moe_suite_name(args, baseline)
+    if moe is not None:
+        return [case.shape for case in moe_suite(moe)]
     if args.suite:
         return list(suite_shapes(args.suite))
     if baseline is not None:
@@ -137,7 +165,8 @@ def _shapes(args: argparse.Namespace, baseline: BenchResults | None) -> list[Sha
 
 # -- with a GPU -------------------------------------------------------------------------------------------------
 
-def _measure(args: argparse.Namespace, shapes: list[Shape], gpu: GpuSpec | None) -> BenchResults:
+def _measure(args: argparse.Namespace, shapes: list[Shape], gpu: GpuSpec | None, moe: str | None) -> BenchResults:
+    """Time the shapes, or the cases of the MoE suite `moe`."""
     import torch
 
     device = torch.cuda.get_device_name()
@@ -157,8 +186,10 @@ def _measure(args: argparse.Namespace, shapes: list[Shape], gpu: GpuSpec | None)
         ceilings = measure_ceilings(device, spec)
     say(ceilings_line(ceilings))
     settings = BenchSettings(precision=args.dtype, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2,
-                             use_graph=args.use_graph, seed=args.seed, suite=args.suite, skip=tuple(args.skip),
+                             use_graph=args.use_graph, seed=args.seed, suite=moe or args.suite, skip=tuple(args.skip),
                              layout=args.layout)
+    if moe:
+        return run_moe_bench(moe_suite(moe), settings, ceilings, progress=track)
     return run_bench(shapes, settings, ceilings, progress=track)
 
 
@@ -217,14 +248,22 @@ def _results_line(paths: ResultPaths, written: bool) -> str:
 
 
 def _report_comparison(comparison: Comparison) -> int:
-    rows = [[format_shape(row.shape), row.impl, row.verdict,
-             f"{row.ratio:.3f}x" if row.ratio is not None else "",
-             f"{row.baseline_us:.1f}" if row.baseline_us is not None else "-",
-             f"{row.current_us:.1f}" if row.current_us is not None else "-", row.detail]
+    def cell(value: float | None, unit: str = "", digits: int = 1) -> str:
+        return f"{value:.{digits}f}{unit}" if value is not None else "-"
+
+    peer = comparison.relative_to
+    headers = ["shape", "implementation", "verdict", "speed vs baseline" if peer is None else "ratio vs baseline"]
+    if peer is not None:  # the same-run ratios the row's ratio divides
+        headers += ["rel. baseline", "rel. now"]
+    headers += ["baseline us", "now us", "detail"]
+    rows = [[format_shape(row.shape), row.impl, row.verdict, f"{row.ratio:.3f}x" if row.ratio is not None else "",
+             *([cell(row.relative_baseline, "x", 3), cell(row.relative_current, "x", 3)] if peer else []),
+             cell(row.baseline_us), cell(row.current_us), row.detail]
             for row in comparison.rows]
-    print_table(f"regression check (fail below {comparison.fail_below:.2f}x of baseline speed)",
-                ["shape", "implementation", "verdict", "speed vs baseline", "baseline us", "now us", "detail"],
-                rows, left_columns=3, key_columns=2, fold=(6,))
+    us = (len(headers) - 3, len(headers) - 2)  # with a peer, absolute times give way first when the table is too wide
+    print_table(f"regression check (fail below {comparison.fail_below:.2f}x of {comparison.measure})",
+                headers, rows, left_columns=3, key_columns=2, fold=(len(headers) - 1,), drop=us if peer else (),
+                caption=f"rel.: {peer} time / the implementation's, in the same results file" if peer else None)
     for note in comparison.notes:
         say(f"note: {note}")
     say(f"[bold]{comparison.verdict_line()}[/bold]")
@@ -237,6 +276,7 @@ def _run_model(args: argparse.Namespace) -> int:
     if args.model is None:
         return usage_error("bench", "argument --tokens: needs --model NAME")
     others = [flag for flag, given in (("--compare", args.compare), ("--results", args.results),
+                                       ("--relative-to", args.relative_to),
                                        ("--dtype bf16", args.dtype == "bf16"),
                                        (f"--layout {args.layout}", args.layout != "nt"))
               if given]

@@ -15,6 +15,7 @@ from deepgemm.tuning.timing import Timing
 class FakeProblem:
     m, n, k = 4, 8, 16
     shape = (4, 8, 16)
+    label = ""
 
 
 def _impl(name: str, operation: str, *, fails_eager: bool = False, fails_timing: bool = False,

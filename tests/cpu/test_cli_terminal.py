@@ -290,7 +290,7 @@ def test_gpu_main_job_writes_results(results_root: Path, tmp_path: Path, monkeyp
     from .test_bench_results import crafted
 
     monkeypatch.setattr(bench, "cuda_device_problem", lambda: None)
-    monkeypatch.setattr(bench, "_measure", lambda args, shapes, gpu: crafted())
+    monkeypatch.setattr(bench, "_measure", lambda args, shapes, gpu, moe: crafted())
     assert main(["bench", "--suite", "deepseek-v3"]) == 0
     out = capsys.readouterr().out
     assert widest_table_line(out) <= WIDTH

@@ -1,0 +1,112 @@
+"""The MoE suite of `deepgemm bench`: its cases, their operands and float64 reference, and deepgemm's grouped GEMM
+checked against that reference through the benchmark's own preparation (CPU reference path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepgemm.bench.moe_cases import MoeCase, deepseek_v3_moe, is_moe_suite, moe_suite
+from deepgemm.bench.moe_inputs import make_moe_problem
+from deepgemm.bench.moe_peers import DEEPGEMM_MOE
+from deepgemm.utils import calc_diff
+
+SEED = 5
+
+
+def test_suite_cases_are_fixed_and_distinct() -> None:
+    cases = deepseek_v3_moe()
+    assert cases == moe_suite("DeepSeek-V3-MoE") and is_moe_suite("deepseek-v3-moe") and not is_moe_suite("deepseek-v3")
+    assert [c.kind for c in cases].count("contiguous") == 4 and [c.kind for c in cases].count("masked") == 10
+    assert len({c.shape for c in cases}) == len(cases)
+    for case in cases:
+        low, high = round(0.7 * case.expected_m), round(1.3 * case.expected_m)
+        assert all(max(1, low) <= c <= (min(high, case.max_m) if case.max_m else high) for c in case.counts)
+        assert case.shape == (sum(case.counts), case.n, case.k)
+    # The first case's draw (seed 0): issue 5's counts, the ones dev/bench_grouped.py times.
+    assert cases[0].label == "contiguous 4x~8192 N=4096 K=7168" and cases[0].valid_rows == 34154
+    assert cases[4].label == "masked 1x~1024 (max_m 4096) N=4096 K=7168"
+
+
+def test_contiguous_segments_are_padded_to_128_rows() -> None:
+    case = MoeCase("contiguous", 3, 100, (100, 128, 1), 256, 256)
+    rows = case.m_indices()
+    assert len(rows) == 128 + 128 + 128
+    assert rows[:100] == [0] * 100 and rows[100:128] == [-1] * 28 and rows[128:256] == [1] * 128
+    assert rows[256] == 2 and rows[257:] == [-1] * 127
+
+
+def test_hbm_bytes_count_valid_rows_weights_and_scales() -> None:
+    case = MoeCase("masked", 2, 64, (10, 20), 256, 384, max_m=64)
+    rows = 30
+    scales = 4 * (rows * 3 + 2 * 2 * 3)
+    assert case.hbm_bytes() == rows * 384 + 2 * 256 * 384 + 2 * rows * 256 + scales
+
+
+@pytest.mark.parametrize("case", [
+    MoeCase("contiguous", 3, 80, (100, 37, 130), 256, 384),
+    MoeCase("masked", 3, 40, (5, 64, 0), 136, 256, max_m=64),
+], ids=lambda c: c.kind)
+def test_deepgemm_matches_the_float64_reference(case: MoeCase) -> None:
+    """The benchmark's preparation of deepgemm's grouped GEMM (reference path on CPU) against the problem's float64
+    reference, on the valid rows the selection picks; the poisoned rows outside them are never compared."""
+    print(f"seed {SEED}")
+    problem = make_moe_problem(case, device="cpu", seed=SEED)
+    prepared = DEEPGEMM_MOE.prepare(problem)
+    assert prepared.select is not None and prepared.bytes == case.hbm_bytes()
+    out = prepared.fn()
+    picked = prepared.select(out)
+    reference = prepared.reference()
+    assert picked.shape == reference.shape == (case.valid_rows, case.n)
+    assert calc_diff(picked, reference) < 1e-4
+    # The reference is each expert's own rows times its own weights: computed here directly for the second group.
+    first = case.counts[0]
+    a_exact = problem._exact_a[first:first + case.counts[1]]
+    direct = a_exact @ problem._exact_b[1].t()
+    torch.testing.assert_close(reference[first:first + case.counts[1]], direct)
+    # Swapping two experts' weights must change the reference (a check that would catch a group-blind reference).
+    assert case.counts[1] == 0 or not torch.allclose(direct, a_exact @ problem._exact_b[0].t())
+
+
+def test_problem_reports_its_case() -> None:
+    case = MoeCase("masked", 2, 16, (3, 7), 128, 128, max_m=16)
+    problem = make_moe_problem(case, device="cpu", seed=SEED)
+    assert (problem.m, problem.n, problem.k, problem.shape) == (10, 128, 128, (10, 128, 128))
+    assert problem.label == case.label and problem.output().shape == (2, 16, 128)
+    assert int(problem.valid_rows.sum()) == 10
+
+
+def test_cli_routes_the_moe_suite(monkeypatch: pytest.MonkeyPatch, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    """`--suite deepseek-v3-moe` (and a baseline recorded from it) times the MoE cases; without a GPU, and with
+    --dtype bf16, it refuses with exit code 2 naming --suite."""
+    from deepgemm.analysis.roofline import Ceilings
+    from deepgemm.bench.results import BenchResults, Measurement
+    from deepgemm.cli import main
+    from deepgemm.commands import bench
+
+    assert main(["bench", "--suite", "deepseek-v3-moe"]) == 2
+    assert "argument --suite: deepseek-v3-moe needs a GPU" in capsys.readouterr().err
+    monkeypatch.setattr(bench, "cuda_device_problem", lambda: None)
+    assert main(["bench", "--suite", "deepseek-v3-moe", "--dtype", "bf16"]) == 2
+    cases = deepseek_v3_moe()
+    seen: list[tuple[list[tuple[int, int, int]], str | None]] = []
+
+    def fake_measure(args, shapes, gpu, moe):  # noqa: ANN001, ANN202
+        seen.append((shapes, moe))
+        rows = [Measurement(*case.shape, impl=impl, precision="fp8", status="ok", median_us=us, min_us=us, p10_us=us,
+                            p90_us=us, samples=30, calc_diff=1e-6, bytes=case.hbm_bytes(), case=case.label)
+                for case in cases for impl, us in (("deepgemm", 100.0), ("deepseek-deepgemm", 95.0))]
+        return BenchResults(Ceilings(800.0, 1500.0, 4000.0, "test"), rows, {"device": "NVIDIA H200"},
+                            {"suite": moe, "dtype": "fp8", "layout": "nt"})
+
+    monkeypatch.setattr(bench, "_measure", fake_measure)
+    stored = tmp_path / "moe.json"
+    assert main(["bench", "--suite", "deepseek-v3-moe", "--json", str(stored), "--markdown", str(tmp_path / "m.md")]) == 0
+    assert seen[-1] == ([case.shape for case in cases], "deepseek-v3-moe")
+    assert "masked 1x~1024 (max_m 4096) N=4096 K=7168 (1007 rows)" in (tmp_path / "m.md").read_text()
+    reloaded = BenchResults.load(stored)
+    assert reloaded.find(cases[0].shape, "deepgemm").case == cases[0].label  # the label survives the file
+    # A comparison against that baseline re-runs the MoE suite (its settings name it), gated relative to DeepGEMM.
+    assert main(["bench", "--compare", str(stored), "--relative-to", "deepseek-deepgemm",
+                 "--json", str(tmp_path / "again.json"), "--markdown", str(tmp_path / "again.md")]) == 0
+    assert seen[-1][1] == "deepseek-v3-moe"
