@@ -3,11 +3,11 @@ grouped timings showed it wrong (each rule cites its measurement; docs/performan
 
 from __future__ import annotations
 
+from deepgemm.errors import UnsupportedError
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import (DECODE_MAX_M, DENSE_WIDE_TILE, HBM_BYTES_PER_S,
                                                             MIN_M_FOR_BLOCK_M_256, PREFILL_EXPOSED_K_BLOCKS,
                                                             candidate_tiles, choose_fp8_gemm_config, estimate_seconds,
                                                             spans_at_most_two_scale_blocks, tile_seconds)
-from deepgemm.errors import UnsupportedError
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import max_stages
 from deepgemm.utils import ceil_div
 

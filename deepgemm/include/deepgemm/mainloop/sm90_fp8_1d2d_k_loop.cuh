@@ -103,8 +103,8 @@ struct Sm90Fp8KLoop1D2D : Cfg {
             ptx::mbarrier_wait(&ring.full[stage], phase);
 #pragma unroll
             for (u32 w = 0; w < kNumWaves; ++w) {
-                // Waves past the tile's rows (block_m 256 tail tiles, and contiguous half tiles)
-                // issue nothing; TMA zero-filled any rows past M.
+                // With kSkipEmptyWaves, waves past the tile's rows (a masked group's last block_m 256 tile,
+                // contiguous half tiles) issue nothing.
                 if (kSkipEmptyWaves && w > 0 && t.row_in_tensor + (wave_row(w, t.math_wg) - t.first_row) >= t.rows) {
                     break;
                 }
