@@ -6,7 +6,7 @@ import argparse
 import re
 from itertools import product
 
-from deepgemm.analysis.gemms import Workload, enumerate_gemms
+from deepgemm.analysis.gemms import BF16_CATEGORIES, Workload, enumerate_gemms
 from deepgemm.analysis.ops import ATTENTION_CORE
 from deepgemm.analysis.presets import PRESETS
 
@@ -19,17 +19,29 @@ DEEPSEEK_V3_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (409
 
 SMOKE: tuple[Shape, ...] = ((64, 2112, 7168), (128, 7168, 2048), (4096, 4096, 7168))
 
+# Prefill breadth: the FP8 linear layers (fused QKV, o_proj, fused gate/up or expert, down; one GPU; the LM head and
+# router stay BF16 in practice) of common open models at 256 to 32768 tokens, against the same peers as deepseek-v3.
+LLM_PREFILL_MODELS = ("llama-3-8b", "llama-3-70b", "qwen2.5-7b", "qwen3-30b-a3b")
+LLM_PREFILL_M_VALUES = (256, 4096, 32768)
+
+
+def _llm_prefill() -> tuple[Shape, ...]:
+    pairs = dict.fromkeys(nk for model in LLM_PREFILL_MODELS for nk in model_linear_nk(model, fp8_only=True))
+    return tuple((m, n, k) for (n, k) in pairs for m in LLM_PREFILL_M_VALUES)
+
+
 _EXPLICIT_SUITES: dict[str, tuple[Shape, ...]] = {
     "deepseek-v3": tuple((m, n, k) for m, (n, k) in product(SUITE_M_VALUES, DEEPSEEK_V3_NK)),
     "smoke": SMOKE,
 }
+_COMPUTED_SUITES = {"llm-prefill": _llm_prefill}
 
 # Router GEMMs are tiny (N = experts) and run in bf16/fp32; they are left out of model-derived suites.
 _EXCLUDED_FROM_SUITES = frozenset({"router"})
 
 
 def suite_names() -> list[str]:
-    return list(_EXPLICIT_SUITES) + [name for name in PRESETS if name not in _EXPLICIT_SUITES]
+    return list(_EXPLICIT_SUITES) + list(_COMPUTED_SUITES) + [name for name in PRESETS if name not in _EXPLICIT_SUITES]
 
 
 def suite_shapes(name: str) -> tuple[Shape, ...]:
@@ -37,17 +49,21 @@ def suite_shapes(name: str) -> tuple[Shape, ...]:
     key = name.strip().lower()
     if key in _EXPLICIT_SUITES:
         return _EXPLICIT_SUITES[key]
+    if key in _COMPUTED_SUITES:
+        return _COMPUTED_SUITES[key]()
     if key not in PRESETS:
         raise ValueError(f"argument --suite: unknown suite {name!r} (known: {', '.join(suite_names())})")
     return tuple((m, n, k) for m, (n, k) in product(SUITE_M_VALUES, model_linear_nk(key)))
 
 
-def model_linear_nk(model_name: str) -> list[tuple[int, int]]:
-    """Distinct (N, K) of a preset's weight GEMMs (fused QKV and gate/up, one GPU), in layer order."""
+def model_linear_nk(model_name: str, *, fp8_only: bool = False) -> list[tuple[int, int]]:
+    """Distinct (N, K) of a preset's weight GEMMs (fused QKV and gate/up, one GPU), in layer order; fp8_only: without
+    the layers that stay BF16 (LM head)."""
     ops = enumerate_gemms(PRESETS[model_name], Workload(seq=1))
     seen: dict[tuple[int, int], None] = {}
     for op in ops:
-        if op.category != ATTENTION_CORE and op.category not in _EXCLUDED_FROM_SUITES:
+        if op.category != ATTENTION_CORE and op.category not in _EXCLUDED_FROM_SUITES and not (
+                fp8_only and op.category in BF16_CATEGORIES):
             seen.setdefault((op.n, op.k), None)
     return list(seen)
 

@@ -110,3 +110,16 @@ def test_cli_routes_the_moe_suite(monkeypatch: pytest.MonkeyPatch, tmp_path, cap
     assert main(["bench", "--compare", str(stored), "--relative-to", "deepseek-deepgemm",
                  "--json", str(tmp_path / "again.json"), "--markdown", str(tmp_path / "again.md")]) == 0
     assert seen[-1][1] == "deepseek-v3-moe"
+
+
+def test_llm_prefill_suite_spans_the_models_fp8_layers() -> None:
+    """The breadth suite: each listed model's FP8 linear layers (no LM head: it stays BF16) at M = 256, 4096, 32768."""
+    from deepgemm.bench.suites import LLM_PREFILL_M_VALUES, model_linear_nk, suite_names, suite_shapes
+
+    shapes = suite_shapes("llm-prefill")
+    assert "llm-prefill" in suite_names() and len(shapes) >= 30 and len(set(shapes)) == len(shapes)
+    assert {m for m, _, _ in shapes} == set(LLM_PREFILL_M_VALUES) == {256, 4096, 32768}
+    assert (4096, 6144, 4096) in shapes and (32768, 57344, 8192) in shapes  # Llama-3 8B QKV, 70B gate/up
+    assert (4096, 37888, 3584) in shapes and (256, 1536, 2048) in shapes  # Qwen2.5-7B gate/up, Qwen3 expert gate/up
+    assert all(n not in (128256, 151936, 152064) for _, n, _ in shapes)  # LM heads left out
+    assert (128256, 4096) in model_linear_nk("llama-3-8b") and (128256, 4096) not in model_linear_nk("llama-3-8b", fp8_only=True)
