@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench grouped kgrouped bf16grouped ncu split clusters ab nn route block racecheck bf16 all
+# Steps: install smoke tests sanitize host sass bench moe breadth grouped kgrouped bf16grouped ncu split clusters ab nn route block racecheck bf16 all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times another tree, carried as .ab/deepgemm_old (dev/rename_package.sh), interleaved with this one (dev/ab_trees.py).
@@ -98,6 +98,19 @@ if has bench; then
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
     python3 -m deepgemm bench --suite deepseek-v3 --json "$OUT/bench.json" --markdown "$OUT/bench.md" >"$OUT/bench.log" 2>&1 )
   grep -E "deepgemm |deepseek|blockwise|geometric|rror|left out" "$OUT/bench.log"
+fi
+# moe / breadth: `deepgemm bench --suite deepseek-v3-moe` (grouped cases, DeepGEMM interleaved) and `--suite
+# llm-prefill` (48 dense prefill shapes), results under $OUT.
+if has moe; then
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    python3 -m deepgemm bench --suite deepseek-v3-moe --json "$OUT/moe.json" --markdown "$OUT/moe.md" >"$OUT/moe.log" 2>&1 )
+  grep -E "geometric|summary|rror|left out" "$OUT/moe.log"
+fi
+if has breadth; then
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    timeout "${BREADTH_TIMEOUT:-540}" python3 -m deepgemm bench --suite llm-prefill --json "$OUT/llm_prefill.json" \
+      --markdown "$OUT/llm_prefill.md" >"$OUT/llm_prefill.log" 2>&1 )
+  grep -E "geometric|summary|rror|left out" "$OUT/llm_prefill.log"
 fi
 if has grouped; then
   timeout 300 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider tests/gpu/test_grouped_gpu.py 2>&1 | tee "$OUT/pytest_grouped.log" | grep -E "passed|failed|Error|error" | tail -15
