@@ -113,3 +113,26 @@ def test_bench_and_report_commands_end_to_end(tmp_path: Path) -> None:
     args = parser.parse_args(["report", str(out), "--plot", str(tmp_path / "roofline.png")])
     assert args.func(args) == 0
     assert (tmp_path / "roofline.png").stat().st_size > 0 and (tmp_path / "roofline-speedup.png").exists()
+
+
+def test_moe_cases_run_accurately_and_keep_their_labels(tmp_path: Path) -> None:
+    """The MoE suite's runner on two small cases (odd counts, a padded contiguous segment, an empty masked group):
+    deepgemm's grouped GEMM runs from a CUDA graph and matches float64 on the valid rows; DeepGEMM, where installed,
+    too; the case label survives the results file."""
+    from deepgemm.bench.moe_cases import MoeCase
+    from deepgemm.bench.runner import run_moe_bench
+
+    cases = [MoeCase("contiguous", 3, 200, (130, 1, 257), 384, 512),
+             MoeCase("masked", 3, 40, (5, 64, 0), 256, 768, max_m=64)]
+    results = run_moe_bench(cases, BenchSettings(iters=5, warmup=1, suite="test"), datasheet(), progress=quiet)
+    for case in cases:
+        ours = results.find(case.shape, "deepgemm")
+        assert ours is not None and ours.ok and ours.accurate, f"{case.label}: {ours and (ours.reason, ours.calc_diff)}"
+        assert ours.case == case.label and ours.cuda_graph and ours.bytes == case.hbm_bytes()
+        peer = results.find(case.shape, "deepseek-deepgemm")
+        if peer is not None:
+            assert peer.status in ("ok", "n/a"), f"{case.label} DeepGEMM: {peer.reason}"
+            assert not peer.ok or peer.accurate, f"{case.label} DeepGEMM: calc_diff {peer.calc_diff}"
+    path = tmp_path / "moe.json"
+    results.save(path)
+    assert BenchResults.load(path).measurements == results.measurements
