@@ -53,7 +53,8 @@ class MoeProblem:
         import torch
 
         rows = (self.case.groups, self.case.max_m) if self.case.kind == "masked" else (len(self.case.m_indices()),)
-        return torch.empty((*rows, self.n), dtype=torch.bfloat16, device=self.a[0].device)
+        # NaN-poisoned: a valid row the call leaves unwritten fails the accuracy check.
+        return torch.full((*rows, self.n), float("nan"), dtype=torch.bfloat16, device=self.a[0].device)
 
     def reference(self) -> Any:
         """float64 [valid rows, N]: every expert's rows times its own weights."""

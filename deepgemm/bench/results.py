@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from deepgemm.analysis.gpus import Precision
 from deepgemm.analysis.roofline import Ceilings
-from deepgemm.bench.suites import Shape
+from deepgemm.bench.suites import Shape, format_shape
 
 FORMAT = "deepgemm-bench"
 VERSION = 1
@@ -54,8 +54,7 @@ class Measurement:
     @property
     def where(self) -> str:
         """The shape as reports name it: M x N x K, or an MoE case's label with its valid rows."""
-        shape = f"{self.m}x{self.n}x{self.k}"
-        return f"{self.case} ({self.m} rows)" if self.case else shape
+        return f"{self.case} ({self.m} rows)" if self.case else format_shape(self.shape)
 
     @property
     def flops(self) -> int:

@@ -80,7 +80,7 @@ def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilin
 def run_moe_bench(cases: Sequence[MoeCase], settings: BenchSettings, ceilings: Ceilings, *,
                   progress: Progress) -> BenchResults:
     """An MoE suite: each case's grouped GEMM, ours and DeepGEMM's where installed, stored under (valid rows, N, K)
-    with the case's label in the note."""
+    with the case's label in each measurement's `case`."""
     if settings.precision != "fp8" or settings.layout != "nt":
         raise ValueError("argument --suite: the MoE suites time the FP8 NT grouped GEMMs (no --dtype bf16 or --layout)")
     by_shape = {case.shape: case for case in cases}

@@ -123,3 +123,16 @@ def test_llm_prefill_suite_spans_the_models_fp8_layers() -> None:
     assert (4096, 37888, 3584) in shapes and (256, 1536, 2048) in shapes  # Qwen2.5-7B gate/up, Qwen3 expert gate/up
     assert all(n not in (128256, 151936, 152064) for _, n, _ in shapes)  # LM heads left out
     assert (128256, 4096) in model_linear_nk("llama-3-8b") and (128256, 4096) not in model_linear_nk("llama-3-8b", fp8_only=True)
+
+
+def test_dev_bench_grouped_draws_the_suites_counts() -> None:
+    """dev/bench_grouped.py (and the tile A/B tools built on it) time the same token counts as the MoE suite."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from dev.bench_grouped import issue5_cases
+
+    contiguous, masked = issue5_cases()
+    assert [tuple(c.counts) for c in contiguous + masked] == [c.counts for c in deepseek_v3_moe()]
+    assert [c.label for c in contiguous + masked] == [c.label for c in deepseek_v3_moe()]
