@@ -102,13 +102,20 @@ def integration_host_us(a, b, out) -> None:
     direct_out = busy_gpu_per_call_us(lambda: torch.ops.deepgemm.fp8_gemm_nt_out(a[0], a[1], b[0], b[1], out))
     layer = Fp8Linear.from_linear(torch.nn.Linear(512, 512, dtype=torch.bfloat16, device="cuda"))
     layer.route = "fp8"
+    plain = Fp8Linear.from_linear(torch.nn.Linear(512, 512, bias=False, dtype=torch.bfloat16, device="cuda"))
+    plain.route = "fp8"
     x = torch.randn(16, 512, dtype=torch.bfloat16, device="cuda")
+    w = (plain.weight, plain.weight_scale_inv)
     with torch.inference_mode():
         linear_us = busy_gpu_per_call_us(lambda: layer(x), calls=BUSY_CALLS // 3)  # 3 launches per call
+        plain_us = busy_gpu_per_call_us(lambda: plain(x), calls=BUSY_CALLS // 2)
+        two_calls_us = busy_gpu_per_call_us(lambda: deepgemm.fp8_gemm_nt(deepgemm.quantize_per_token_group(x), w),
+                                            calls=BUSY_CALLS // 2)
     grad_mode = busy_gpu_per_call_us(lambda: deepgemm.fp8_gemm_nt(a, b, out))
     quant = busy_gpu_per_call_us(lambda: deepgemm.quantize_per_token_group(x))
     print(f"host_us_gpu_busy torch.ops.deepgemm.fp8_gemm_nt {direct:.2f} | fp8_gemm_nt_out op {direct_out:.2f} | "
-          f"Fp8Linear forward (inference_mode, bias) {linear_us:.2f} | public call, grad mode on {grad_mode:.2f} | "
+          f"Fp8Linear forward (inference_mode, bias) {linear_us:.2f} | Fp8Linear forward, no bias {plain_us:.2f} | "
+          f"quantize_per_token_group + fp8_gemm_nt {two_calls_us:.2f} | public call, grad mode on {grad_mode:.2f} | "
           f"quantize_per_token_group {quant:.2f}")
 
 

@@ -30,7 +30,9 @@ from deepgemm.distributed.sharding import (
     shard_bounds,
 )
 from deepgemm.nn.linear import BLOCK, FP8, OUT_DTYPES, Fp8Linear
+from deepgemm.api.linear import fp8_linear
 from deepgemm.ops import fp8_gemm_nt, quantize_per_token_group
+from deepgemm.ops.library import compiling
 from deepgemm.utils import ceil_div
 
 
@@ -100,8 +102,8 @@ class _ParallelFp8Linear(Fp8Linear):
     # ------------------------------------------------------------------------------------------------ compute
 
     def _gemm(self, q: torch.Tensor, sf: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        """The FP8 GEMM of quantized activation rows with this rank's weight shard: the only GEMM call of the
-        parallel layers. It runs on at most `self.num_sms` SMs (None: all of them, under DEEPGEMM_NUM_SMS), so a
+        """The FP8 GEMM of quantized activation rows with this rank's weight shard (eager `_linear` calls run the
+        same GEMM through fp8_linear, with the same cap). It runs on at most `self.num_sms` SMs (None: all of them, under DEEPGEMM_NUM_SMS), so a
         collective issued around it keeps the rest; the cap is part of the GEMM's launch-ready key."""
         return fp8_gemm_nt((q, sf), (self.weight, self.weight_scale_inv), out_dtype=out_dtype, num_sms=self.num_sms)
 
@@ -114,6 +116,8 @@ class _ParallelFp8Linear(Fp8Linear):
             return F.linear(x.to(self.out_dtype), weight).to(out_dtype)
         if x.shape[0] == 0:
             return torch.zeros((0, self.out_features), dtype=out_dtype, device=x.device)
+        if not compiling():  # the same two kernels through one launch-ready path (host time)
+            return fp8_linear(x, self.weight, self.weight_scale_inv, out_dtype, self.num_sms)
         return self._gemm(*quantize_per_token_group(x, BLOCK), out_dtype)
 
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:

@@ -314,18 +314,20 @@ def test_parallel_layers_pass_num_sms_to_the_gemm(monkeypatch: pytest.MonkeyPatc
     layer's cap; the result does not depend on it (CPU reference path)."""
     import torch.distributed as dist
 
+    from deepgemm.api import gemm as gemm_api
     from deepgemm.distributed import ColumnParallelFp8Linear, RowParallelFp8Linear
-    from deepgemm.distributed import linear as dist_linear
 
     if not dist.is_available() or dist.is_initialized():
         pytest.skip("needs torch.distributed, not yet initialized in this process")
     seen: list[int | None] = []
+    original = gemm_api.fp8_gemm_nt
 
     def gemm(a, b, out=None, *, out_dtype=None, num_sms=None):  # noqa: ANN001, ANN202
         seen.append(num_sms)
-        return deepgemm.fp8_gemm_nt(a, b, out, out_dtype=out_dtype, num_sms=num_sms)
+        return original(a, b, out, out_dtype=out_dtype, num_sms=num_sms)
 
-    monkeypatch.setattr(dist_linear, "fp8_gemm_nt", gemm)
+    # Where every FP8 GEMM of the layers lands (the eager fp8_linear path and the ops wrapper alike).
+    monkeypatch.setattr(gemm_api, "fp8_gemm_nt", gemm)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         x = torch.randn(6, 256, dtype=BF16)

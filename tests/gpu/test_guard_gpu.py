@@ -25,6 +25,14 @@ def _dense() -> Call:
     return lambda: deepgemm.fp8_gemm_nt(a, b)
 
 
+def _fp8_linear() -> Call:
+    from deepgemm.api.linear import fp8_linear
+
+    x = torch.randn(40, 528, device="cuda", dtype=torch.bfloat16)
+    w, s = deepgemm.quantize_per_block(torch.randn(264, 528, device="cuda"))
+    return lambda: fp8_linear(x, w, s)
+
+
 def _quantize_per_token_group() -> Call:
     x = torch.randn(40, 528, device="cuda", dtype=torch.bfloat16)
     return lambda: deepgemm.quantize_per_token_group(x)
@@ -71,6 +79,7 @@ def _k_grouped() -> Call:
 
 CALLS: dict[str, tuple[Callable[[], Call], str]] = {  # name -> (builder, entry prefix of the kernel it launches)
     "fp8_gemm_nt": (_dense, GEMM_ENTRY),
+    "fp8_linear": (_fp8_linear, GEMM_ENTRY),
     "quantize_per_token_group": (_quantize_per_token_group, QUANTIZE_ENTRY),
     "quantize_per_block": (_quantize_per_block, QUANTIZE_ENTRY),
     "m_grouped_fp8_gemm_nt_contiguous": (_contiguous, GEMM_ENTRY),
@@ -84,9 +93,12 @@ def _no_warm_launches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Empty launch-ready tables: a call can only go through the checked path (where the path is chosen)."""
     import deepgemm.api.gemm as api_gemm
     import deepgemm.api.grouped as api_grouped
+    import deepgemm.api.linear as api_linear
 
     monkeypatch.setattr(api_gemm, "_ready", {}, raising=False)
+    monkeypatch.setattr(api_gemm, "_fresh", {}, raising=False)
     monkeypatch.setattr(api_grouped, "_ready", {}, raising=False)
+    monkeypatch.setattr(api_linear, "_ready", {}, raising=False)
 
 
 def test_guard_is_installed(gpu_guard: GpuGuard) -> None:

@@ -77,23 +77,18 @@ def _groups_per_warp(x: torch.Tensor, group_size: int, vectorized: bool) -> int:
     return max(1, 32 // vectors)
 
 
-def quantize_per_token_group_cuda(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] (unit column stride) -> (q e4m3 [M, K], sf [M, ceil(K/g)] with strides (1, align(M, 4)))."""
+def token_group_launch(x: torch.Tensor, q: torch.Tensor, sf: torch.Tensor, group_size: int, device_index: int,
+                       stream: int) -> tuple[LoadedKernel, Any, PackedArgs]:
+    """(kernel, launch config, packed arguments) quantizing x [M, K] (unit column stride, M and K > 0) into q
+    (contiguous e4m3 [M, K]) and sf (M-major [M, ceil(K/g)]) on `stream`: packed once per pointer set."""
     m, k = x.shape
-    groups = ceil_div(k, group_size)
-    device = x.device
-    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=device)
-    sf_stride = align_up(m, 4)
-    sf = torch.empty_strided((m, groups), (1, sf_stride), dtype=torch.float32, device=device)  # one op, not three
-    if m == 0 or k == 0:
-        return q, sf
-    device_index = device.index
-    stream = current_raw_stream(device_index)
-    key = (x.data_ptr(), m, k, x.stride(0), x.dtype, group_size, q.data_ptr(), sf.data_ptr(), stream)
+    sf_stride = sf.stride(1)
+    key = (x.data_ptr(), m, k, x.stride(0), x.dtype, group_size, q.data_ptr(), sf.data_ptr(), sf_stride, stream)
     ready = _token_group_ready.get(key)
     if ready is None:
         kernel = _token_group_kernel(x.dtype, group_size, device_index)
         vectorized = _vectorizable(x)
+        groups = ceil_div(k, group_size)
         grid = ceil_div(ceil_div(m * groups, _groups_per_warp(x, group_size, vectorized)) * 32, _THREADS)
         args = PackedArgs(
             [U64(x.data_ptr()), U64(x.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf.data_ptr()),
@@ -102,7 +97,23 @@ def quantize_per_token_group_cuda(x: torch.Tensor, group_size: int) -> tuple[tor
         if len(_token_group_ready) >= _READY_CAPACITY:
             _token_group_ready.clear()
         ready = _token_group_ready[key] = (kernel, kernel.launch_config(device_index, stream, grid, _THREADS), args)
-    launch_on_device(ready[0], device_index, stream, ready[1], ready[2].address)
+    return ready
+
+
+def quantize_per_token_group_cuda(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (unit column stride) -> (q e4m3 [M, K], sf [M, ceil(K/g)] with strides (1, align(M, 4)))."""
+    m, k = x.shape
+    device = x.device
+    # (Sizes as separate ints: torch parses them ~1 us faster than a tuple.)
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=device)
+    sf = torch.empty_strided((m, ceil_div(k, group_size)), (1, align_up(m, 4)), dtype=torch.float32,
+                             device=device)  # one op, not three
+    if m == 0 or k == 0:
+        return q, sf
+    device_index = device.index
+    stream = current_raw_stream(device_index)
+    kernel, config, args = token_group_launch(x, q, sf, group_size, device_index, stream)
+    launch_on_device(kernel, device_index, stream, config, args.address)
     return q, sf
 
 
