@@ -33,6 +33,7 @@ from deepgemm.ops import (
     m_grouped_fp8_gemm_nt_masked,
     quantize_per_block,
     quantize_per_token_group,
+    silu_mul_quantize_per_token_group,
 )
 from deepgemm.utils import calc_diff, warn_removed_environment
 
@@ -73,6 +74,7 @@ __all__ = [
     "precompile_model",
     "quantize_per_block",
     "quantize_per_token_group",
+    "silu_mul_quantize_per_token_group",
     "supported",
     "to_mn_major_tma_aligned",
 ]

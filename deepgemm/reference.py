@@ -36,6 +36,13 @@ def quantize_per_token_group_reference(x: torch.Tensor, group_size: int = 128) -
     return q.contiguous(), scale
 
 
+def silu_mul_reference(x: torch.Tensor) -> torch.Tensor:
+    """x [M, 2K] = [gate | up] -> silu(gate) * up [M, K] in float32, the kernel's formula g / (1 + e^-g) * u (its
+    exp may differ from torch's in the last bit, so the quantized results agree to within an e4m3 rounding step)."""
+    gate, up = x.float().chunk(2, dim=1)
+    return gate / (1.0 + torch.exp(-gate)) * up
+
+
 def quantize_per_block_reference(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """w [N, K] -> (q e4m3 [N, K], sf [ceil(N/b), ceil(K/b)] float32)."""
     n, k = w.shape

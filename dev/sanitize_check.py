@@ -63,6 +63,30 @@ def main() -> None:
     masked()
     bf16()
     bf16_grouped()
+    quantizers()
+
+
+def quantizers() -> None:
+    """The per-token-group quantizers (plain and SiLU-gated) on both paths, tails included, and Fp8Linear's
+    launch-ready quantize + GEMM from its scratch block."""
+    from deepgemm.api.linear import fp8_linear
+
+    for rows, width in ((1, 256), (33, 2 * 1001), (130, 2 * 768), (7, 2 * 72)):
+        base = torch.randn(rows, width + 8, device="cuda").to(torch.bfloat16)
+        for x in (base[:, :width], base[:, 8:]):  # two row offsets; odd halves (1001) take the scalar path
+            q, sf = deepgemm.silu_mul_quantize_per_token_group(x)
+            q2, sf2 = deepgemm.quantize_per_token_group(x)
+            torch.cuda.synchronize()
+            assert torch.isfinite(sf).all() and torch.isfinite(sf2).all()
+        print(f"sanitize quantizers rows={rows} width={width}: ok")
+    w, s = deepgemm.quantize_per_block(torch.randn(2056, 7296, device="cuda"))
+    for m in (1, 65, 129):
+        x = torch.randn(m, 7296, device="cuda").to(torch.bfloat16)
+        ys = [fp8_linear(x, w, s) for _ in range(3)]
+        torch.cuda.synchronize()
+        ref = deepgemm.fp8_gemm_nt(deepgemm.quantize_per_token_group(x), (w, s))
+        assert all(torch.equal(y, ref) for y in ys)
+        print(f"sanitize fp8_linear m={m} n=2056 k=7296: equal to the two calls")
 
 
 def captured_split() -> None:

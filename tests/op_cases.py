@@ -62,6 +62,7 @@ def op_cases(device: str, seed: int) -> dict[str, tuple]:
         "k_grouped_fp8_gemm_tn_contiguous_out": (*ka, *kb, ks, None, torch.empty_like(c)),
         "k_grouped_fp8_gemm_tn_contiguous_accumulate": (*ka, *kb, ks, c.clone()),
         "quantize_per_token_group": (x, 128),
+        "silu_mul_quantize_per_token_group": (x, 128),  # [gate | up] of 100 columns each
         "quantize_per_block": (x, 128),
         "bf16_gemm": (xa, wn, "nn", torch.randn(100, 200, generator=gen).to(device), bf16),
         "bf16_gemm_out": (xt, wt, "tt", None, torch.empty(104, 200, dtype=torch.float32, device=device)),

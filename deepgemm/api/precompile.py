@@ -85,12 +85,13 @@ def masked_kernel(expected_m: int, max_m: int, groups: int, n: int, k: int, out_
     return grouped_spec(GemmKind.GROUPED_MASKED, geometry, n, k, out_dtype, expected_m, target.num_sms)
 
 
-def quantizer_kernel(input_dtype: torch.dtype, group_size: int = ACTIVATION_GROUP) -> KernelSource:
-    """The per-token-group quantizer quantize_per_token_group loads for inputs of `input_dtype` (it depends on
-    nothing else: one kernel serves every shape)."""
+def quantizer_kernel(input_dtype: torch.dtype, group_size: int = ACTIVATION_GROUP,
+                     silu_mul: bool = False) -> KernelSource:
+    """The per-token-group quantizer quantize_per_token_group (silu_mul: silu_mul_quantize_per_token_group) loads
+    for inputs of `input_dtype` (it depends on nothing else: one kernel serves every shape)."""
     if input_dtype not in INPUT_KINDS:
         raise TypeError(f"input dtype must be one of {tuple(INPUT_KINDS)}, got {input_dtype}")
-    return token_group_source(input_dtype, group_size)
+    return token_group_source(input_dtype, group_size, silu_mul)
 
 
 # ---------------------------------------------------------------- MoE rows as engines lay them out

@@ -15,12 +15,17 @@ from deepgemm.api.validation import (
     require_same_device,
     require_tensor,
 )
-from deepgemm.kernels.quantize_fp8.launch import quantize_per_block_cuda, quantize_per_token_group_cuda
+from deepgemm.kernels.quantize_fp8.launch import (
+    quantize_per_block_cuda,
+    quantize_per_token_group_cuda,
+    silu_mul_quantize_per_token_group_cuda,
+)
 from deepgemm.reference import (
     dequantize_per_block as _dequantize_per_block,
     dequantize_per_token_group as _dequantize_per_token_group,
     quantize_per_block_reference,
     quantize_per_token_group_reference,
+    silu_mul_reference,
 )
 from deepgemm.utils import ceil_div
 
@@ -113,6 +118,50 @@ def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[to
     if backend_for(x) == "sm90":
         return quantize_per_token_group_cuda(x, group_size)
     q, sf = quantize_per_token_group_reference(x, group_size)
+    return q, _as_mn_major(sf)
+
+
+def check_silu_mul_input(x: object, group_size: object) -> torch.Tensor:
+    """silu_mul_quantize_per_token_group's metadata rules (shared with its fake kernel)."""
+    where = "silu_mul_quantize_per_token_group"
+    tensor = check_quantize_input(x, "x", group_size, "group_size", GROUP_SIZES, where)
+    if tensor.shape[1] % 2:
+        raise ValueError(f"{where}: 'x' must hold [gate | up] halves of equal width, got {tensor.shape[1]} columns "
+                         "(an odd count)")
+    return tensor
+
+
+def silu_mul_quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, 2I] = [gate | up] -> quantize_per_token_group(silu(gate) * up): (q e4m3 [M, I], sf float32
+    [M, ceil(I/group_size)] M-major), the gated MLP activation fused into the quantizer that feeds the down
+    projection.
+
+    The activation is computed in float32 from x's values (no rounding to x's dtype in between) and never written
+    to memory: one pass reads x and writes q and sf. gate is x[:, :I], up is x[:, I:], as a fused gate_up
+    projection's output holds them. On CPU tensors and other GPUs the reference path computes the same formula;
+    its exp may differ from the GPU's in the last bit, so the two agree to within one e4m3 rounding step.
+
+    Args:
+        x: float32, bfloat16 or float16 [M, 2I], any strides (a non-unit column stride is copied first).
+        group_size: columns of the activation per scale, a multiple of 32 from 32 to 1024; the GEMMs read 128.
+
+    Raises:
+        TypeError: `x` is not a tensor or has another dtype.
+        ValueError: `x` is not 2-D or has an odd column count, `group_size` is not allowed, or `x` is too large for
+            the kernel's 32-bit indices and CUDA's grid.
+        deepgemm.NotDifferentiableError: `x` requires grad while grad mode is on.
+        deepgemm.CompileError, deepgemm.CacheError, deepgemm.LockTimeoutError, deepgemm.GraphCaptureError: as for
+            quantize_per_token_group.
+
+    Example::
+
+        gate_up = torch.randn(4096, 2 * 768, device="cuda", dtype=torch.bfloat16)  # an MoE gate_up output
+        q, sf = deepgemm.silu_mul_quantize_per_token_group(gate_up)             # e4m3 [4096, 768], [4096, 6]
+    """
+    x = _unit_column_stride(check_silu_mul_input(x, group_size))
+    if backend_for(x) == "sm90":
+        return silu_mul_quantize_per_token_group_cuda(x, group_size)
+    q, sf = quantize_per_token_group_reference(silu_mul_reference(x), group_size)
     return q, _as_mn_major(sf)
 
 

@@ -33,7 +33,8 @@ DEEPGEMM = "deepgemm"
 BF16 = "cublas-bf16"
 BLOCKWISE = "cublas-blockwise"
 IMPLEMENTATIONS: dict[str, str] = {
-    DEEPGEMM: "deepgemm.nn.Fp8Linear; experts: quantize_per_token_group + m_grouped_fp8_gemm_nt_masked (decode) "
+    DEEPGEMM: "deepgemm.nn.Fp8Linear; experts: quantize_per_token_group (gate_up) or "
+              "silu_mul_quantize_per_token_group (down, the activation fused) + m_grouped_fp8_gemm_nt_masked (decode) "
               "or _contiguous (prefill)",
     BF16: "BF16 nn.Linear (cuBLAS); experts: torch._grouped_mm in BF16",
     BLOCKWISE: "cuBLAS block-wise FP8 (F.scaled_mm, 1x128 / 128x128 scales, activations quantized by "

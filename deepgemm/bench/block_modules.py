@@ -25,6 +25,7 @@ from deepgemm.bench.block_tensors import GROUP, Routing
 from deepgemm.bench.peers import Unavailable
 from deepgemm.ops import (
     m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked, quantize_per_block, quantize_per_token_group,
+    silu_mul_quantize_per_token_group,
 )
 from deepgemm.utils import align_up, ceil_div
 
@@ -121,7 +122,8 @@ class DeepgemmExperts(nn.Module):
     """The routed experts on deepgemm's grouped FP8 kernels, weights e4m3 with per-expert 128x128 block scales.
 
     ``gate_up``: quantize the routed rows (``quantize_per_token_group``), grouped GEMM with the [E, N1, H] weights.
-    ``down``: the activation, re-quantization, grouped GEMM with the [E, H, I] weights. The contiguous form
+    ``down``: the activation and re-quantization (one pass, ``silu_mul_quantize_per_token_group``, for a SiLU-gated
+    MLP), grouped GEMM with the [E, H, I] weights. The contiguous form
     (prefill) reads the rows with each expert padded to ``get_m_alignment_for_contiguous_layout()`` rows and an
     expert index per row; the masked form (decode) reads [E, max_m, K] operands with a row count per expert, only the
     routed rows being quantized, activated and scattered into place.
@@ -172,23 +174,26 @@ class DeepgemmExperts(nn.Module):
         return padded
 
     def gate_up(self, x: torch.Tensor, layout: DeepgemmLayout) -> torch.Tensor:
-        return self._gemm(x, layout, "1", (self.gate_up_weight, self.gate_up_scale_inv))
+        return self._gemm(quantize_per_token_group(x, GROUP), layout, "1", (self.gate_up_weight, self.gate_up_scale_inv))
 
     def down(self, mid: torch.Tensor, layout: DeepgemmLayout) -> torch.Tensor:
         if layout.form == "masked":
             mid = mid.reshape(-1, mid.shape[-1]).index_select(0, layout.routing.masked_dest)
-        h = activate(mid, gated=self.gated, activation=self.activation)
-        return self._gemm(h, layout, "2", (self.down_weight, self.down_scale_inv))
+        if self.gated and _activation_fn(self.activation) is F.silu:  # one pass: SiLU * up, quantized
+            quantized = silu_mul_quantize_per_token_group(mid, GROUP)
+        else:
+            quantized = quantize_per_token_group(activate(mid, gated=self.gated, activation=self.activation), GROUP)
+        return self._gemm(quantized, layout, "2", (self.down_weight, self.down_scale_inv))
 
     def forward(self, x: torch.Tensor, layout: DeepgemmLayout) -> torch.Tensor:
         return self.down(self.gate_up(x, layout), layout)
 
-    def _gemm(self, x: torch.Tensor, layout: DeepgemmLayout, which: str,
+    def _gemm(self, quantized: tuple[torch.Tensor, torch.Tensor], layout: DeepgemmLayout, which: str,
               b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        q, sf = quantize_per_token_group(x, GROUP)
+        q, sf = quantized
         routing = layout.routing
         if layout.form == "contiguous":
-            out = torch.empty((x.shape[0], b[0].shape[1]), dtype=torch.bfloat16, device=x.device)
+            out = torch.empty((q.shape[0], b[0].shape[1]), dtype=torch.bfloat16, device=q.device)
             return m_grouped_fp8_gemm_nt_contiguous((q, sf), b, out, routing.m_indices)
         buffers, dest, max_m = layout.buffers, routing.masked_dest, routing.plan.max_m
         a, sfa, out = buffers["a" + which], buffers["sf" + which], buffers["out" + which]

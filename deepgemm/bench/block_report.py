@@ -41,7 +41,8 @@ def notes(results: BlockResults) -> list[str]:
         f"up to {DECODE_MAX_TOKENS} tokens is a decode step (that many sequences, one new token each); more is a "
         "prefill of one sequence",
         "each layer is timed alone on a fixed input; the block is one callable (its layers in sequence); a down "
-        "projection includes the activation of its gate/up output",
+        f"projection includes the activation of its gate/up output (torch's act(gate) * up, except {DEEPGEMM}'s "
+        "SiLU-gated experts: one pass with the quantization)",
         f"{BLOCKWISE} and {DEEPGEMM} quantize activations with deepgemm.quantize_per_token_group (1x128); cuBLAS "
         "gets the scales re-laid with strides (1, M), a copy when M % 4 != 0",
         f"calc_diff: each FP8 layer's output against {BF16}'s on the same input (FP8 rounding gives ~1e-3; "

@@ -8,7 +8,8 @@ Covered, on one tensor-parallel rank, for each token count T of ``--tokens`` (th
 - every MoE expert GEMM in both layouts an engine runs: contiguous (prefill) with M_total = T * top-k rows routed
   evenly, each expert's segment padded to 128 rows, and masked (decode) with expected_m = (T * top-k + E) // E
   and max_m = T rounded up to 64, over all E experts of the rank;
-- the per-token-group quantizer of bf16 activations.
+- the per-token-group quantizer of bf16 activations, and for a SiLU-gated MoE model the fused activation +
+  quantizer of its experts' down projection input (silu_mul_quantize_per_token_group).
 
 The router and LM head (bf16), attention's batched products and GEMMs with K % 16 != 0 are not deepgemm FP8 GEMMs
 and are skipped. A row count between the buckets (or a routing other than even) may pick another kernel, which
@@ -132,6 +133,8 @@ def plan_model(model: ModelSpec, tp: int, tokens: tuple[int, ...], out_dtype: to
         for op in enumerate_gemms(model, Workload(batch=1, seq=count, tp=tp)):
             kernels.extend(_op_kernels(model, op, count, out_dtype, target))
     kernels.append(quantizer_kernel(torch.bfloat16))
+    if model.moe is not None and model.gated_mlp and model.activation in ("silu", "swish"):
+        kernels.append(quantizer_kernel(torch.bfloat16, silu_mul=True))
     return unique_sources(kernels)
 
 

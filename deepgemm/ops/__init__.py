@@ -18,7 +18,7 @@ from deepgemm.ops.grouped import (
     m_grouped_fp8_gemm_nt_masked,
 )
 from deepgemm.ops.kgrouped import k_grouped_fp8_gemm_tn_contiguous
-from deepgemm.ops.quant import quantize_per_block, quantize_per_token_group
+from deepgemm.ops.quant import quantize_per_block, quantize_per_token_group, silu_mul_quantize_per_token_group
 
 __all__ = [
     "bf16_gemm_nn",
@@ -36,4 +36,5 @@ __all__ = [
     "m_grouped_fp8_gemm_nt_masked",
     "quantize_per_block",
     "quantize_per_token_group",
+    "silu_mul_quantize_per_token_group",
 ]

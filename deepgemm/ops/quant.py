@@ -22,6 +22,17 @@ def _token_group_fake(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Ten
     return q, api.empty_token_group_scales(m, ceil_div(k, group_size), x.device)
 
 
+def _silu_mul_impl(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    return api.silu_mul_quantize_per_token_group(x, group_size)
+
+
+def _silu_mul_fake(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    api.check_silu_mul_input(x, group_size)
+    m, k = x.shape[0], x.shape[1] // 2
+    q = torch.empty((m, k), dtype=FP8, device=x.device)
+    return q, api.empty_token_group_scales(m, ceil_div(k, group_size), x.device)
+
+
 def _block_impl(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     return api.quantize_per_block(w, block)
 
@@ -36,6 +47,8 @@ def _block_fake(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.
 
 define("quantize_per_token_group(Tensor x, int group_size=128) -> (Tensor, Tensor)", _token_group_impl,
        _token_group_fake)
+define("silu_mul_quantize_per_token_group(Tensor x, int group_size=128) -> (Tensor, Tensor)", _silu_mul_impl,
+       _silu_mul_fake)
 define("quantize_per_block(Tensor w, int block=128) -> (Tensor, Tensor)", _block_impl, _block_fake)
 
 
@@ -43,6 +56,13 @@ def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[to
     if not compiling():
         return api.quantize_per_token_group(x, group_size)
     q, sf = torch.ops.deepgemm.quantize_per_token_group(x, group_size)
+    return q, sf
+
+
+def silu_mul_quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    if not compiling():
+        return api.silu_mul_quantize_per_token_group(x, group_size)
+    q, sf = torch.ops.deepgemm.silu_mul_quantize_per_token_group(x, group_size)
     return q, sf
 
 
@@ -55,3 +75,4 @@ def quantize_per_block(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor,
 
 quantize_per_token_group.__doc__ = api.quantize_per_token_group.__doc__
 quantize_per_block.__doc__ = api.quantize_per_block.__doc__
+silu_mul_quantize_per_token_group.__doc__ = api.silu_mul_quantize_per_token_group.__doc__

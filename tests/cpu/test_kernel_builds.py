@@ -6,6 +6,7 @@ wait after every wgmma without saying so)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import subprocess
@@ -80,6 +81,8 @@ QUANTIZE = [
     ("block_fp32_128", block_source, FP32, 128),
     ("token_group_fp32_1024", token_group_source, FP32, 1024),
     ("block_fp16_32", block_source, torch.float16, 32),
+    ("silu_mul_token_group_bf16_128", functools.partial(token_group_source, silu_mul=True), BF16, 128),
+    ("silu_mul_token_group_fp32_1024", functools.partial(token_group_source, silu_mul=True), FP32, 1024),
 ]
 
 

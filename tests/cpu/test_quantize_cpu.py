@@ -267,3 +267,50 @@ def test_invalid_block(block) -> None:
     w = torch.randn(4, 256)
     with pytest.raises(ValueError, match="block"):
         deepgemm.quantize_per_block(w, block)
+
+
+def _silu_mul_float64(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.double().chunk(2, dim=1)
+    return torch.nn.functional.silu(gate) * up
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m,width", [(1, 256), (37, 200), (130, 1536), (5, 2 * 7168)])
+def test_silu_mul_quantize_against_float64(dtype: torch.dtype, m: int, width: int, seed: int) -> None:
+    x = (torch.randn(m, width) * 4 * torch.exp(torch.randn(m, 1))).to(dtype)
+    q, sf = deepgemm.silu_mul_quantize_per_token_group(x)
+    k = width // 2
+    assert q.shape == (m, k) and q.dtype == torch.float8_e4m3fn
+    assert sf.shape == (m, -(-k // 128)) and sf.stride() == (1, -(-m // 4) * 4)
+    ref = _silu_mul_float64(x)
+    deq = deepgemm.dequantize_per_token_group(q, sf, dtype=torch.float64)
+    # Each element within half an e4m3 step of its value (3 mantissa bits: 2^-4 relative), plus the float32
+    # activation's own error; the scale is the group's amax / 448 as computed in float32.
+    groups = torch.nn.functional.pad(ref.abs(), (0, sf.shape[1] * 128 - k)).view(m, -1, 128).amax(dim=2)
+    assert torch.allclose(sf.double(), (groups / 448).clamp(min=torch.finfo(torch.float32).tiny), rtol=1e-5)
+    assert ((deq - ref).abs() <= ref.abs() * 2**-4 + sf.double().repeat_interleave(128, 1)[:, :k] * 2**-9 + 1e-6).all()
+    # The same as quantizing the float32 activation (what the two-pass pipeline would do without rounding to x's dtype).
+    q2, sf2 = deepgemm.quantize_per_token_group(deepgemm.reference.silu_mul_reference(x))
+    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(sf, sf2)
+
+
+def test_silu_mul_quantize_checks_its_input(seed: int) -> None:
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="odd count"):
+        deepgemm.silu_mul_quantize_per_token_group(x[:, :255])
+    with pytest.raises(ValueError, match="'x'"):
+        deepgemm.silu_mul_quantize_per_token_group(x[0])
+    with pytest.raises(TypeError, match="'x'"):
+        deepgemm.silu_mul_quantize_per_token_group(x.to(torch.int32))
+    with pytest.raises(ValueError, match="'group_size'"):
+        deepgemm.silu_mul_quantize_per_token_group(x, 100)
+    with pytest.raises(deepgemm.NotDifferentiableError, match="'x'"):
+        deepgemm.silu_mul_quantize_per_token_group(x.float().requires_grad_())
+    # Non-unit column stride and empty inputs.
+    wide = torch.randn(256, 6, dtype=torch.bfloat16).t()
+    q, sf = deepgemm.silu_mul_quantize_per_token_group(wide)
+    q2, sf2 = deepgemm.silu_mul_quantize_per_token_group(wide.contiguous())
+    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(sf, sf2)
+    for shape in ((0, 256), (3, 0)):
+        q, sf = deepgemm.silu_mul_quantize_per_token_group(torch.empty(shape))
+        assert q.shape == (shape[0], shape[1] // 2) and sf.shape == (shape[0], -(-(shape[1] // 2) // 128))

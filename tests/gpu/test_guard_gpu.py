@@ -38,6 +38,11 @@ def _quantize_per_token_group() -> Call:
     return lambda: deepgemm.quantize_per_token_group(x)
 
 
+def _silu_mul_quantize() -> Call:
+    x = torch.randn(40, 2 * 528, device="cuda", dtype=torch.bfloat16)
+    return lambda: deepgemm.silu_mul_quantize_per_token_group(x)
+
+
 def _quantize_per_block() -> Call:
     w = torch.randn(264, 528, device="cuda", dtype=torch.bfloat16)
     return lambda: deepgemm.quantize_per_block(w)
@@ -82,6 +87,7 @@ CALLS: dict[str, tuple[Callable[[], Call], str]] = {  # name -> (builder, entry 
     "fp8_linear": (_fp8_linear, GEMM_ENTRY),
     "quantize_per_token_group": (_quantize_per_token_group, QUANTIZE_ENTRY),
     "quantize_per_block": (_quantize_per_block, QUANTIZE_ENTRY),
+    "silu_mul_quantize_per_token_group": (_silu_mul_quantize, QUANTIZE_ENTRY),
     "m_grouped_fp8_gemm_nt_contiguous": (_contiguous, GEMM_ENTRY),
     "m_grouped_fp8_gemm_nt_contiguous_psum": (_contiguous_psum, GEMM_ENTRY),
     "m_grouped_fp8_gemm_nt_masked": (_masked, GEMM_ENTRY),

@@ -20,7 +20,9 @@ INPUT_KINDS = {
 _THREADS = 256
 
 
-def token_group_source(dtype: torch.dtype, group_size: int) -> KernelSource:
+def token_group_source(dtype: torch.dtype, group_size: int, silu_mul: bool = False) -> KernelSource:
+    if silu_mul:
+        return _silu_mul_token_group_source(dtype, group_size)
     code = f"""\
 #include <deepgemm/impls/quantize_fp8.cuh>
 using Kernel = deepgemm::QuantizePerTokenGroup<{INPUT_KINDS[dtype]}, {group_size}u>;
@@ -31,6 +33,21 @@ deepgemm_quantize_per_token_group(const void* x, deepgemm::u64 x_row_stride, dee
 }}
 """
     return KernelSource(code=code, entry="deepgemm_quantize_per_token_group", label=f"quantize_per_token_group {dtype} g={group_size}")
+
+
+def _silu_mul_token_group_source(dtype: torch.dtype, group_size: int) -> KernelSource:
+    """x [M, 2K] = [gate | up] -> silu(gate) * up quantized per token group (k: the output's K)."""
+    code = f"""\
+#include <deepgemm/impls/quantize_fp8.cuh>
+using Kernel = deepgemm::QuantizePerTokenGroup<{INPUT_KINDS[dtype]}, {group_size}u, deepgemm::Activation::kSiluMul>;
+extern "C" __global__ void __launch_bounds__({_THREADS})
+deepgemm_quantize_silu_mul_per_token_group(const void* x, deepgemm::u64 x_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride,
+                float* sf, deepgemm::u32 sf_stride, deepgemm::u32 m, deepgemm::u32 k, deepgemm::u32 vectorized) {{
+    Kernel::run(x, x_row_stride, q, q_row_stride, sf, sf_stride, m, k, vectorized);
+}}
+"""
+    return KernelSource(code=code, entry="deepgemm_quantize_silu_mul_per_token_group",
+                        label=f"silu_mul_quantize_per_token_group {dtype} g={group_size}")
 
 
 def block_source(dtype: torch.dtype, block: int) -> KernelSource:
@@ -46,26 +63,30 @@ deepgemm_quantize_per_block(const void* w, deepgemm::u64 w_row_stride, deepgemm:
     return KernelSource(code=code, entry="deepgemm_quantize_per_block", label=f"quantize_per_block {dtype} b={block}")
 
 
-_token_group_kernels: dict[tuple[torch.dtype, int], LoadedKernel] = {}
+_token_group_kernels: dict[tuple[torch.dtype, int, bool], LoadedKernel] = {}
 # Launch-ready arguments of recent calls, keyed by every pointer, shape and stride they pack and the stream: in a
 # steady state the caching allocator hands out the same blocks, so a warm call packs nothing.
 _token_group_ready: dict[tuple, tuple[LoadedKernel, Any, PackedArgs]] = {}
 _READY_CAPACITY = 1024
 
 
-def _token_group_kernel(dtype: torch.dtype, group_size: int, device_index: int | None = None) -> LoadedKernel:
-    kernel = _token_group_kernels.get((dtype, group_size))
+def _token_group_kernel(dtype: torch.dtype, group_size: int, device_index: int | None = None,
+                        silu_mul: bool = False) -> LoadedKernel:
+    key = (dtype, group_size, silu_mul)
+    kernel = _token_group_kernels.get(key)
     if kernel is None:
-        kernel = _token_group_kernels[(dtype, group_size)] = load_kernel(token_group_source(dtype, group_size), 0,
-                                                                         device_index)
+        kernel = _token_group_kernels[key] = load_kernel(token_group_source(dtype, group_size, silu_mul), 0,
+                                                         device_index)
     return kernel
 
 
-def _vectorizable(x: torch.Tensor) -> bool:
-    """The kernel's 16-byte path: x's base and rows 16-byte aligned, K a whole number of vectors (q is fresh and
-    contiguous, so its rows then align too)."""
+def _vectorizable(x: torch.Tensor, k: int | None = None) -> bool:
+    """The kernel's 16-byte path: x's base and rows 16-byte aligned, K (the output's columns; a gated x holds 2K,
+    the up half starting K columns in) a whole number of vectors (q is fresh and contiguous, so its rows then
+    align too)."""
     elems = 16 // x.element_size()
-    return x.data_ptr() % 16 == 0 and (x.stride(0) * x.element_size()) % 16 == 0 and x.shape[1] % elems == 0
+    k = x.shape[1] if k is None else k
+    return x.data_ptr() % 16 == 0 and (x.stride(0) * x.element_size()) % 16 == 0 and k % elems == 0
 
 
 def _groups_per_warp(x: torch.Tensor, group_size: int, vectorized: bool) -> int:
@@ -114,6 +135,27 @@ def quantize_per_token_group_cuda(x: torch.Tensor, group_size: int) -> tuple[tor
     stream = current_raw_stream(device_index)
     kernel, config, args = token_group_launch(x, q, sf, group_size, device_index, stream)
     launch_on_device(kernel, device_index, stream, config, args.address)
+    return q, sf
+
+
+def silu_mul_quantize_per_token_group_cuda(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, 2K] = [gate | up] (unit column stride) -> quantized silu(gate) * up: (q e4m3 [M, K], sf [M, ceil(K/g)]
+    with strides (1, align(M, 4))). One pass: the activation never reaches memory."""
+    m, k = x.shape[0], x.shape[1] // 2
+    device = x.device
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=device)
+    sf = torch.empty_strided((m, ceil_div(k, group_size)), (1, align_up(m, 4)), dtype=torch.float32, device=device)
+    if m == 0 or k == 0:
+        return q, sf
+    device_index = device.index
+    kernel = _token_group_kernel(x.dtype, group_size, device_index, silu_mul=True)
+    vectorized = _vectorizable(x, k)
+    grid = ceil_div(ceil_div(m * ceil_div(k, group_size), _groups_per_warp(x, group_size, vectorized)) * 32, _THREADS)
+    args = PackedArgs([U64(x.data_ptr()), U64(x.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf.data_ptr()),
+                       U32(sf.stride(1)), U32(m), U32(k), U32(vectorized)])
+    stream = current_raw_stream(device_index)
+    launch_on_device(kernel, device_index, stream, kernel.launch_config(device_index, stream, grid, _THREADS),
+                     args.address)
     return q, sf
 
 

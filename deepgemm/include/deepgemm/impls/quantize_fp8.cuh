@@ -2,6 +2,8 @@
 //   per-token-group: x [M,K] -> q [M,K] e4m3, sf[g, m] = amax(x[m, g*G : (g+1)*G]) / 448 stored M-major
 //                    (element (m, g) at sf + g * sf_stride + m; sf_stride = M rounded up to 4).
 //   per-block:       w [N,K] -> q [N,K] e4m3, sf[nb, kb] = amax of the B x B block / 448, row-major.
+//   gated (kSiluMul): x [M, 2K] holds [gate | up]; the quantized values are silu(gate) * up in float32
+//                    (no rounding in between), a fused MLP activation, with the per-token-group layout above.
 // The scale is max(amax / 448, FLT_MIN): an all-zero group gets a tiny positive scale and zeros, never
 // NaN or Inf. q = x / scale (IEEE division), rounded to nearest-even and saturated to +-448. A NaN in a
 // group makes its scale (and q) NaN, matching the CPU reference.
@@ -11,6 +13,12 @@
 namespace deepgemm {
 
 enum class InputKind : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+enum class Activation : int { kNone = 0, kSiluMul = 1 };
+
+// silu(g) * u = g / (1 + e^-g) * u (e^-g overflowing to inf gives -0 * u, the limit; NaN stays NaN).
+DG_DEVICE float silu_mul(float gate, float up) {
+    return gate / (1.0f + expf(-gate)) * up;
+}
 
 template <InputKind kKind>
 DG_DEVICE float load_as_float(const void* base, u64 index) {
@@ -77,7 +85,7 @@ DG_DEVICE void load_vector_as_float(const void* address, float* out) {
 //     of the vector): kLanes lanes per group, each loading 16-byte vectors and storing 4/8 e4m3 bytes at once, so a
 //     warp covers 32 / kLanes groups (two for bf16 with G = 128);
 //   scalar (any layout): one warp per group, lane l handling columns l, l + 32, ...
-template <InputKind kKind, u32 kGroupSize>
+template <InputKind kKind, u32 kGroupSize, Activation kAct = Activation::kNone>
 struct QuantizePerTokenGroup {
     static_assert(kGroupSize % 32 == 0 && kGroupSize <= 1024, "group size must be a multiple of 32, at most 1024");
     static constexpr u32 kPerLane = kGroupSize / 32;
@@ -111,8 +119,14 @@ struct QuantizePerTokenGroup {
         for (u32 v = 0; v < kVecsPerLane; ++v) {
             const u32 col = group * kGroupSize + (v * kLanes + sub) * kVec;
             if (valid && col < k) {
-                load_vector_as_float<kKind>(static_cast<const u8*>(x) + (row * x_row_stride + col) * kInputBytes,
-                                            values[v]);
+                const u8* address = static_cast<const u8*>(x) + (row * x_row_stride + col) * kInputBytes;
+                load_vector_as_float<kKind>(address, values[v]);
+                if constexpr (kAct == Activation::kSiluMul) {
+                    float up[kVec];  // k columns further on (the host checks that k keeps it 16-byte aligned)
+                    load_vector_as_float<kKind>(address + static_cast<u64>(k) * kInputBytes, up);
+#pragma unroll
+                    for (u32 i = 0; i < kVec; ++i) values[v][i] = silu_mul(values[v][i], up[i]);
+                }
             } else {
 #pragma unroll
                 for (u32 i = 0; i < kVec; ++i) values[v][i] = 0.0f;
@@ -165,6 +179,9 @@ struct QuantizePerTokenGroup {
         for (u32 i = 0; i < kPerLane; ++i) {
             const u32 col = group * kGroupSize + i * 32 + lane;
             values[i] = col < k ? load_as_float<kKind>(x, row * x_row_stride + col) : 0.0f;
+            if constexpr (kAct == Activation::kSiluMul) {
+                if (col < k) values[i] = silu_mul(values[i], load_as_float<kKind>(x, row * x_row_stride + col + k));
+            }
             amax = max_nan(amax, fabsf(values[i]));
         }
         const float scale = fp8_scale_for(warp_max(amax));
