@@ -11,6 +11,8 @@ is captured into a CUDA graph (whose replays may overlap eager work), a new allo
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,20 +33,33 @@ _CAPACITY = 1024  # argument sets remembered; a full table is dropped (entries a
 _LAUNCHES_CAPACITY = 16  # pointer sets per argument set (a steady state has one or two; each capture adds one)
 _grad_enabled = torch.is_grad_enabled
 SCRATCH_MAX_BYTES = 8 << 20
-_SCRATCH_STREAMS = 8  # scratch blocks kept (a new stream past it drops them all: each returns to its stream's pool)
-_scratch: dict[tuple[int, int], torch.Tensor] = {}
+_SCRATCH_STREAMS = 8  # scratch blocks kept per device, least recently used dropped first
+_scratch: dict[int, OrderedDict[int, torch.Tensor]] = {}  # device index -> stream -> block
+# Held from taking a scratch block through both launches: two threads on one stream (every thread starts on the
+# default stream) would otherwise interleave quantize, quantize, GEMM, GEMM and read each other's temporaries.
+_scratch_lock = threading.Lock()
 
 
 def _scratch_block(device: torch.device, device_index: int, stream: int, nbytes: int) -> torch.Tensor:
-    """At least `nbytes` for launches on `stream` (the current stream of the device): launches there run in order,
-    so the next call's quantization writes it only after this call's GEMM has read it."""
-    key = (device_index, stream)
-    block = _scratch.get(key)
+    """At least `nbytes` for launches on `stream` (the current stream of the device), under _scratch_lock:
+    launches there run in order, so the next call's quantization writes it only after this call's GEMM has read
+    it. A dropped block goes back to torch's caching allocator, which reuses it in that stream's order."""
+    blocks = _scratch.get(device_index)
+    if blocks is None:
+        blocks = _scratch[device_index] = OrderedDict()
+    block = blocks.get(stream)
     if block is None or block.numel() < nbytes:
-        if block is None and len(_scratch) >= _SCRATCH_STREAMS:
-            _scratch.clear()
-        block = _scratch[key] = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8, device=device)
+        if block is None and len(blocks) >= _SCRATCH_STREAMS:
+            blocks.popitem(last=False)
+        block = blocks[stream] = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8, device=device)
+    blocks.move_to_end(stream)
     return block
+
+
+def clear_scratch() -> None:
+    """Drop every scratch block (their memory returns to torch's caching allocator; a later call makes new ones)."""
+    with _scratch_lock:
+        _scratch.clear()
 
 
 @dataclass
@@ -69,9 +84,15 @@ class _Ready:
         model's weights are freed with it)."""
         stream = current_raw_stream(self.device_index)
         if self.temp_bytes <= SCRATCH_MAX_BYTES and not stream_capturing(self.device_index):
-            temp = _scratch_block(self.device, self.device_index, stream, self.temp_bytes)
-        else:
-            temp = torch.empty(self.temp_bytes, dtype=torch.uint8, device=self.device)
+            with _scratch_lock:
+                temp = _scratch_block(self.device, self.device_index, stream, self.temp_bytes)
+                return self._launch(x, weight, scale_inv, temp, stream)
+        # A block of its own: the graph's pool while capturing (a replay may overlap eager work on other streams).
+        return self._launch(x, weight, scale_inv, torch.empty(self.temp_bytes, dtype=torch.uint8, device=self.device),
+                            stream)
+
+    def _launch(self, x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, temp: torch.Tensor,
+                stream: int) -> torch.Tensor:
         out = torch.empty(self.m, self.out_cols, dtype=self.out_dtype, device=self.device)
         if self.out_cols != self.n:
             out = out[:, :self.n]
@@ -84,7 +105,8 @@ class _Ready:
         return out
 
     def _pack(self, x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, temp: torch.Tensor,
-              out: torch.Tensor, stream: int, key: tuple[int, int, int]) -> tuple[LoadedKernel, Any, PackedArgs, PackedArgs]:
+              out: torch.Tensor, stream: int,
+              key: tuple[int, int, int]) -> tuple[LoadedKernel, Any, PackedArgs, PackedArgs]:
         q, sf = temp_views(temp, self.m, self.k, self.sf_offset)
         kernel, config, quant_args = token_group_launch(x, q, sf, GROUP, self.device_index, stream)
         gemm_args = self.plan.packed_args(q, sf, weight, scale_inv, out)
@@ -122,13 +144,16 @@ def _key(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, out_dty
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
-               out_dtype: torch.dtype = torch.bfloat16, num_sms: int | None = None) -> torch.Tensor:
+               out_dtype: torch.dtype | None = torch.bfloat16, num_sms: int | None = None) -> torch.Tensor:
     """y [M, N] = quantize_per_token_group(x) @ (weight * scale_inv)^T, FP32 accumulation, `out_dtype` out.
 
     x: float32/bfloat16/float16 [M, K]; weight: e4m3 [N, K]; scale_inv: float32 [ceil(N/128), ceil(K/128)];
-    num_sms: as fp8_gemm_nt's. The same results, rules and errors as quantize_per_token_group followed by
-    fp8_gemm_nt (which the first call of an argument set runs, on every backend).
+    out_dtype: bfloat16 (also for None) or float32; num_sms: as fp8_gemm_nt's. The same results, rules and errors
+    as quantize_per_token_group followed by fp8_gemm_nt (which the first call of an argument set runs, on every
+    backend).
     """
+    if out_dtype is None:
+        out_dtype = torch.bfloat16
     ready = None
     if num_sms is None or type(num_sms) is int:  # (True and 66.0 key as 1 and 66: they take the checked path)
         try:

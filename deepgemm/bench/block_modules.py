@@ -40,6 +40,9 @@ def activate(h: torch.Tensor, *, gated: bool, activation: str) -> torch.Tensor:
     return act(gate) * up
 
 
+SILU_NAMES = ("silu", "swish")  # activations the fused silu_mul quantizer serves (as `deepgemm precompile` plans)
+
+
 def _activation_fn(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     name = name.lower()
     if name.startswith("gelu"):
@@ -174,12 +177,13 @@ class DeepgemmExperts(nn.Module):
         return padded
 
     def gate_up(self, x: torch.Tensor, layout: DeepgemmLayout) -> torch.Tensor:
-        return self._gemm(quantize_per_token_group(x, GROUP), layout, "1", (self.gate_up_weight, self.gate_up_scale_inv))
+        return self._gemm(quantize_per_token_group(x, GROUP), layout, "1",
+                          (self.gate_up_weight, self.gate_up_scale_inv))
 
     def down(self, mid: torch.Tensor, layout: DeepgemmLayout) -> torch.Tensor:
         if layout.form == "masked":
             mid = mid.reshape(-1, mid.shape[-1]).index_select(0, layout.routing.masked_dest)
-        if self.gated and _activation_fn(self.activation) is F.silu:  # one pass: SiLU * up, quantized
+        if self.gated and self.activation.lower() in SILU_NAMES:  # one pass: SiLU * up, quantized
             quantized = silu_mul_quantize_per_token_group(mid, GROUP)
         else:
             quantized = quantize_per_token_group(activate(mid, gated=self.gated, activation=self.activation), GROUP)

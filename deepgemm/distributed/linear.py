@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from deepgemm.api.linear import fp8_linear
 from deepgemm.distributed.comm import (
     all_reduce_async,
     chunk_bounds,
@@ -30,7 +31,6 @@ from deepgemm.distributed.sharding import (
     shard_bounds,
 )
 from deepgemm.nn.linear import BLOCK, FP8, OUT_DTYPES, Fp8Linear
-from deepgemm.api.linear import fp8_linear
 from deepgemm.ops import fp8_gemm_nt, quantize_per_token_group
 from deepgemm.ops.library import compiling
 from deepgemm.utils import ceil_div
@@ -103,8 +103,9 @@ class _ParallelFp8Linear(Fp8Linear):
 
     def _gemm(self, q: torch.Tensor, sf: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """The FP8 GEMM of quantized activation rows with this rank's weight shard (eager `_linear` calls run the
-        same GEMM through fp8_linear, with the same cap). It runs on at most `self.num_sms` SMs (None: all of them, under DEEPGEMM_NUM_SMS), so a
-        collective issued around it keeps the rest; the cap is part of the GEMM's launch-ready key."""
+        same GEMM through fp8_linear, with the same cap). It runs on at most `self.num_sms` SMs (None: all of them,
+        under DEEPGEMM_NUM_SMS), so a collective issued around it keeps the rest; the cap is part of the GEMM's
+        launch-ready key."""
         return fp8_gemm_nt((q, sf), (self.weight, self.weight_scale_inv), out_dtype=out_dtype, num_sms=self.num_sms)
 
     def _linear(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:

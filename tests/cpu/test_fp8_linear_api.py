@@ -32,6 +32,7 @@ def test_same_result_as_quantize_then_gemm(m: int, n: int, k: int, dtype: torch.
         deepgemm.dequantize_per_block(w, s, dtype=torch.float64).t()
     assert deepgemm.calc_diff(y.double(), ref) < 1e-5
     assert not linear_api._ready  # the reference path is never remembered
+    assert torch.equal(linear_api.fp8_linear(x, w, s, None), _two_calls(x, w, s, torch.bfloat16))  # None: bf16
 
 
 def test_errors_are_the_public_calls_errors(seed: int) -> None:

@@ -129,8 +129,9 @@ def test_unit_stride_copy_is_never_remembered(seed: int, checked_calls: list[int
 
 def test_graph_capture_after_eager_calls_keeps_its_own_temporaries(seed: int, checked_calls: list[int],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """A captured call must not use the eager scratch block (eager calls on another stream could overwrite it
-    during a replay): it takes its temporaries from the graph's pool."""
+    """A captured call must not use the eager scratch block (eager calls on another stream than the replay's could
+    overwrite it meanwhile): it takes its temporaries from the graph's pool. Values alone cannot show that here
+    (replays and eager calls share one stream, so run in order): the recorded scratch uses do."""
     scratch_uses: list[bool] = []
     original = linear_api._scratch_block
 
@@ -161,3 +162,46 @@ def test_graph_capture_after_eager_calls_keeps_its_own_temporaries(seed: int, ch
     torch.cuda.current_stream().wait_stream(stream)
     assert len(checked_calls) == 2  # x and other each checked once; the captured call was launch-ready
     assert scratch_uses and not any(scratch_uses)  # eager calls used the scratch, the captured one did not
+
+
+def test_warm_entries_still_refuse_what_the_public_calls_refuse(seed: int, checked_calls: list[int]) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w, s = deepgemm.quantize_per_block(torch.randn(256, 512, device="cuda", generator=gen))
+    x = torch.randn(64, 512, device="cuda", generator=gen).to(torch.bfloat16)
+    for sms in (1, 66):
+        for _ in range(2):
+            linear_api.fp8_linear(x, w, s, num_sms=sms)
+    for bad in (True, 66.0):  # equal to the remembered 1 and 66 as keys
+        with pytest.raises(TypeError, match="num_sms"):
+            linear_api.fp8_linear(x, w, s, num_sms=bad)
+    linear_api.fp8_linear(x, w, s)
+    grad_x = x.detach().clone().requires_grad_()
+    linear_api.fp8_linear(grad_x.detach(), w, s)
+    with pytest.raises(deepgemm.NotDifferentiableError, match="'x'"):
+        linear_api.fp8_linear(grad_x, w, s)
+
+
+def test_threads_sharing_the_default_stream(seed: int) -> None:
+    """Threads start on the default stream: their warm calls share its scratch block and must not interleave a
+    quantize of one between the quantize and the GEMM of another."""
+    import threading
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w, s = deepgemm.quantize_per_block(torch.randn(2048, 1024, device="cuda", generator=gen))
+    xs = [torch.randn(m, 1024, device="cuda", generator=gen).to(torch.bfloat16) for m in (3, 77, 130, 256)]
+    expected = [_two_calls(x, w, s, torch.bfloat16) for x in xs]
+    failures: list[str] = []
+
+    def worker(i: int) -> None:
+        for step in range(200):
+            y = linear_api.fp8_linear(xs[i], w, s)
+            if step % 20 == 19 and not torch.equal(y, expected[i]):
+                failures.append(f"thread {i} step {step}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    assert not failures, failures
