@@ -28,9 +28,9 @@ def launch_on_device(kernel: "LoadedKernel", device_index: int, stream: int, con
     """
     if stream == 0 and _current_device() != device_index:
         with torch.cuda.device(device_index):
-            kernel.launch(config, args_address)
+            kernel.launch(config, args_address, device_index)
     else:
-        kernel.launch(config, args_address)
+        kernel.launch(config, args_address, device_index)
 
 
 # The capture status of the current device's current stream, straight from the C binding (torch.cuda's wrapper
@@ -164,7 +164,12 @@ class LoadedKernel:
             self._launch_configs[key] = config
         return config
 
-    def launch(self, config: Any, args_address: int) -> None:
+    def launch(self, config: Any, args_address: int, device_index: int | None = None) -> None:
         err, = self._launch_ex(config, self.kernel, args_address, 0)
         if err != self._success:
+            if err == driver().CUresult.CUDA_ERROR_INVALID_CONTEXT and device_index is not None:
+                # A thread whose first CUDA work is ours has no current context yet (torch makes one current
+                # lazily): bind the device's primary context, torch's own, and launch again.
+                check(driver().cuCtxSetCurrent(_primary_context(device_index)), "cuCtxSetCurrent")
+                err, = self._launch_ex(config, self.kernel, args_address, 0)
             check((err,), f"cuLaunchKernelEx({self.entry})")
