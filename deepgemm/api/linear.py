@@ -116,7 +116,6 @@ class _Ready:
         return launch
 
 
-
 def temp_layout(m: int, k: int) -> tuple[int, int]:
     """(scales' byte offset, total bytes) of the temporary block: q e4m3 [M, K] row-major, then the scales
     [ceil(K/128), align(M, 4)] float32 (the M-major layout quantize_per_token_group returns), 16-byte aligned."""
