@@ -18,7 +18,6 @@ from deepgemm.api.validation import (
 from deepgemm.kernels.quantize_fp8.launch import (
     quantize_per_block_cuda,
     quantize_per_token_group_cuda,
-    silu_mul_quantize_per_token_group_cuda,
 )
 from deepgemm.reference import (
     dequantize_per_block as _dequantize_per_block,
@@ -160,7 +159,7 @@ def silu_mul_quantize_per_token_group(x: torch.Tensor, group_size: int = 128) ->
     """
     x = _unit_column_stride(check_silu_mul_input(x, group_size))
     if backend_for(x) == "sm90":
-        return silu_mul_quantize_per_token_group_cuda(x, group_size)
+        return quantize_per_token_group_cuda(x, group_size, silu_mul=True)
     q, sf = quantize_per_token_group_reference(silu_mul_reference(x), group_size)
     return q, _as_mn_major(sf)
 

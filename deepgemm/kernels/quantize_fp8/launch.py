@@ -99,16 +99,18 @@ def _groups_per_warp(x: torch.Tensor, group_size: int, vectorized: bool) -> int:
 
 
 def token_group_launch(x: torch.Tensor, q: torch.Tensor, sf: torch.Tensor, group_size: int, device_index: int,
-                       stream: int) -> tuple[LoadedKernel, Any, PackedArgs]:
-    """(kernel, launch config, packed arguments) quantizing x [M, K] (unit column stride, M and K > 0) into q
-    (contiguous e4m3 [M, K]) and sf (M-major [M, ceil(K/g)]) on `stream`: packed once per pointer set."""
-    m, k = x.shape
+                       stream: int, silu_mul: bool = False) -> tuple[LoadedKernel, Any, PackedArgs]:
+    """(kernel, launch config, packed arguments) quantizing x [M, K] (silu_mul: [M, 2K] = [gate | up], quantizing
+    silu(gate) * up; unit column stride, M and K > 0) into q (contiguous e4m3 [M, K]) and sf (M-major
+    [M, ceil(K/g)]) on `stream`: packed once per pointer set."""
+    m, k = q.shape
     sf_stride = sf.stride(1)
-    key = (x.data_ptr(), m, k, x.stride(0), x.dtype, group_size, q.data_ptr(), sf.data_ptr(), sf_stride, stream)
+    key = (x.data_ptr(), m, k, x.stride(0), x.dtype, group_size, q.data_ptr(), sf.data_ptr(), sf_stride, stream,
+           silu_mul)
     ready = _token_group_ready.get(key)
     if ready is None:
-        kernel = _token_group_kernel(x.dtype, group_size, device_index)
-        vectorized = _vectorizable(x)
+        kernel = _token_group_kernel(x.dtype, group_size, device_index, silu_mul)
+        vectorized = _vectorizable(x, k)
         groups = ceil_div(k, group_size)
         grid = ceil_div(ceil_div(m * groups, _groups_per_warp(x, group_size, vectorized)) * 32, _THREADS)
         args = PackedArgs(
@@ -121,9 +123,12 @@ def token_group_launch(x: torch.Tensor, q: torch.Tensor, sf: torch.Tensor, group
     return ready
 
 
-def quantize_per_token_group_cuda(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] (unit column stride) -> (q e4m3 [M, K], sf [M, ceil(K/g)] with strides (1, align(M, 4)))."""
-    m, k = x.shape
+def quantize_per_token_group_cuda(x: torch.Tensor, group_size: int,
+                                  silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (unit column stride) -> (q e4m3 [M, K], sf [M, ceil(K/g)] with strides (1, align(M, 4))).
+    silu_mul: x is [M, 2K] = [gate | up] and silu(gate) * up is quantized, in one pass (the activation never
+    reaches memory)."""
+    m, k = x.shape[0], x.shape[1] // 2 if silu_mul else x.shape[1]
     device = x.device
     # (Sizes as separate ints: torch parses them ~1 us faster than a tuple.)
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=device)
@@ -133,29 +138,8 @@ def quantize_per_token_group_cuda(x: torch.Tensor, group_size: int) -> tuple[tor
         return q, sf
     device_index = device.index
     stream = current_raw_stream(device_index)
-    kernel, config, args = token_group_launch(x, q, sf, group_size, device_index, stream)
+    kernel, config, args = token_group_launch(x, q, sf, group_size, device_index, stream, silu_mul)
     launch_on_device(kernel, device_index, stream, config, args.address)
-    return q, sf
-
-
-def silu_mul_quantize_per_token_group_cuda(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, 2K] = [gate | up] (unit column stride) -> quantized silu(gate) * up: (q e4m3 [M, K], sf [M, ceil(K/g)]
-    with strides (1, align(M, 4))). One pass: the activation never reaches memory."""
-    m, k = x.shape[0], x.shape[1] // 2
-    device = x.device
-    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=device)
-    sf = torch.empty_strided((m, ceil_div(k, group_size)), (1, align_up(m, 4)), dtype=torch.float32, device=device)
-    if m == 0 or k == 0:
-        return q, sf
-    device_index = device.index
-    kernel = _token_group_kernel(x.dtype, group_size, device_index, silu_mul=True)
-    vectorized = _vectorizable(x, k)
-    grid = ceil_div(ceil_div(m * ceil_div(k, group_size), _groups_per_warp(x, group_size, vectorized)) * 32, _THREADS)
-    args = PackedArgs([U64(x.data_ptr()), U64(x.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf.data_ptr()),
-                       U32(sf.stride(1)), U32(m), U32(k), U32(vectorized)])
-    stream = current_raw_stream(device_index)
-    launch_on_device(kernel, device_index, stream, kernel.launch_config(device_index, stream, grid, _THREADS),
-                     args.address)
     return q, sf
 
 
