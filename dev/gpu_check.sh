@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench moe breadth grouped kgrouped bf16grouped ncu split clusters ab nn route block racecheck bf16 all
+# Steps: install smoke tests sanitize host sass bench moe breadth grouped kgrouped bf16grouped ncu split bf16split clusters ab nn route block racecheck bf16 all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times another tree, carried as .ab/deepgemm_old (dev/rename_package.sh), interleaved with this one (dev/ab_trees.py).
@@ -135,6 +135,13 @@ if has bf16grouped; then
   timeout 240 python3 -m pytest --timeout 150 -q -p no:cacheprovider tests/gpu/test_bf16_grouped_gpu.py 2>&1 | tee "$OUT/pytest_bf16_grouped.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -25
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
     timeout 300 python3 dev/bench_grouped_bf16.py --json "$OUT/bench_grouped_bf16.json" 2>&1 | tee "$OUT/bench_grouped_bf16.md" )
+fi
+# bf16split: the BF16 split-K and FP8 split-tail GPU tests, then dev/bench_bf16_split.py (decode shapes, peers interleaved).
+if has bf16split; then
+  timeout 300 python3 -m pytest --timeout 120 -q -p no:cacheprovider tests/gpu/test_bf16_split_k_gpu.py \
+    tests/gpu/test_split_tail_gpu.py 2>&1 | tee "$OUT/pytest_bf16split.log" | grep -E "passed|failed|Error|error" | tail -25
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    timeout 240 python3 dev/bench_bf16_split.py 2>&1 | tee "$OUT/bench_bf16_split.md" )
 fi
 if has split; then
   timeout 300 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider tests/gpu/test_split_tail_gpu.py 2>&1 | tee "$OUT/pytest_split.log" | grep -E "passed|failed|Error|error" | tail -8

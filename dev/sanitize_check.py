@@ -176,6 +176,29 @@ def bf16() -> None:
             diff = deepgemm.calc_diff(out.double(), expected)
             print(f"sanitize bf16_gemm_{layout} m={m} n={n} k={k} out={out_dtype} c={c_dtype}: calc_diff={diff:.2e}")
             assert diff < 1e-4
+    bf16_split_k()
+
+
+def bf16_split_k() -> None:
+    """Forced BF16 split-K builds: a second math warpgroup with no rows (M = 50 on 128-row tiles) with C as out, and
+    ranges of one K block over N and K tails."""
+    from deepgemm.kernels.common.device import sm_count
+    from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config
+    from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem, get_bf16_plan
+    from deepgemm.reference import bf16_gemm_reference
+
+    for layout, m, n, k, bm, bn in (("nt", 50, 2112, 7168, 128, 64), ("tn", 8, 136, 200, 64, 64)):
+        problem = bf16_problem(m, n, k, layout, torch.float32, torch.float32, sm_count(0))
+        plan = get_bf16_plan(0, m, n, k, layout, torch.float32, torch.float32, make_config(problem, bm, bn, True))
+        a = torch.randn((m, k) if layout[0] == "n" else (k, m), device="cuda").to(torch.bfloat16)
+        b = torch.randn((n, k), device="cuda").to(torch.bfloat16)
+        out = torch.randn(m, n, device="cuda")
+        expected = bf16_gemm_reference(a, b, layout, out, torch.float64)
+        plan.launch(a, b, out, out)
+        torch.cuda.synchronize()
+        diff = deepgemm.calc_diff(out.double(), expected)
+        print(f"sanitize {plan.spec.label()} m={m} splits={plan.splits}: calc_diff={diff:.2e}")
+        assert plan.splits > 1 and diff < 1e-8
 
 
 def bf16_grouped() -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from deepgemm.jit.compiler import default_cache_dir
 from deepgemm.kernels.sm90_bf16_gemm.config import Bf16GemmConfig
-from deepgemm.kernels.sm90_bf16_gemm.cost_model import Bf16Problem, tile_allowed
+from deepgemm.kernels.sm90_bf16_gemm.cost_model import Bf16Problem, split_k_ranges, tile_allowed
 from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config as make_bf16_config
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import candidate_tiles, clusters_allowed, make_config
@@ -143,16 +143,19 @@ class TuningDB:
         choice = self.entries().get(key)
         if choice is None:
             return self.fallback.lookup_bf16(problem) if self.fallback is not None else None
-        if choice.cluster_m != 1 or choice.stream_tail or choice.split_tail:
-            return None  # the BF16 kernel has no clusters or tails: not an entry its tuner writes
+        if choice.cluster_m != 1 or choice.stream_tail:
+            return None  # the BF16 kernel has no clusters or stream tails: not an entry its tuner writes
         if not tile_allowed(problem, choice.block_m, choice.block_n):
             return None
-        return make_bf16_config(problem, choice.block_m, choice.block_n)
+        # A tuned split-K (stored as split_tail) stands only where it splits at this M (the bucket may hold other Ms).
+        split_k = choice.split_tail and split_k_ranges(problem, choice.block_m, choice.block_n) > 1
+        return make_bf16_config(problem, choice.block_m, choice.block_n, split_k)
 
     def record_bf16(self, problem: Bf16Problem, config: Bf16GemmConfig, median_us: float) -> None:
         """Store the BF16 winner for this problem's bucket (replacing an older entry)."""
         key = entry_key(problem.n, problem.k, problem.out_bytes, problem.num_sms, problem.m, bf16_kernel_name(problem))
-        self._write(key, TunedChoice(config.block_m, config.block_n, 1, float(median_us), problem.m))
+        self._write(key, TunedChoice(config.block_m, config.block_n, 1, float(median_us), problem.m,
+                                     split_tail=config.split_k))
 
     def record(self, m: int, n: int, k: int, num_sms: int, config: GemmConfig, median_us: float,
                out_elem_bytes: int = 2) -> None:

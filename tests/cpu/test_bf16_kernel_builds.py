@@ -46,6 +46,11 @@ EXPLICIT = [
     ("bm64_bn256_fp32", 64, 256, 4096, 7168, FP32, None),
     ("bm128_bn64_n136_k72_c_bf16", 128, 64, 136, 72, BF16, BF16),  # N and K tails
 ]
+# Split-K builds (dense decode sizes), same fields.
+EXPLICIT_SPLIT = [
+    ("bm128_bn64_splitk_fp32_c_fp32", 128, 64, 2112, 7168, FP32, FP32),
+    ("bm64_bn128_splitk_c_bf16", 64, 128, 4096, 7168, BF16, BF16),
+]
 
 
 @dataclasses.dataclass
@@ -58,11 +63,11 @@ class Build:
 
 
 def explicit_spec(layout: str, block_m: int, block_n: int, n: int, k: int, out_dtype: torch.dtype,
-                  c_dtype: torch.dtype | None) -> Bf16GemmSpec:
+                  c_dtype: torch.dtype | None, split_k: bool = False) -> Bf16GemmSpec:
     """The tile with as many stages as shared memory holds (as the cost model sizes them), on 132 SMs."""
-    stages = stages_for(block_m, block_n, elem_bytes(out_dtype))
+    stages = stages_for(block_m, block_n, elem_bytes(out_dtype), split_k)
     group = group_rows_for(ceil_div(4096, block_m), ceil_div(n, block_n), 132)
-    config = Bf16GemmConfig(block_m, block_n, stages, group, 132)
+    config = Bf16GemmConfig(block_m, block_n, stages, group, 132, split_k)
     return bf16_spec(4096, n, k, layout, out_dtype, c_dtype, 132, config)
 
 
@@ -75,6 +80,8 @@ def _requests() -> list[tuple[str, Bf16GemmSpec]]:
             if b_mn_major(layout) and bn % 64:
                 continue
             requests.append((f"{layout}-{name}", explicit_spec(layout, bm, bn, n, k, out_dtype, c_dtype)))
+        for name, bm, bn, n, k, out_dtype, c_dtype in EXPLICIT_SPLIT:
+            requests.append((f"{layout}-{name}", explicit_spec(layout, bm, bn, n, k, out_dtype, c_dtype, True)))
     return requests
 
 
@@ -175,6 +182,8 @@ def test_builds_cover_the_template_space(builds: dict[str, Build]) -> None:
         assert any(s.out_dtype == FP32 and s.addend == 2 for s in mine), layout
         assert any(s.addend == 1 for s in mine), layout
         assert any(s.config.block_n == 256 for s in mine), layout
+        assert {s.config.block_m for s in mine if s.config.split_k} == {64, 128}, layout  # split-K builds
+        assert builds[f"{layout}-planned-decode"].spec.config.split_k, layout  # the model's decode pick splits
         assert any(s.k % 64 for s in mine) and any(s.n % s.config.block_n for s in mine), layout
         if not b_mn_major(layout):
             assert {16, 96, 176} <= {s.config.block_n for s in mine}, layout

@@ -19,10 +19,23 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 
+from deepgemm.jit.args import PackedArgs
 from deepgemm.jit.runtime import stream_capturing
+
+MAX_SPLITS = 8  # mirrors SplitTailTileScheduler::kMaxSplits
+
+
+def split_tail_ranges(tiles: int, grid: int, k_blocks: int) -> int:
+    """K ranges per tail tile of a split-tail launch (1: nothing splits); mirrors SplitTailTileScheduler:
+    the tiles of a last wave that fills at most half of the grid are cut into min(grid / tail, 8, K blocks)."""
+    tail = tiles % grid
+    if tail == 0 or 2 * tail > grid:
+        return 1
+    return min(grid // tail, MAX_SPLITS, k_blocks)
 
 # Counters per arena: 1 MiB, enough for ~650 captured launches of the widest split grid (132 CTAs x 3 warpgroups);
 # an eager split launch makes a new one once half of it is handed out.
@@ -120,3 +133,34 @@ class SplitScratch:
 
 
 split_scratch = SplitScratch()
+
+
+class SplitLaunchArgs:
+    """A split plan's launch arguments with its scratch pointers, per stream: the last eager launch's, reused
+    while the scratch generation holds (the tensors are held so that they outlive the launch); under capture,
+    fresh ones every time. `workspace_arg` / `counters_arg`: the pointers' positions in the packed arguments."""
+
+    _CAPACITY = 8
+
+    def __init__(self, device_index: int, workspace_arg: int, counters_arg: int) -> None:
+        self._device_index = device_index
+        self._positions = (workspace_arg, counters_arg)
+        self._entries: dict[int, tuple[int, PackedArgs, PackedArgs, torch.Tensor, torch.Tensor]] = {}
+
+    def derive(self, args: PackedArgs, stream: int,
+               buffers: Callable[[int], tuple[torch.Tensor, torch.Tensor]]) -> PackedArgs:
+        """`args` with the workspace and counters `buffers(stream)` gives (split_scratch.get underneath)."""
+        capturing = stream_capturing(self._device_index)
+        if not capturing:
+            cached = self._entries.get(stream)
+            if cached is not None and cached[0] == split_scratch.generation and cached[1] is args:
+                return cached[2]
+        generation = split_scratch.generation
+        workspace, counters = buffers(stream)
+        workspace_arg, counters_arg = self._positions
+        derived = args.with_pointers(workspace_arg, workspace.data_ptr(), counters_arg, counters.data_ptr())
+        if not capturing and split_scratch.generation == generation:  # nothing moved while get() ran
+            if len(self._entries) >= self._CAPACITY:
+                self._entries.clear()
+            self._entries[stream] = (generation, args, derived, workspace, counters)
+        return derived

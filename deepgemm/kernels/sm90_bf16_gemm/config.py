@@ -22,22 +22,28 @@ def store_buffer_bytes(block_n: int, out_bytes: int) -> int:
     return align_up(t16 + (64 * 16 if tail & 16 else 0), 1024)
 
 
-def bf16_smem_bytes(block_m: int, block_n: int, stages: int, out_bytes: int) -> int:
+SPLIT_FLAG_BYTES = 16  # split-K: one reduction flag per math warpgroup
+
+
+def bf16_smem_bytes(block_m: int, block_n: int, stages: int, out_bytes: int, split_k: bool = False) -> int:
     """Mirrors Sm90Bf16Gemm::kSmemBytes."""
     stage = (block_m + block_n) * BLOCK_K * 2
-    return stages * stage + (block_m // 64) * store_buffer_bytes(block_n, out_bytes) + 2 * stages * BARRIER_BYTES
+    return (stages * stage + (block_m // 64) * store_buffer_bytes(block_n, out_bytes) + 2 * stages * BARRIER_BYTES
+            + (SPLIT_FLAG_BYTES if split_k else 0))
 
 
 @dataclass(frozen=True)
 class Bf16GemmConfig:
     """Tile and pipeline of one instantiation: block_m 64 or 128 (one or two math warpgroups), block_n a multiple of
-    8 up to 256 (of 64 when B is MN-major), group_rows the raster band height, num_sms the persistent grid cap."""
+    8 up to 256 (of 64 when B is MN-major), group_rows the raster band height, num_sms the persistent grid cap;
+    split_k (dense): a last wave of at most half the grid runs cut into K ranges (SplitTailTileScheduler)."""
 
     block_m: int
     block_n: int
     num_stages: int
     group_rows: int
     num_sms: int
+    split_k: bool = False
 
     @property
     def num_threads(self) -> int:
@@ -52,7 +58,8 @@ class Bf16GemmConfig:
         return BLOCK_K
 
     def smem_bytes(self, out_bytes: int) -> int:
-        return bf16_smem_bytes(self.block_m, self.block_n, self.num_stages, out_bytes)
+        return bf16_smem_bytes(self.block_m, self.block_n, self.num_stages, out_bytes, self.split_k)
 
     def label(self) -> str:
-        return f"bm{self.block_m} bn{self.block_n} st{self.num_stages} g{self.group_rows} sms{self.num_sms}"
+        split = " splitk" if self.split_k else ""
+        return f"bm{self.block_m} bn{self.block_n} st{self.num_stages} g{self.group_rows} sms{self.num_sms}{split}"

@@ -5,6 +5,10 @@ Per SM and clock the tensor cores do 4096 BF16 FLOPs (half the FP8 rate) and sha
 max(math, shared-memory) cycles. Operand traffic is 2 bytes per element (twice FP8's), so memory-bound shapes need
 every SM pulling: the model charges DRAM at a sustained rate and, per SM, the operand bytes its tiles load. The
 estimate is max(compute, DRAM, per-SM load) plus a per-tile epilogue cost.
+
+Split-K (dense decode sizes, decode_split): where the pick is a narrow tile (it fills the SMs by re-reading A once
+per N-block) or leaves three quarters of the SMs idle, a 64-wide (or the same) tile with its K cut into ranges on
+the idle SMs ran faster on the H200; elsewhere the plain pick did (2026-12-02, dev/bench_bf16_split.py).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from deepgemm.kernels.common.hopper import SMEM_CAPACITY
+from deepgemm.kernels.common.split_scratch import split_tail_ranges
 from deepgemm.kernels.sm90_bf16_gemm.config import ATOM, BLOCK_K, Bf16GemmConfig, bf16_smem_bytes
 from deepgemm.utils import ceil_div
 
@@ -20,6 +25,18 @@ MMA_FLOPS_PER_CLOCK = 4096  # BF16 dense, per SM
 SMEM_BYTES_PER_CLOCK = 128
 DRAM_BYTES_PER_S = 3.6e12  # sustained HBM3e read+write rate
 SM_LOAD_BYTES_PER_S = 110e9  # what one SM's TMA pipeline pulls from L2/DRAM
+SPLIT_MIN_K_BLOCKS = 8     # split-K: 64-deep K blocks per range at least (the ring's fill is paid per range)
+DECODE_MAX_M = 128         # dense M up to this: split-K applies
+# H200, NT (ours µs, plain pick -> split-K build): 1 x 2112 x 7168 bn32 30.0 -> bn64 19.7; 64 x 2112 x 7168 bn32
+# 20.4 -> bn64 19.1; 128 x 2112 x 7168 bn48 21.4 -> bn64 20.3; 16 x 4096 x 14336 bn48 58.0 -> bn64 44.8. Picks of
+# 64+ columns on 45-64 tiles were 2-10% faster unsplit (64 x 4096 x 7168, 64 x 7168 x 2048, 64 x 7168 x 16384).
+DECODE_SPLIT_MAX_BLOCK_N = 48  # a plain pick this narrow is widened to DECODE_SPLIT_BLOCK_N and split
+DECODE_SPLIT_BLOCK_N = 64
+DECODE_SPLIT_MIN_RANGES = 4    # a wider pick is split as it is when it leaves this many SMs per tile
+
+
+def is_decode(problem: Bf16Problem) -> bool:
+    return problem.groups == 1 and problem.m <= DECODE_MAX_M
 EPILOGUE_S = 0.6e-6        # per tile: accumulators to shared memory to TMA store, not hidden by the next tile
 MIN_STAGES = 3
 MAX_STAGES = 16  # memory-bound tiles keep more bytes in flight per SM
@@ -46,11 +63,24 @@ def block_n_candidates(problem: Bf16Problem) -> list[int]:
     return [bn for bn in range(step, 257, step)]
 
 
-def stages_for(block_m: int, block_n: int, out_bytes: int) -> int:
+def stages_for(block_m: int, block_n: int, out_bytes: int, split_k: bool = False) -> int:
     stages = 0
-    while stages < MAX_STAGES and bf16_smem_bytes(block_m, block_n, stages + 1, out_bytes) <= SMEM_CAPACITY:
+    while stages < MAX_STAGES and bf16_smem_bytes(block_m, block_n, stages + 1, out_bytes, split_k) <= SMEM_CAPACITY:
         stages += 1
     return stages
+
+
+def split_k_ranges(problem: Bf16Problem, block_m: int, block_n: int) -> int:
+    """K ranges per tile of a split-K build on all SMs (1: it would not split). Split-K is for dense GEMMs whose
+    tiles fill at most half of the SMs (decode sizes), in ranges of at least SPLIT_MIN_K_BLOCKS; mirrors
+    SplitTailTileScheduler, which splits a last wave of at most half the grid."""
+    p = problem
+    tiles = ceil_div(p.m, block_m) * ceil_div(p.n, block_n)
+    if not is_decode(p) or 2 * tiles > p.num_sms:
+        return 1
+    k_blocks = ceil_div(p.k, BLOCK_K)
+    ranges = split_tail_ranges(tiles, p.num_sms, k_blocks)
+    return ranges if k_blocks >= SPLIT_MIN_K_BLOCKS * ranges else 1
 
 
 def estimate_seconds(problem: Bf16Problem, block_m: int, block_n: int) -> float:
@@ -67,6 +97,21 @@ def estimate_seconds(problem: Bf16Problem, block_m: int, block_n: int) -> float:
     per_sm_load = tiles_per_sm * (block_m + block_n) * padded_k * 2 / SM_LOAD_BYTES_PER_S
     dram = p.groups * ((p.m + p.n) * p.k * 2 + p.m * p.n * (p.out_bytes + p.addend_bytes)) / DRAM_BYTES_PER_S
     return max(compute, per_sm_load, dram) + tiles_per_sm * EPILOGUE_S
+
+
+def decode_split(problem: Bf16Problem, plain: Bf16GemmConfig) -> Bf16GemmConfig | None:
+    """The split-K build that replaces the model's plain pick at a dense decode size, or None (see the module
+    docstring): a narrow pick widened to 64 columns, or a pick that leaves 3/4 of the SMs idle, split as it is."""
+    if not is_decode(problem):
+        return None
+    block_n = plain.block_n
+    if block_n <= DECODE_SPLIT_MAX_BLOCK_N:
+        block_n = DECODE_SPLIT_BLOCK_N
+        if not tile_allowed(problem, plain.block_m, block_n) or split_k_ranges(problem, plain.block_m, block_n) < 2:
+            return None
+    elif split_k_ranges(problem, plain.block_m, block_n) < DECODE_SPLIT_MIN_RANGES:
+        return None
+    return make_config(problem, plain.block_m, block_n, split_k=True)
 
 
 def group_rows_for(m_blocks: int, n_blocks: int, num_sms: int) -> int:
@@ -86,16 +131,18 @@ def tile_allowed(problem: Bf16Problem, block_m: int, block_n: int) -> bool:
             and stages_for(block_m, block_n, problem.out_bytes) >= MIN_STAGES)
 
 
-def make_config(problem: Bf16Problem, block_m: int, block_n: int) -> Bf16GemmConfig:
+def make_config(problem: Bf16Problem, block_m: int, block_n: int, split_k: bool = False) -> Bf16GemmConfig:
     """The full config of a tile: as many stages as fit, the raster band for this grid (dense only: the grouped
     kinds walk their own tile order)."""
     group = 1 if problem.groups > 1 else group_rows_for(ceil_div(problem.m, block_m), ceil_div(problem.n, block_n),
                                                         problem.num_sms)
-    return Bf16GemmConfig(block_m, block_n, stages_for(block_m, block_n, problem.out_bytes), group, problem.num_sms)
+    stages = stages_for(block_m, block_n, problem.out_bytes, split_k)
+    return Bf16GemmConfig(block_m, block_n, stages, group, problem.num_sms, split_k)
 
 
 def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:
-    """Every allowed tile with the model's estimate, cheapest first (within 0.1%: the larger tile first)."""
+    """Every allowed tile with the model's estimate, cheapest first (within 0.1%: the larger tile first); at dense
+    decode sizes the split-K build of decode_split ahead of them."""
     ranked: list[tuple[float, int, Bf16GemmConfig]] = []
     for block_m in (64, 128):
         if block_m == 128 and problem.m <= 64:
@@ -108,7 +155,11 @@ def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:
             seconds = estimate_seconds(problem, block_m, block_n)
             ranked.append((seconds * 0.999, -block_m * block_n, make_config(problem, block_m, block_n)))
     ranked.sort(key=lambda item: (item[0], item[1]))
-    return [(seconds / 0.999, config) for seconds, _, config in ranked]
+    result = [(seconds / 0.999, config) for seconds, _, config in ranked]
+    split = decode_split(problem, result[0][1]) if result else None
+    if split is not None:  # first, at the plain pick's estimate (the model does not time split ranges)
+        result.insert(0, (result[0][0], split))
+    return result
 
 
 def choose_config(problem: Bf16Problem) -> Bf16GemmConfig:

@@ -17,6 +17,7 @@ from deepgemm.kernels.common.layout import tma_row_stride
 from deepgemm.kernels.common.loader import load_kernel
 from deepgemm.kernels.common.kind import GemmKind
 from deepgemm.kernels.common.output import output_descriptors, output_descriptors_3d
+from deepgemm.kernels.common.split_scratch import SplitLaunchArgs, split_scratch, split_tail_ranges
 from deepgemm.kernels.sm90_bf16_gemm.config import ATOM, BLOCK_K, Bf16GemmConfig
 from deepgemm.kernels.sm90_bf16_gemm.cost_model import Bf16Problem, choose_config
 from deepgemm.kernels.sm90_bf16_gemm.spec import Bf16GemmSpec, a_mn_major, addend_kind, b_mn_major, render_source
@@ -59,8 +60,8 @@ class Bf16GemmPlan:
         self.spec = spec
         self.kernel = kernel
         n_blocks = ceil_div(spec.n, c.block_n)
-        if spec.kind == GemmKind.GROUPED_MASKED:
-            tiles = c.num_sms  # the counts live in device memory
+        if spec.kind == GemmKind.GROUPED_MASKED or c.split_k:
+            tiles = c.num_sms  # masked: the counts live in device memory; split-K: idle SMs take K ranges
         elif spec.kind == GemmKind.K_GROUPED:
             tiles = self.geometry.groups * ceil_div(self.m, c.block_m) * n_blocks
         else:
@@ -69,6 +70,13 @@ class Bf16GemmPlan:
         self.block = c.num_threads
         self._args: dict[tuple, PackedArgs] = {}
         self._configs: dict[int, object] = {}
+        # K ranges per tile of the last wave (1: nothing splits), fixed per plan (dense plans have a fixed M).
+        self.splits = split_tail_ranges(ceil_div(self.m, c.block_m) * n_blocks, self.grid,
+                                        ceil_div(spec.k, BLOCK_K)) if c.split_k else 1
+        self._split_args = SplitLaunchArgs(device_index, self._WORKSPACE_ARG, self._COUNTERS_ARG)
+
+    _WORKSPACE_ARG = 9  # positions of the split-K pointers in _pack's argument list
+    _COUNTERS_ARG = 10
 
     def packed_args(self, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None,
                     grouping: torch.Tensor | None = None) -> PackedArgs:
@@ -109,6 +117,8 @@ class Bf16GemmPlan:
             U32(g.max_m),
             U64(c.data_ptr() if c is not None else 0),
             U32(c_stride),
+            U64(0),  # split-K workspace and counters: set per launch (launch_packed)
+            U64(0),
         ])
 
     def launch_packed(self, args: PackedArgs) -> None:
@@ -116,7 +126,16 @@ class Bf16GemmPlan:
         config = self._configs.get(stream)
         if config is None:
             config = self._configs[stream] = self.kernel.launch_config(self.device_index, stream, self.grid, self.block)
+        if self.splits > 1:
+            args = self._split_args.derive(args, stream, self.split_buffers)
         launch_on_device(self.kernel, self.device_index, stream, config, args.address)
+
+    def split_buffers(self, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Split-K workspace (a block_m x block_n FP32 slot per split unit, at most one per CTA) and zeroed
+        counters (one per tile and math warpgroup) for a launch on `stream`."""
+        c = self.spec.config
+        return split_scratch.get(self.device_index, stream, self.grid * c.block_m * c.block_n,
+                                 self.grid * c.num_math_warpgroups)
 
     def launch(self, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None,
                grouping: torch.Tensor | None = None) -> None:

@@ -56,6 +56,8 @@ class Bf16GemmSpec:
         expected = {GemmKind.DENSE: None, GemmKind.K_GROUPED: "tn"}.get(self.kind, "nt")
         if expected is not None and self.layout != expected:
             raise ValueError(f"{self.kind.name} BF16 kernels are {expected}, not {self.layout}")
+        if self.config.split_k and self.kind != GemmKind.DENSE:
+            raise ValueError(f"split-K is for dense BF16 GEMMs, not {self.kind.name}")
 
     @property
     def smem_bytes(self) -> int:
@@ -78,14 +80,15 @@ def render_source(spec: Bf16GemmSpec) -> KernelSource:
 using Kernel = deepgemm::Sm90Bf16Gemm<{spec.n}u, {spec.k}u, {c.block_m}u, {c.block_n}u, {c.num_stages}u, {c.group_rows}u,
                                       {flag[a_mn_major(spec.layout)]}, {flag[b_mn_major(spec.layout)]},
                                       {flag[spec.out_dtype == torch.float32]}, {spec.addend}u,
-                                      static_cast<deepgemm::GemmKind>({int(spec.kind)})>;
+                                      static_cast<deepgemm::GemmKind>({int(spec.kind)}), {flag[c.split_k]}>;
 static_assert(Kernel::kSmemBytes == {spec.smem_bytes}u, "host and device disagree on the shared-memory size");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
 deepgemm_bf16_gemm(const __grid_constant__ deepgemm::TmaDescriptor tma_a, const __grid_constant__ deepgemm::TmaDescriptor tma_b,
                    const __grid_constant__ deepgemm::OutputDescriptors tma_d, deepgemm::u32 m, const deepgemm::i32* grouping,
-                   deepgemm::u32 num_groups, deepgemm::u32 max_m, const void* c, deepgemm::u32 c_stride) {{
-    const deepgemm::GemmProblem tiles{{m, grouping, num_groups, max_m, nullptr, nullptr}};
+                   deepgemm::u32 num_groups, deepgemm::u32 max_m, const void* c, deepgemm::u32 c_stride,
+                   float* workspace, deepgemm::u32* counters) {{
+    const deepgemm::GemmProblem tiles{{m, grouping, num_groups, max_m, workspace, counters}};
     Kernel::run(&tma_a, &tma_b, &tma_d, deepgemm::Bf16GemmProblem{{tiles, c, c_stride}});
 }}
 """

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 import torch
 
 from deepgemm.jit.args import U32, U64, PackedArgs
-from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device, stream_capturing
+from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
 from deepgemm.jit.tma import encode_2d, encode_3d
 from deepgemm.kernels.common.device import sm_count
 from deepgemm.kernels.common.layout import masked_sfa_strides, mn_major_row_stride, tma_row_stride
 from deepgemm.kernels.common.loader import load_kernel
 from deepgemm.kernels.common.output import output_descriptors
-from deepgemm.kernels.common.split_scratch import split_scratch
+from deepgemm.kernels.common.split_scratch import SplitLaunchArgs, split_scratch
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_config
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind, GemmProblem
@@ -65,9 +65,7 @@ class Fp8GemmPlan:
         self.block = c.num_threads
         self._args: dict[tuple[int, ...], PackedArgs] = {}
         self._configs: dict[int, object] = {}  # launch config per stream
-        # Split plans, per stream: the last eager launch's arguments with their scratch pointers, valid while the
-        # scratch generation stays the same (the tensors are held so that they outlive the launch).
-        self._split_args: dict[int, tuple[int, PackedArgs, PackedArgs, torch.Tensor, torch.Tensor]] = {}
+        self._split_args = SplitLaunchArgs(device_index, self._WORKSPACE_ARG, self._COUNTERS_ARG)
         if (c.split_tail or c.stream_tail) and (spec.kind != GemmKind.DENSE or c.cluster_m != 1):
             raise ValueError(f"split_tail and stream_tail need a dense GEMM without clusters, got {spec.label()}")
         # K ranges per tail tile, fixed per plan (dense plans have a fixed M): launches only test it.
@@ -145,28 +143,10 @@ class Fp8GemmPlan:
             config = self._configs[stream] = self.kernel.launch_config(
                 self.device_index, stream, self.grid, self.block, self.spec.config.cluster_m)
         if self._split_ranges > 1:
-            args = self._with_split_scratch(args, stream)
+            # The FP32 partials and zeroed counters of a split launch (split_scratch: per stream and reused, since
+            # the kernel leaves the counters at zero; under graph capture, counters of the launch's own).
+            args = self._split_args.derive(args, stream, self.split_buffers)
         launch_on_device(self.kernel, self.device_index, stream, config, args.address)
-
-    _SPLIT_ARGS_CAPACITY = 8
-
-    def _with_split_scratch(self, args: PackedArgs, stream: int) -> PackedArgs:
-        """`args` with the FP32 partials and arrival counters of a split launch on `stream` (split_scratch: per
-        stream and reused, since the kernel leaves the counters at zero; under graph capture, counters of the
-        launch's own). A warm eager launch reuses its last pointers while the scratch generation holds."""
-        capturing = stream_capturing(self.device_index)
-        if not capturing:
-            cached = self._split_args.get(stream)
-            if cached is not None and cached[0] == split_scratch.generation and cached[1] is args:
-                return cached[2]
-        generation = split_scratch.generation
-        workspace, counters = self.split_buffers(stream)
-        derived = args.with_pointers(self._WORKSPACE_ARG, workspace.data_ptr(), self._COUNTERS_ARG, counters.data_ptr())
-        if not capturing and split_scratch.generation == generation:  # nothing moved while get() ran
-            if len(self._split_args) >= self._SPLIT_ARGS_CAPACITY:
-                self._split_args.clear()
-            self._split_args[stream] = (generation, args, derived, workspace, counters)
-        return derived
 
     _WORKSPACE_ARG = 12  # positions of the split-tail pointers in _pack's argument list
     _COUNTERS_ARG = 13

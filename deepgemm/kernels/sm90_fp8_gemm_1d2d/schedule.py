@@ -6,6 +6,8 @@ The split and stream tail functions mirror SplitTailTileScheduler and StreamTail
 
 from __future__ import annotations
 
+# The split tail's arithmetic is shared with the BF16 kernel's split-K (re-exported for this family's modules).
+from deepgemm.kernels.common.split_scratch import split_tail_ranges as split_tail_ranges
 from deepgemm.utils import ceil_div
 
 # Dense GEMMs with at least this K get a balanced grid (balanced_grid): measured on the H200 0.5-2.4% faster
@@ -76,15 +78,5 @@ def stream_tail_pieces(tiles: int, grid: int, k_blocks: int) -> int:
     return 1 if stream_tail_split(tiles, grid, k_blocks) is None else 2
 
 
-MAX_SPLITS = 8  # mirrors SplitTailTileScheduler::kMaxSplits
 MIN_K_BLOCKS_PER_SPLIT = 7
-
-
-def split_tail_ranges(tiles: int, grid: int, k_blocks: int) -> int:
-    """K ranges per tail tile of a split-tail launch (1: nothing splits); mirrors SplitTailTileScheduler:
-    the tiles of a last wave that fills at most half of the grid are cut into min(grid / tail, 8, K blocks)."""
-    tail = tiles % grid
-    if tail == 0 or 2 * tail > grid:
-        return 1
-    return min(grid // tail, MAX_SPLITS, k_blocks)
 

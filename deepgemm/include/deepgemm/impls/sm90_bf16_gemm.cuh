@@ -13,8 +13,12 @@
 // previous one is released as soon as it retires (one group in flight). Epilogue: registers -> shared memory
 // -> TMA store (store_fragment.cuh), which clips the M and N tails (k-grouped: 3-D descriptors clip each group's
 // rows at M); TMA zero-fills the K tail of both operands (k-grouped K ranges are whole 64-wide blocks).
+// kSplitK (dense, decode sizes): a last wave of at most half the grid is cut into K ranges
+// (SplitTailTileScheduler), whose FP32 partials meet in a workspace; the last range to arrive sums them in range
+// order (split_reduction.cuh) and stores the tile. Fewer N-blocks per row of A then read A fewer times.
 #pragma once
 #include <deepgemm/epilogue/contiguous_padding.cuh>
+#include <deepgemm/epilogue/split_reduction.cuh>
 #include <deepgemm/epilogue/store_fragment.cuh>
 #include <deepgemm/pipeline/stage_ring.cuh>
 #include <deepgemm/ptx/mbarrier.cuh>
@@ -50,8 +54,17 @@ struct Bf16PaddingTile {
     DG_DEVICE static constexpr u32 wave_row(u32, u32 math_wg) { return math_wg * 64; }
 };
 
+// The BF16 tile as the split reduction sees it: one 64-row wave per math warpgroup.
+template <u32 kTileN, u32 kMathWarpgroups>
+struct Bf16SplitShape {
+    static constexpr u32 kBlockN = kTileN;
+    static constexpr u32 kNumWaves = 1;
+    static constexpr u32 kNumMathWarpgroups = kMathWarpgroups;
+    static constexpr TailMode kTail = TailMode::kSplit;
+};
+
 template <u32 kN, u32 kK, u32 kBlockM, u32 kBlockN, u32 kNumStages, u32 kGroupRows, bool kAMnMajor, bool kBMnMajor,
-          bool kOutputFp32, u32 kAddend, GemmKind kKind = GemmKind::kDense>
+          bool kOutputFp32, u32 kAddend, GemmKind kKind = GemmKind::kDense, bool kSplitK = false>
 struct Sm90Bf16Gemm {
     static constexpr bool kMGrouped = kKind != GemmKind::kDense && kKind != GemmKind::kKGrouped;
     static constexpr bool kContiguous = kKind == GemmKind::kGroupedContiguous || kKind == GemmKind::kGroupedContiguousPsum;
@@ -64,6 +77,7 @@ struct Sm90Bf16Gemm {
     static_assert(!kMGrouped || (!kAMnMajor && !kBMnMajor && kAddend == kAddendNone), "M-grouped kinds are NT without C");
     static_assert(!kKGrouped || (kAMnMajor && kBMnMajor && kOutputFp32 && kAddend != kAddendBf16),
                   "k-grouped is TN (token-major operands) into FP32, with an FP32 C or none");
+    static_assert(!kSplitK || kKind == GemmKind::kDense, "split-K is a dense GEMM's");
 
     static constexpr u32 kBlockK = 64;  // 128 bytes: one swizzled row of a K-major tile
     static constexpr u32 kAtom = 64;    // MN elements per 128-byte row of an MN-major tile
@@ -80,8 +94,10 @@ struct Sm90Bf16Gemm {
     using Store = WarpgroupTileStore<kBlockN, kOutputFp32, 1, kKGrouped ? 3 : 2>;
 
     using Padding = PaddingRows<Bf16PaddingTile<kBlockM, kBlockN, kKind, Store>>;
+    using Reduction = SplitReduction<Bf16SplitShape<kBlockN, kNumMathWarpgroups>>;
 
-    // Shared memory: A stages, B stages, one output staging buffer per math warpgroup, the ring's barriers.
+    // Shared memory: A stages, B stages, one output staging buffer per math warpgroup, the ring's barriers,
+    // split-K: one reduction flag per math warpgroup.
     static constexpr u32 kStageABytes = kBlockM * kBlockK * 2;
     static constexpr u32 kStageBBytes = kBlockN * kBlockK * 2;
     static constexpr u32 kWarpgroupABytes = 64 * kBlockK * 2;  // a warpgroup's 64 rows (K-major) or atom (MN-major)
@@ -89,7 +105,8 @@ struct Sm90Bf16Gemm {
     static constexpr u32 kOffsetB = kOffsetA + kNumStages * kStageABytes;
     static constexpr u32 kOffsetD = kOffsetB + kNumStages * kStageBBytes;
     static constexpr u32 kOffsetBarriers = kOffsetD + kNumMathWarpgroups * Store::kBytes;
-    static constexpr u32 kSmemBytes = kOffsetBarriers + 2 * kNumStages * 8;
+    static constexpr u32 kOffsetFlags = kOffsetBarriers + 2 * kNumStages * 8;
+    static constexpr u32 kSmemBytes = kOffsetFlags + (kSplitK ? 16 : 0);
     static_assert(kStageBBytes % 1024 == 0 && Store::kBytes % 1024 == 0, "swizzled tiles stay 1024-byte aligned");
     static_assert(kSmemBytes <= 232448, "shared memory budget (227 KB) exceeded: use fewer stages");
 
@@ -97,17 +114,19 @@ struct Sm90Bf16Gemm {
     static constexpr u64 kStepA = kAMnMajor ? (16 * 128) >> 4 : 32 >> 4;
     static constexpr u64 kStepB = kBMnMajor ? (16 * 128) >> 4 : 32 >> 4;
 
-    // A tile of the kind's sequence with its K range (every kind but k-grouped: all of K).
+    // A tile of the kind's sequence with its K range (k-grouped: the group's; split-K: the unit's; else all of K).
     struct Tile {
         GroupedTile tile;  // group, m_block, n_block; row_begin / rows: the group's rows of A and D; padding
-        u32 k_begin;
+        u32 k_begin;       // in elements
         u32 k_blocks;
+        SplitUnit unit;    // split-K: the tile's K range among its splits
     };
 
     struct Tiles {
+        using Whole = TileSource<kKGrouped ? GemmKind::kDense : kKind, kBlockM, kNumNBlocks, kGroupRows, 1, false>;
+        using Split = SplitTailTileSource<SplitTailTileScheduler<kBlockM, kNumNBlocks, kGroupRows, kNumKBlocks>>;
         using Source = typename SelectType<kKGrouped, KGroupedTileScheduler<kNumNBlocks, kBlockK>,
-                                           TileSource<kKGrouped ? GemmKind::kDense : kKind, kBlockM, kNumNBlocks, kGroupRows, 1,
-                                                      false>>::Type;
+                                           typename SelectType<kSplitK, Split, Whole>::Type>::Type;
         Source source;
         u32 m;
 
@@ -137,10 +156,12 @@ struct Sm90Bf16Gemm {
                 t.k_blocks = k_tile.k_blocks;
                 return true;
             } else {
-                SplitUnit unit;
-                t.k_begin = 0;
-                t.k_blocks = kNumKBlocks;
-                return source.next(t.tile, unit);
+                if (!source.next(t.tile, t.unit)) {
+                    return false;
+                }
+                t.k_begin = kSplitK ? t.unit.k_begin * kBlockK : 0;
+                t.k_blocks = kSplitK ? t.unit.k_end - t.unit.k_begin : kNumKBlocks;
+                return true;
             }
         }
     };
@@ -310,6 +331,12 @@ struct Sm90Bf16Gemm {
                 continue;
             }
             k_loop(ring, stage, phase, t, math_wg, lane, acc[0]);
+            if constexpr (kSplitK) {
+                u32* flags = reinterpret_cast<u32*>(ring.smem + kOffsetFlags);
+                if (!Reduction::reduce(problem.tiles, t.unit, flags, math_wg, thread_in_wg, barrier_id, acc)) {
+                    continue;  // another K range of this tile sums and stores it
+                }
+            }
 
             const u32 col0 = tile.n_block * kBlockN;
             const u32 row0 = tile.row_begin + row_in_group;  // in A's / D's rows (k-grouped: in group's D)
