@@ -15,6 +15,7 @@ from deepgemm.api.gemm import planned_spec
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config, make_config
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import model_split_tail, split_tail_applies
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import fp8_gemm_smem_bytes, max_stages
+from deepgemm.kernels.sm90_bf16_gemm.cost_model import Bf16Problem
 from deepgemm.tuning.db import entry_key, gpu_slug, m_bucket, tuning_db, TuningDB
 
 
@@ -156,6 +157,15 @@ def test_shipped_choices_are_valid_and_rebuild() -> None:
         for key, choice in db.entries().items():
             fields = dict(part.split("=") for part in key.split("|")[1:])
             n, k, out, sms = (int(fields[name]) for name in ("n", "k", "out", "sms"))
+            if key.startswith("bf16_gemm_"):  # bf16_gemm_<layout>|c=<addend bytes>|...
+                layout = key.split("|")[0].removeprefix("bf16_gemm_")
+                problem = Bf16Problem(choice.measured_m, n, k, layout[0] == "t", layout[1] == "n", out,
+                                      int(fields["c"]), sms)
+                bf16 = db.lookup_bf16(problem)
+                assert bf16 is not None, f"{path}: {key} is rejected by the rebuild checks"
+                assert (bf16.block_m, bf16.block_n, bf16.split_k) == (choice.block_m, choice.block_n, choice.split_tail), \
+                    f"{path}: {key} does not rebuild as measured (a split-K entry must split at its M)"
+                continue
             config = db.lookup(choice.measured_m, n, k, sms, out)
             assert config is not None, f"{path}: {key} is rejected by the rebuild checks"
             assert (config.block_m, config.block_n, config.cluster_m) == (choice.block_m, choice.block_n, choice.cluster_m)

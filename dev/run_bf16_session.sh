@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# BF16 device call: install, the BF16 GPU tests (split-K and the layout suite), `deepgemm bench --dtype bf16` in
+# every layout with DeepGEMM HEAD and cuBLAS, the split-K / tuned-tile probe in the other layouts, and the
+# k-grouped tile probe. Logs under $OUT; the tables print last.
+set -uo pipefail
+OUT=${OUT:-/tmp/deepgemm-out}
+mkdir -p "$OUT"
+bash dev/gpu_check.sh install
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 DEEPGEMM_CACHE_DIR=${DEEPGEMM_CACHE_DIR:-/tmp/deepgemm-cache}
+timeout 170 python3 -m pytest -q --timeout 120 -p no:cacheprovider tests/gpu/test_bf16_split_k_gpu.py \
+  tests/gpu/test_bf16_gemm_gpu.py >"$OUT/pytest_bf16.log" 2>&1
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_bf16.log" | tail -8
+[ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+export PYTHONPATH=$PWD:$PYTHONPATH
+for layout in ${BF16_LAYOUTS:-nt nn tn tt}; do
+  timeout 150 python3 -m deepgemm bench --dtype bf16 --layout "$layout" --suite deepseek-v3 \
+    --results-dir "$OUT/bench_$layout" >"$OUT/bench_$layout.log" 2>&1
+  grep -E "summary|rror" "$OUT/bench_$layout.log"
+done
+for layout in ${PROBE_LAYOUTS:-nn tn tt}; do
+  timeout 60 python3 dev/bench_bf16_split.py --layout=$layout "128x24576x1536:64,192" "128x7168x16384:64,128" \
+    "128x7168x2048:64,128" "64x7168x2048:64,128" 2>&1 | grep -v '^|---'
+done
+timeout 90 python3 dev/kgrouped_bf16_tiles.py 2>&1
