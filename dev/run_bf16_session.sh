@@ -18,7 +18,14 @@ for layout in ${BF16_LAYOUTS:-nt nn tn tt}; do
   grep -E "summary|rror" "$OUT/bench_$layout.log"
 done
 for layout in ${PROBE_LAYOUTS:-nn tn tt}; do
-  timeout 60 python3 dev/bench_bf16_split.py --layout=$layout "128x24576x1536:64,192" "128x7168x16384:64,128" \
-    "128x7168x2048:64,128" "64x7168x2048:64,128" 2>&1 | grep -v '^|---'
+  timeout 60 python3 dev/bench_bf16_split.py --layout=$layout ${PROBE_SHAPES:-"128x24576x1536:64,192" \
+    "128x7168x16384:64,128" "128x7168x2048:64,128" "64x7168x2048:64,128"} 2>&1 | grep -v '^|---'
 done
 timeout 90 python3 dev/kgrouped_bf16_tiles.py 2>&1
+# FP8 masked groups at N = 7168, K = 2048: 128 x 192 against the model's 128 x 128 (DeepGEMM HEAD interleaved).
+if [ -n "${MASKED_AB:-}" ]; then
+  for scale in 1.0 1.22; do
+    timeout 90 python3 dev/grouped_tile_ab.py --masked --only "N=7168 K=2048" --tiles 128x128,128x192 \
+      --rows-scale "$scale" 2>&1 | grep -E '^\|' | grep -v '^|---'
+  done
+fi

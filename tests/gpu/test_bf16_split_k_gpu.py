@@ -127,7 +127,7 @@ def test_forced_split_builds(case: tuple, seed: int, monkeypatch: pytest.MonkeyP
 def test_split_graph_replay(layout: str, seed: int, gpu_guard) -> None:
     """Captured after an eager call (counters from the zeroed arena, no memset node): each replay on new data in
     the captured tensors matches float64."""
-        for m, n, k in model_splits(layout)[-2:]:
+    for m, n, k in model_splits(layout)[-2:]:
         plan = get_bf16_plan(0, m, n, k, layout, torch.bfloat16, None)
         assert plan.splits > 1
         a, b = operands(layout, m, n, k)
