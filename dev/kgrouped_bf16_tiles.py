@@ -1,5 +1,5 @@
 """k-grouped BF16 (expert Wgrad: out[g] += A_g^T B_g, token-major operands, FP32 out) on explicit tiles against the
-cost model's and torch._grouped_mm, interleaved on the same inputs (CUDA-graph replay, L2 flushed, median of 30);
+cost model's (with C in place and without C) and torch._grouped_mm, interleaved on the same inputs (CUDA-graph replay, L2 flushed, median of 30);
 each checked against per-group FP32 products. `--once`: one launch of the model's plan only (for ncu).
 Usage: kgrouped_bf16_tiles.py [--once] [G:tokens:M:N ...]   (default: 4:4096:4096:4096 8:4096:7168:7168)
 """
@@ -44,6 +44,8 @@ def main() -> None:
         geometry = Bf16Geometry(m, groups)
         base = grouped_spec(GemmKind.K_GROUPED, geometry, n, 0, torch.float32, torch.float32, 0, 132)
         specs = [("model", base)]
+        if not once:  # the same tile without C (out = A^T B, as torch computes it): what the C read costs
+            specs.append(("model, no C", grouped_spec(GemmKind.K_GROUPED, geometry, n, 0, torch.float32, None, 0, 132)))
         if not once:
             for bm, bn in TILES:
                 stages = stages_for(bm, bn, 4)
@@ -57,10 +59,11 @@ def main() -> None:
         for name, spec in specs:
             plan = Bf16GemmPlan(0, geometry, spec, load_kernel(render_source(spec), spec.smem_bytes, 0))
             out = torch.zeros(groups, m, n, device="cuda")
-            plan.launch(a, b, out, out, offsets)
+            c = out if spec.addend else None
+            plan.launch(a, b, out, c, offsets)
             torch.cuda.synchronize()
             rows.append((name, spec.config.label(), deepgemm.calc_diff(out, ref)))
-            fns.append(lambda plan=plan, out=out: plan.launch(a, b, out, out, offsets))
+            fns.append(lambda plan=plan, out=out, c=c: plan.launch(a, b, out, c, offsets))
         if once:
             continue
         rows.append(("torch._grouped_mm", "BF16 out, no C", 0.0))

@@ -117,3 +117,45 @@ def assert_clean_build(name: str, resources: object, log: str, threads: int | No
     assert 0 < r.registers <= 255
     if threads is not None:
         assert r.registers * threads <= 65536, f"{name}: {r.registers} registers x {threads} threads"
+
+
+def bf16_layout_operands(layout: str, m: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh BF16 operands on the GPU as `bf16_gemm_<layout>` stores them (global generator: the `seed` fixture
+    seeds it): A [M, K] or [K, M], B [N, K] or [K, N]."""
+    a = torch.randn((m, k) if layout[0] == "n" else (k, m), device="cuda").to(torch.bfloat16)
+    b = torch.randn((n, k) if layout[1] == "t" else (k, n), device="cuda").to(torch.bfloat16)
+    return a, b
+
+
+def check_bf16_gemm(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    """A BF16 GEMM's output against its float64 reference: every element written, calc_diff within the output
+    dtype's rounding."""
+    from deepgemm.utils import calc_diff
+
+    assert not out.isnan().any(), f"{what}: NaN left in the output (an element was never written)"
+    diff = calc_diff(out.double(), ref)
+    limit = 2e-5 if out.dtype == torch.bfloat16 else 1e-8
+    assert diff < limit, f"{what}: calc_diff {diff:.3e} >= {limit:g}"
+
+
+def assert_bf16_graph_replays(layout: str, m: int, n: int, k: int, replays: int) -> None:
+    """bf16_gemm_<layout> warmed eagerly, captured in a CUDA graph, and replayed on fresh data copied into the
+    captured operands: each replay's NaN-poisoned output against float64."""
+    import deepgemm
+    from deepgemm.reference import bf16_gemm_reference
+
+    gemm = getattr(deepgemm, f"bf16_gemm_{layout}")
+    a, b = bf16_layout_operands(layout, m, n, k)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    gemm(a, b, out)  # warm: compiled and loaded before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemm(a, b, out)
+    for _ in range(replays):
+        fresh_a, fresh_b = bf16_layout_operands(layout, m, n, k)
+        a.copy_(fresh_a)
+        b.copy_(fresh_b)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_bf16_gemm(out, bf16_gemm_reference(a, b, layout, None, torch.float64), f"{layout} {m}x{n}x{k} replay")

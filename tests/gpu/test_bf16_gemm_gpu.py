@@ -9,6 +9,7 @@ import torch
 
 import deepgemm
 from deepgemm.reference import bf16_gemm_reference
+from tests.helpers import assert_bf16_graph_replays, bf16_layout_operands, check_bf16_gemm
 
 pytestmark = pytest.mark.gpu
 
@@ -18,29 +19,15 @@ DEEPSEEK_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 
 FUNCTIONS = {layout: getattr(deepgemm, f"bf16_gemm_{layout}") for layout in LAYOUTS}
 
 
-def operands(layout: str, m: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fresh BF16 operands as the layout stores them (global generator: the `seed` fixture seeds it)."""
-    a = torch.randn((m, k) if layout[0] == "n" else (k, m), device="cuda").to(torch.bfloat16)
-    b = torch.randn((n, k) if layout[1] == "t" else (k, n), device="cuda").to(torch.bfloat16)
-    return a, b
-
-
-def check(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
-    assert not out.isnan().any(), f"{what}: NaN left in the output (an element was never written)"
-    diff = deepgemm.calc_diff(out.double(), ref)
-    limit = 2e-5 if out.dtype == torch.bfloat16 else 1e-8
-    assert diff < limit, f"{what}: calc_diff {diff:.3e} >= {limit:g}"
-
-
 def run(layout: str, m: int, n: int, k: int, out_dtype: torch.dtype, c_dtype: torch.dtype | None, guard) -> None:
-    a, b = operands(layout, m, n, k)
+    a, b = bf16_layout_operands(layout, m, n, k)
     c = None if c_dtype is None else torch.randn(m, n, device="cuda").to(c_dtype)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
     before = guard.launches(ENTRY)
     FUNCTIONS[layout](a, b, out, c=c)
     torch.cuda.synchronize()
     assert guard.launches(ENTRY) == before + (1 if m * n * k else 0)
-    check(out, bf16_gemm_reference(a, b, layout, c, torch.float64), f"{layout} {m}x{n}x{k} out={out_dtype} c={c_dtype}")
+    check_bf16_gemm(out, bf16_gemm_reference(a, b, layout, c, torch.float64), f"{layout} {m}x{n}x{k} out={out_dtype} c={c_dtype}")
 
 
 @pytest.mark.quick
@@ -88,7 +75,7 @@ def test_in_place_accumulation(layout: str, dtype: torch.dtype, seed: int, gpu_g
     acc = torch.randn(m, n, device="cuda").to(dtype)
     expected = acc.double()
     for _ in range(3):
-        a, b = operands(layout, m, n, k)
+        a, b = bf16_layout_operands(layout, m, n, k)
         expected = expected + bf16_gemm_reference(a, b, layout, None, torch.float64)
         FUNCTIONS[layout](a, b, acc, c=acc)
     torch.cuda.synchronize()
@@ -99,18 +86,18 @@ def test_in_place_accumulation(layout: str, dtype: torch.dtype, seed: int, gpu_g
 
 @pytest.mark.quick
 def test_new_output_dtype_follows_c(seed: int, gpu_guard) -> None:
-    a, b = operands("nt", 65, 136, 72)
+    a, b = bf16_layout_operands("nt", 65, 136, 72)
     c = torch.randn(65, 136, device="cuda")
     out = deepgemm.bf16_gemm_nt(a, b, c=c)
     assert out.dtype == torch.float32
-    check(out, bf16_gemm_reference(a, b, "nt", c, torch.float64), "nt new out, FP32 C")
+    check_bf16_gemm(out, bf16_gemm_reference(a, b, "nt", c, torch.float64), "nt new out, FP32 C")
     assert deepgemm.bf16_gemm_nt(a, b).dtype == torch.bfloat16
 
 
 @pytest.mark.quick
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_bitwise_repeatable(layout: str, seed: int, gpu_guard) -> None:
-    a, b = operands(layout, 4104, 7168, 2048)
+    a, b = bf16_layout_operands(layout, 4104, 7168, 2048)
     first = FUNCTIONS[layout](a, b)
     for _ in range(3):
         assert torch.equal(FUNCTIONS[layout](a, b), first)
@@ -118,9 +105,9 @@ def test_bitwise_repeatable(layout: str, seed: int, gpu_guard) -> None:
 
 @pytest.mark.quick
 def test_empty_dimensions(seed: int, gpu_guard) -> None:
-    a, b = operands("nt", 0, 136, 72)
+    a, b = bf16_layout_operands("nt", 0, 136, 72)
     assert deepgemm.bf16_gemm_nt(a, b).shape == (0, 136)
-    a, b = operands("nt", 16, 136, 0)
+    a, b = bf16_layout_operands("nt", 16, 136, 0)
     c = torch.randn(16, 136, device="cuda")
     assert torch.equal(deepgemm.bf16_gemm_nt(a, b, c=c), c)
     assert not deepgemm.bf16_gemm_nt(a, b).any()
@@ -131,12 +118,12 @@ def test_empty_dimensions(seed: int, gpu_guard) -> None:
 def test_misaligned_rows_raise(layout: str, gpu_guard) -> None:
     m, n, k = 72, 136, 72
     if layout[0] == "t":  # A [K, M]: M % 8 != 0 breaks its 16-byte rows
-        a, b = operands(layout, 71, n, k)
+        a, b = bf16_layout_operands(layout, 71, n, k)
     else:  # A [M, K]: K % 8 != 0
-        a, b = operands(layout, m, n, 70)
+        a, b = bf16_layout_operands(layout, m, n, 70)
     with pytest.raises(ValueError, match="'a'"):
         FUNCTIONS[layout](a, b)
-    a, b = operands(layout, m, 132, k)  # N % 8 != 0
+    a, b = bf16_layout_operands(layout, m, 132, k)  # N % 8 != 0
     with pytest.raises(ValueError, match="N=132"):
         FUNCTIONS[layout](a, b)
 
@@ -144,28 +131,15 @@ def test_misaligned_rows_raise(layout: str, gpu_guard) -> None:
 @pytest.mark.quick
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_cuda_graph_replay(layout: str, seed: int, gpu_guard) -> None:
-    m, n, k = (129 if layout[0] == "n" else 136), 2056, 1024  # A [K, M] needs M % 8 == 0
-    a, b = operands(layout, m, n, k)
-    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    FUNCTIONS[layout](a, b, out)  # warm: compiled and loaded before capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        FUNCTIONS[layout](a, b, out)
-    for _ in range(2):
-        fresh_a, fresh_b = operands(layout, m, n, k)
-        a.copy_(fresh_a)
-        b.copy_(fresh_b)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        check(out, bf16_gemm_reference(a, b, layout, None, torch.float64), f"{layout} graph replay")
+    assert_bf16_graph_replays(layout, 129 if layout[0] == "n" else 136, 2056, 1024, 2)  # A [K, M]: M % 8 == 0
+    assert gpu_guard.launches(ENTRY) >= 1
 
 
 @pytest.mark.quick
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_backward_against_float64(layout: str, seed: int, gpu_guard) -> None:
     m, n, k = 1000, 2056, 1536
-    a, b = operands(layout, m, n, k)
+    a, b = bf16_layout_operands(layout, m, n, k)
     c = torch.randn(m, n, device="cuda")
     a.requires_grad_()
     b.requires_grad_()

@@ -14,6 +14,7 @@ from deepgemm.kernels.common.device import sm_count
 from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config
 from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem, get_bf16_plan
 from deepgemm.reference import bf16_gemm_reference
+from tests.helpers import assert_bf16_graph_replays, bf16_layout_operands, check_bf16_gemm
 
 pytestmark = pytest.mark.gpu
 
@@ -22,18 +23,6 @@ LAYOUTS = ("nt", "nn", "tn", "tt")
 FUNCTIONS = {layout: getattr(deepgemm, f"bf16_gemm_{layout}") for layout in LAYOUTS}
 
 
-def operands(layout: str, m: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fresh BF16 operands as the layout stores them (global generator: the `seed` fixture seeds it)."""
-    a = torch.randn((m, k) if layout[0] == "n" else (k, m), device="cuda").to(torch.bfloat16)
-    b = torch.randn((n, k) if layout[1] == "t" else (k, n), device="cuda").to(torch.bfloat16)
-    return a, b
-
-
-def check(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
-    assert not out.isnan().any(), f"{what}: NaN left in the output (a tile was never stored)"
-    diff = deepgemm.calc_diff(out.double(), ref)
-    limit = 2e-5 if out.dtype == torch.bfloat16 else 1e-8
-    assert diff < limit, f"{what}: calc_diff {diff:.3e} >= {limit:g}"
 
 
 # Decode shapes where the cost model picks a split-K build on the H200's 132 SMs: K-major B (nt, tt) widens narrow
@@ -54,13 +43,13 @@ def test_model_split_picks_against_float64(layout: str, seed: int, gpu_guard) ->
     for m, n, k in model_splits(layout):
         plan = get_bf16_plan(0, m, n, k, layout, torch.bfloat16, None)
         assert plan.spec.config.split_k and plan.splits > 1, f"{m}x{n}x{k}: {plan.spec.label()} does not split"
-        a, b = operands(layout, m, n, k)
+        a, b = bf16_layout_operands(layout, m, n, k)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         before = gpu_guard.launches(ENTRY)
         FUNCTIONS[layout](a, b, out)
         torch.cuda.synchronize()
         assert gpu_guard.launches(ENTRY) == before + 1
-        check(out, bf16_gemm_reference(a, b, layout, None, torch.float64), f"{layout} {m}x{n}x{k} {plan.spec.label()}")
+        check_bf16_gemm(out, bf16_gemm_reference(a, b, layout, None, torch.float64), f"{layout} {m}x{n}x{k} {plan.spec.label()}")
         for _ in range(2):  # a fixed summation order: the same bits whichever range arrives last
             assert torch.equal(FUNCTIONS[layout](a, b), out)
 
@@ -101,13 +90,13 @@ def test_forced_split_builds(case: tuple, seed: int, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(plan, "split_buffers", poisoned)
     results = []
     for _ in range(2):  # two inputs, then each again: no launch sees another's partials
-        a, b = operands(layout, m, n, k)
+        a, b = bf16_layout_operands(layout, m, n, k)
         c = None if c_dtype is None else torch.randn(m, n, device="cuda").to(c_dtype)
         ref = bf16_gemm_reference(a, b, layout, c, torch.float64)
         out = c.clone() if c_is_out else torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
         plan.launch(a, b, out, out if c_is_out else c)
         torch.cuda.synchronize()
-        check(out, ref, f"{plan.spec.label()} m={m}")
+        check_bf16_gemm(out, ref, f"{plan.spec.label()} m={m}")
         results.append((a, b, c, out))
     for a, b, c, first in results:
         again = c.clone() if c_is_out else torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
@@ -128,26 +117,9 @@ def test_split_graph_replay(layout: str, seed: int, gpu_guard) -> None:
     """Captured after an eager call (counters from the zeroed arena, no memset node): each replay on new data in
     the captured tensors matches float64."""
     for m, n, k in model_splits(layout)[-2:]:
-        plan = get_bf16_plan(0, m, n, k, layout, torch.bfloat16, None)
-        assert plan.splits > 1
-        a, b = operands(layout, m, n, k)
-        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        FUNCTIONS[layout](a, b, out)
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            with torch.cuda.graph(graph, stream=stream):
-                FUNCTIONS[layout](a, b, out)
-        torch.cuda.current_stream().wait_stream(stream)
-        for _ in range(3):
-            fresh_a, fresh_b = operands(layout, m, n, k)
-            a.copy_(fresh_a)
-            b.copy_(fresh_b)
-            out.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            check(out, bf16_gemm_reference(a, b, layout, None, torch.float64), f"{layout} replay {m}x{n}x{k}")
+        assert get_bf16_plan(0, m, n, k, layout, torch.bfloat16, None).splits > 1
+        assert_bf16_graph_replays(layout, m, n, k, 3)
+    assert gpu_guard.launches(ENTRY) >= 1
 
 
 @pytest.mark.quick
@@ -156,7 +128,7 @@ def test_split_scratch_is_per_stream(seed: int) -> None:
     m, n, k = 64, 2112, 7168
     plan = get_bf16_plan(0, m, n, k, "nt", torch.bfloat16, None)
     assert plan.splits > 1
-    inputs = [operands("nt", m, n, k) for _ in range(2)]
+    inputs = [bf16_layout_operands("nt", m, n, k) for _ in range(2)]
     streams = [torch.cuda.Stream() for _ in range(2)]
     outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(2)]
     for _ in range(5):
@@ -166,4 +138,4 @@ def test_split_scratch_is_per_stream(seed: int) -> None:
                 deepgemm.bf16_gemm_nt(a, b, out)
     torch.cuda.synchronize()
     for (a, b), out in zip(inputs, outs):
-        check(out, bf16_gemm_reference(a, b, "nt", None, torch.float64), "two streams")
+        check_bf16_gemm(out, bf16_gemm_reference(a, b, "nt", None, torch.float64), "two streams")

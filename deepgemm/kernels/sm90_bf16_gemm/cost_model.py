@@ -25,6 +25,9 @@ MMA_FLOPS_PER_CLOCK = 4096  # BF16 dense, per SM
 SMEM_BYTES_PER_CLOCK = 128
 DRAM_BYTES_PER_S = 3.6e12  # sustained HBM3e read+write rate
 SM_LOAD_BYTES_PER_S = 110e9  # what one SM's TMA pipeline pulls from L2/DRAM
+EPILOGUE_S = 0.6e-6        # per tile: accumulators to shared memory to TMA store, not hidden by the next tile
+MIN_STAGES = 3
+MAX_STAGES = 16  # memory-bound tiles keep more bytes in flight per SM
 SPLIT_MIN_K_BLOCKS = 8     # split-K: 64-deep K blocks per range at least (the ring's fill is paid per range)
 DECODE_MAX_M = 128         # dense M up to this: split-K applies
 # H200, NT (ours µs, plain pick -> split-K build): 1 x 2112 x 7168 bn32 30.0 -> bn64 19.7; 64 x 2112 x 7168 bn32
@@ -33,13 +36,6 @@ DECODE_MAX_M = 128         # dense M up to this: split-K applies
 DECODE_SPLIT_MAX_BLOCK_N = 48  # a plain pick this narrow is widened to DECODE_SPLIT_BLOCK_N and split
 DECODE_SPLIT_BLOCK_N = 64
 DECODE_SPLIT_MIN_RANGES = 4    # a wider pick is split as it is when it leaves this many SMs per tile
-
-
-def is_decode(problem: Bf16Problem) -> bool:
-    return problem.groups == 1 and problem.m <= DECODE_MAX_M
-EPILOGUE_S = 0.6e-6        # per tile: accumulators to shared memory to TMA store, not hidden by the next tile
-MIN_STAGES = 3
-MAX_STAGES = 16  # memory-bound tiles keep more bytes in flight per SM
 
 
 @dataclass(frozen=True)
@@ -56,6 +52,11 @@ class Bf16Problem:
     addend_bytes: int  # 0: no C
     num_sms: int
     groups: int = 1
+
+
+def is_decode(problem: Bf16Problem) -> bool:
+    """A dense GEMM of at most DECODE_MAX_M rows: where split-K builds are considered."""
+    return problem.groups == 1 and problem.m <= DECODE_MAX_M
 
 
 def block_n_candidates(problem: Bf16Problem) -> list[int]:

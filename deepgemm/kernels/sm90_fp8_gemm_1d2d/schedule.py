@@ -79,4 +79,3 @@ def stream_tail_pieces(tiles: int, grid: int, k_blocks: int) -> int:
 
 
 MIN_K_BLOCKS_PER_SPLIT = 7
-
