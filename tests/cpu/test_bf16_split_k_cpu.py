@@ -14,7 +14,8 @@ from deepgemm.kernels.common.kind import GemmKind
 from deepgemm.kernels.common.split_scratch import split_tail_ranges
 from deepgemm.kernels.sm90_bf16_gemm.config import SPLIT_FLAG_BYTES, bf16_smem_bytes
 from deepgemm.kernels.sm90_bf16_gemm.cost_model import (DECODE_MAX_M, DECODE_SPLIT_BLOCK_N, DECODE_SPLIT_MAX_BLOCK_N,
-                                                         DECODE_SPLIT_MIN_RANGES, SPLIT_MIN_K_BLOCKS, Bf16Problem,
+                                                         DECODE_SPLIT_MIN_RANGES, DECODE_SPLIT_TUNER_BLOCK_N,
+                                                         SPLIT_MIN_K_BLOCKS, Bf16Problem,
                                                          choose_config, make_config, ranked_configs, split_k_ranges)
 from deepgemm.kernels.sm90_bf16_gemm.plan import Bf16Geometry, grouped_spec
 from deepgemm.tuning.db import TuningDB
@@ -31,8 +32,10 @@ def test_narrow_decode_picks_become_64_wide_split_k(m: int, n: int, k: int) -> N
     ranked = [c for _, c in ranked_configs(problem)]
     config = choose_config(problem)
     assert config == ranked[0] and config.split_k and config.block_n == DECODE_SPLIT_BLOCK_N
-    plain = ranked[1]  # the model's plain pick follows its split build
+    plain = ranked[1]  # the model's plain pick follows its split build, then the other split widths
     assert not plain.split_k and plain.block_n <= DECODE_SPLIT_MAX_BLOCK_N and plain.block_m == config.block_m
+    assert all(c.split_k and c.block_n in DECODE_SPLIT_TUNER_BLOCK_N for c in ranked[2:4] if c.split_k)
+    assert ranked.count(config) == 1
     tiles = ceil_div(m, config.block_m) * ceil_div(n, config.block_n)
     assert 2 * tiles <= 132 and split_k_ranges(problem, config.block_m, config.block_n) > 1
 
@@ -99,3 +102,10 @@ def test_tuned_split_k_round_trips_and_stands_only_where_it_splits(tmp_path: Pat
     db.record_bf16(wide, dataclasses.replace(make_config(wide, 64, 32), split_k=True), 15.0)
     looked_up = TuningDB(tmp_path / "gpu.json").lookup_bf16(wide)
     assert (looked_up.block_m, looked_up.block_n, looked_up.split_k) == (64, 32, False)
+
+
+def test_the_tuner_also_times_the_other_split_widths() -> None:
+    ranked = [c for _, c in ranked_configs(nt(16, 4096, 14336))]
+    assert ranked[0].split_k and ranked[0].block_n == 64 and not ranked[1].split_k
+    assert ranked[2].split_k and ranked[2].block_n == 128  # measured fastest there (44.0 against 46.0 us)
+    assert not any(c.split_k for _, c in ranked_configs(nt(4096, 4096, 14336)))

@@ -36,6 +36,7 @@ DECODE_MAX_M = 128         # dense M up to this: split-K applies
 DECODE_SPLIT_MAX_BLOCK_N = 48  # a plain pick this narrow is widened to DECODE_SPLIT_BLOCK_N and split
 DECODE_SPLIT_BLOCK_N = 64
 DECODE_SPLIT_MIN_RANGES = 4    # a wider pick is split as it is when it leaves this many SMs per tile
+DECODE_SPLIT_TUNER_BLOCK_N = (64, 128)  # split-K widths the tuner times at decode sizes besides the rule's pick
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def make_config(problem: Bf16Problem, block_m: int, block_n: int, split_k: bool 
 
 def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:
     """Every allowed tile with the model's estimate, cheapest first (within 0.1%: the larger tile first); at dense
-    decode sizes the split-K build of decode_split ahead of them."""
+    decode sizes the split-K build of decode_split ahead of them and other split widths after the plain pick."""
     ranked: list[tuple[float, int, Bf16GemmConfig]] = []
     for block_m in (64, 128):
         if block_m == 128 and problem.m <= 64:
@@ -157,9 +158,17 @@ def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:
             ranked.append((seconds * 0.999, -block_m * block_n, make_config(problem, block_m, block_n)))
     ranked.sort(key=lambda item: (item[0], item[1]))
     result = [(seconds / 0.999, config) for seconds, _, config in ranked]
-    split = decode_split(problem, result[0][1]) if result else None
-    if split is not None:  # first, at the plain pick's estimate (the model does not time split ranges)
-        result.insert(0, (result[0][0], split))
+    if not result or not is_decode(problem):
+        return result
+    # Split-K builds at the plain pick's estimate (the model does not time split ranges): decode_split's first, the
+    # other widths the tuner should time right after the plain pick (a 128-wide split won at 1 x 4096 x 7168).
+    plain = result[0]
+    split = decode_split(problem, plain[1])
+    others = [make_config(problem, plain[1].block_m, block_n, split_k=True) for block_n in DECODE_SPLIT_TUNER_BLOCK_N
+              if tile_allowed(problem, plain[1].block_m, block_n) and split_k_ranges(problem, plain[1].block_m, block_n) > 1]
+    result[1:1] = [(plain[0], config) for config in others if config != split]
+    if split is not None:
+        result.insert(0, (plain[0], split))
     return result
 
 
