@@ -23,8 +23,6 @@ LAYOUTS = ("nt", "nn", "tn", "tt")
 FUNCTIONS = {layout: getattr(deepgemm, f"bf16_gemm_{layout}") for layout in LAYOUTS}
 
 
-
-
 # Decode shapes where the cost model picks a split-K build on the H200's 132 SMs: K-major B (nt, tt) widens narrow
 # picks; an MN-major B (nn, tn: 64-column tiles at least) splits where 64-wide tiles leave 3/4 of the SMs idle.
 MODEL_SPLITS = {"t": [(1, 2112, 7168), (64, 2112, 7168), (128, 2112, 7168), (16, 4096, 14336)],
