@@ -9,6 +9,10 @@ class ModelConfigError(ValueError):
     """A model description is missing fields or holds values that cannot describe a model."""
 
 
+# Activation names of a SiLU (swish) gate, as model configs spell them.
+SILU_ACTIVATIONS = ("silu", "swish")
+
+
 @dataclass(frozen=True)
 class MlaSpec:
     """DeepSeek multi-head latent attention (MLA) dimensions."""
@@ -90,11 +94,16 @@ class ModelSpec:
             return "MQA"
         return "MHA" if self.num_kv_heads == self.num_heads else "GQA"
 
+    @property
+    def silu_gated(self) -> bool:
+        """A SiLU-gated MLP (SwiGLU): what silu_mul_quantize_per_token_group fuses."""
+        return self.gated_mlp and self.activation.lower() in SILU_ACTIVATIONS
+
     def describe(self) -> str:
         parts = [f"hidden {self.hidden_size}", f"{self.num_layers} layers",
                  f"{self.num_heads} heads ({self.attention_kind}, {self.num_kv_heads} KV)",
                  f"vocab {self.vocab_size}"]
-        mlp = "SwiGLU" if self.gated_mlp and self.activation in ("silu", "swish") else (
+        mlp = "SwiGLU" if self.silu_gated else (
             f"gated {self.activation}" if self.gated_mlp else self.activation)
         if self.num_dense_mlp_layers:
             parts.append(f"{mlp} MLP {self.intermediate_size} x{self.num_dense_mlp_layers}")

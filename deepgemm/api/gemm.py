@@ -52,9 +52,13 @@ _ELEMS_PER_16B = {torch.bfloat16: 8, torch.float32: 4}  # of OUT_DTYPES (a looku
 
 def allocate_out(m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[m, n] output whose rows are 16-byte aligned (a narrowed view when n is not a multiple of 16 bytes)."""
-    padded = align_up(max(n, 1), _ELEMS_PER_16B[dtype])
-    storage = torch.empty(m, padded, dtype=dtype, device=device)  # (ints, not a tuple: ~1 us less to parse)
-    return storage if padded == n else storage[:, :n]
+    return empty_rows(m, align_up(max(n, 1), _ELEMS_PER_16B[dtype]), n, dtype, device)
+
+
+def empty_rows(m: int, cols: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[m, n] over rows of `cols` elements (allocate_out's layout, its row length already known)."""
+    storage = torch.empty(m, cols, dtype=dtype, device=device)  # (ints, not a tuple: ~1 us less to parse)
+    return storage if cols == n else storage[:, :n]
 
 
 _grad_enabled = torch.is_grad_enabled
@@ -92,9 +96,7 @@ class _FreshReady:
         self.args: dict[int, Any] = {out.data_ptr(): args}
 
     def run(self, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(self.m, self.cols, dtype=self.dtype, device=self.device)  # allocate_out's layout
-        if self.cols != self.n:
-            out = out[:, :self.n]
+        out = empty_rows(self.m, self.cols, self.n, self.dtype, self.device)
         args = self.args.get(out.data_ptr())
         if args is None:
             if len(self.args) >= self._ARGS_CAPACITY:

@@ -93,15 +93,13 @@ class _Ready:
 
     def _launch(self, x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, temp: torch.Tensor,
                 stream: int) -> torch.Tensor:
-        out = torch.empty(self.m, self.out_cols, dtype=self.out_dtype, device=self.device)
-        if self.out_cols != self.n:
-            out = out[:, :self.n]
+        out = gemm_api.empty_rows(self.m, self.out_cols, self.n, self.out_dtype, self.device)
         key = (stream, temp.data_ptr(), out.data_ptr())
         launch = self.launches.get(key)
         if launch is None:
             launch = self._pack(x, weight, scale_inv, temp, out, stream, key)
         launch_on_device(launch[0], self.device_index, stream, launch[1], launch[2].address)
-        self.plan.launch_packed(launch[3])
+        self.plan.launch_packed(launch[3], stream)
         return out
 
     def _pack(self, x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, temp: torch.Tensor,

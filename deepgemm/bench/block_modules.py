@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepgemm.analysis.models import SILU_ACTIVATIONS
 from deepgemm.api.backend import backend_for
 from deepgemm.bench.block_layers import MoeForm
 from deepgemm.bench.block_tensors import GROUP, Routing
@@ -38,9 +39,6 @@ def activate(h: torch.Tensor, *, gated: bool, activation: str) -> torch.Tensor:
         return act(h)
     gate, up = h.chunk(2, dim=-1)
     return act(gate) * up
-
-
-SILU_NAMES = ("silu", "swish")  # activations the fused silu_mul quantizer serves (as `deepgemm precompile` plans)
 
 
 def _activation_fn(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -183,7 +181,7 @@ class DeepgemmExperts(nn.Module):
     def down(self, mid: torch.Tensor, layout: DeepgemmLayout) -> torch.Tensor:
         if layout.form == "masked":
             mid = mid.reshape(-1, mid.shape[-1]).index_select(0, layout.routing.masked_dest)
-        if self.gated and self.activation.lower() in SILU_NAMES:  # one pass: SiLU * up, quantized
+        if self.gated and self.activation.lower() in SILU_ACTIVATIONS:  # one pass: SiLU * up, quantized
             quantized = silu_mul_quantize_per_token_group(mid, GROUP)
         else:
             quantized = quantize_per_token_group(activate(mid, gated=self.gated, activation=self.activation), GROUP)

@@ -133,7 +133,7 @@ def plan_model(model: ModelSpec, tp: int, tokens: tuple[int, ...], out_dtype: to
         for op in enumerate_gemms(model, Workload(batch=1, seq=count, tp=tp)):
             kernels.extend(_op_kernels(model, op, count, out_dtype, target))
     kernels.append(quantizer_kernel(torch.bfloat16))
-    if model.moe is not None and model.gated_mlp and model.activation.lower() in ("silu", "swish"):
+    if model.moe is not None and model.silu_gated:
         kernels.append(quantizer_kernel(torch.bfloat16, silu_mul=True))
     return unique_sources(kernels)
 

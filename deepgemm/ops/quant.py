@@ -15,11 +15,14 @@ def _token_group_impl(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Ten
     return api.quantize_per_token_group(x, group_size)
 
 
+def _token_group_outputs(m: int, k: int, group_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    q = torch.empty((m, k), dtype=FP8, device=device)
+    return q, api.empty_token_group_scales(m, ceil_div(k, group_size), device)
+
+
 def _token_group_fake(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     api.check_quantize_input(x, "x", group_size, "group_size", api.GROUP_SIZES, "quantize_per_token_group")
-    m, k = x.shape
-    q = torch.empty((m, k), dtype=FP8, device=x.device)
-    return q, api.empty_token_group_scales(m, ceil_div(k, group_size), x.device)
+    return _token_group_outputs(x.shape[0], x.shape[1], group_size, x.device)
 
 
 def _silu_mul_impl(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,9 +31,7 @@ def _silu_mul_impl(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor
 
 def _silu_mul_fake(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     api.check_silu_mul_input(x, group_size)
-    m, k = x.shape[0], x.shape[1] // 2
-    q = torch.empty((m, k), dtype=FP8, device=x.device)
-    return q, api.empty_token_group_scales(m, ceil_div(k, group_size), x.device)
+    return _token_group_outputs(x.shape[0], x.shape[1] // 2, group_size, x.device)
 
 
 def _block_impl(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:

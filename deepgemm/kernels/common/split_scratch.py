@@ -1,4 +1,6 @@
-"""Scratch memory of split- and stream-tail launches: FP32 partial slots and zeroed arrival counters.
+"""Scratch memory of split- and stream-tail launches (FP8 split / stream tails, BF16 split-K): FP32 partial slots
+and zeroed arrival counters, the launch arguments that point at them, and the range count that sizes them
+(split_tail_ranges, the host mirror of SplitTailTileScheduler).
 
 A split launch needs a slot of FP32 partials per split unit and a counter per (tail tile, math warpgroup).
 The kernel leaves every counter it touched at zero (the last arrival, or the waiting head, resets it), so

@@ -21,33 +21,21 @@ _THREADS = 256
 
 
 def token_group_source(dtype: torch.dtype, group_size: int, silu_mul: bool = False) -> KernelSource:
-    if silu_mul:
-        return _silu_mul_token_group_source(dtype, group_size)
+    """The per-token-group quantizer; silu_mul: x [M, 2K] = [gate | up], silu(gate) * up quantized (k: the
+    output's K)."""
+    activation, name = (", deepgemm::Activation::kSiluMul", "quantize_silu_mul_per_token_group") if silu_mul else (
+        "", "quantize_per_token_group")
     code = f"""\
 #include <deepgemm/impls/quantize_fp8.cuh>
-using Kernel = deepgemm::QuantizePerTokenGroup<{INPUT_KINDS[dtype]}, {group_size}u>;
+using Kernel = deepgemm::QuantizePerTokenGroup<{INPUT_KINDS[dtype]}, {group_size}u{activation}>;
 extern "C" __global__ void __launch_bounds__({_THREADS})
-deepgemm_quantize_per_token_group(const void* x, deepgemm::u64 x_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride, float* sf,
+deepgemm_{name}(const void* x, deepgemm::u64 x_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride, float* sf,
                 deepgemm::u32 sf_stride, deepgemm::u32 m, deepgemm::u32 k, deepgemm::u32 vectorized) {{
     Kernel::run(x, x_row_stride, q, q_row_stride, sf, sf_stride, m, k, vectorized);
 }}
 """
-    return KernelSource(code=code, entry="deepgemm_quantize_per_token_group", label=f"quantize_per_token_group {dtype} g={group_size}")
-
-
-def _silu_mul_token_group_source(dtype: torch.dtype, group_size: int) -> KernelSource:
-    """x [M, 2K] = [gate | up] -> silu(gate) * up quantized per token group (k: the output's K)."""
-    code = f"""\
-#include <deepgemm/impls/quantize_fp8.cuh>
-using Kernel = deepgemm::QuantizePerTokenGroup<{INPUT_KINDS[dtype]}, {group_size}u, deepgemm::Activation::kSiluMul>;
-extern "C" __global__ void __launch_bounds__({_THREADS})
-deepgemm_quantize_silu_mul_per_token_group(const void* x, deepgemm::u64 x_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride,
-                float* sf, deepgemm::u32 sf_stride, deepgemm::u32 m, deepgemm::u32 k, deepgemm::u32 vectorized) {{
-    Kernel::run(x, x_row_stride, q, q_row_stride, sf, sf_stride, m, k, vectorized);
-}}
-"""
-    return KernelSource(code=code, entry="deepgemm_quantize_silu_mul_per_token_group",
-                        label=f"silu_mul_quantize_per_token_group {dtype} g={group_size}")
+    label = f"{'silu_mul_' if silu_mul else ''}quantize_per_token_group {dtype} g={group_size}"
+    return KernelSource(code=code, entry=f"deepgemm_{name}", label=label)
 
 
 def block_source(dtype: torch.dtype, block: int) -> KernelSource:

@@ -136,8 +136,10 @@ class Fp8GemmPlan:
             args = self._args[key] = self._pack(a, sfa, b, sfb, d, grouping)
         return args
 
-    def launch_packed(self, args: PackedArgs) -> None:
-        stream = current_raw_stream(self.device_index)
+    def launch_packed(self, args: PackedArgs, stream: int | None = None) -> None:
+        """Launch on `stream` (None: the device's current stream, which a caller that has it may pass)."""
+        if stream is None:
+            stream = current_raw_stream(self.device_index)
         config = self._configs.get(stream)
         if config is None:
             config = self._configs[stream] = self.kernel.launch_config(
