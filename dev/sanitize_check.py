@@ -232,16 +232,54 @@ def bf16_grouped() -> None:
     print(f"sanitize m_grouped_bf16 masked counts={counts} n={n} k={k}: calc_diff={diff:.2e}")
     assert diff < 1e-4
 
-    ks, m, n = [256, 0, 384, 128], 136, 264
+    # C as out (reduce-add stores) and a separate C (loaded in the epilogue).
+    ks = [256, 0, 384, 128]
+    for m, n, in_place in ((136, 264, True), (200, 1032, False)):
+        dy = torch.randn(sum(ks), m, device="cuda").to(torch.bfloat16)
+        x = torch.randn(sum(ks), n, device="cuda").to(torch.bfloat16)
+        c = torch.randn(len(ks), m, n, device="cuda")
+        expected = k_grouped_bf16_reference(dy, x, ks, c, torch.float64)
+        out = c if in_place else torch.full_like(c, float("nan"))
+        deepgemm.k_grouped_bf16_gemm_tn_contiguous(dy, x, out, ks, c=c)
+        torch.cuda.synchronize()
+        diff = deepgemm.calc_diff(out.double(), expected)
+        print(f"sanitize k_grouped_bf16 ks={ks} m={m} n={n} c={'out' if in_place else 'loaded'}: calc_diff={diff:.2e}")
+        assert diff < 1e-6
+    bf16_k_grouped_chunked(ks)
+
+
+def bf16_k_grouped_chunked(ks: list[int]) -> None:
+    """Forced 128 x 256 k-grouped builds (the 32-column chunked epilogue) with M and N tails, an empty group, C as
+    out and a loaded C."""
+    import dataclasses
+
+    from deepgemm.api.bf16_grouped import _KGROUPED_WHERE, _offsets
+    from deepgemm.kernels.common.kind import GemmKind
+    from deepgemm.kernels.common.loader import load_kernel
+    from deepgemm.kernels.sm90_bf16_gemm.cost_model import stages_for
+    from deepgemm.kernels.sm90_bf16_gemm.plan import Bf16Geometry, Bf16GemmPlan, grouped_spec
+    from deepgemm.kernels.sm90_bf16_gemm.spec import render_source
+    from deepgemm.reference import k_grouped_bf16_reference
+
+    m, n = 200, 1032
+    geometry = Bf16Geometry(m, len(ks))
     dy = torch.randn(sum(ks), m, device="cuda").to(torch.bfloat16)
     x = torch.randn(sum(ks), n, device="cuda").to(torch.bfloat16)
-    c = torch.randn(len(ks), m, n, device="cuda")
-    expected = k_grouped_bf16_reference(dy, x, ks, c, torch.float64)
-    deepgemm.k_grouped_bf16_gemm_tn_contiguous(dy, x, c, ks, c=c)
-    torch.cuda.synchronize()
-    diff = deepgemm.calc_diff(c.double(), expected)
-    print(f"sanitize k_grouped_bf16 ks={ks} m={m} n={n}: calc_diff={diff:.2e}")
-    assert diff < 1e-6
+    offsets = _offsets.get(dy.device, tuple(ks), _KGROUPED_WHERE)
+    for in_place in (True, False):
+        spec = grouped_spec(GemmKind.K_GROUPED, geometry, n, 0, torch.float32, torch.float32, 0, 132, in_place)
+        config = dataclasses.replace(spec.config, block_m=128, block_n=256, store_n=32,
+                                     num_stages=stages_for(128, 256, 4, store_n=32))
+        spec = dataclasses.replace(spec, config=config)
+        plan = Bf16GemmPlan(0, geometry, spec, load_kernel(render_source(spec), spec.smem_bytes, 0))
+        c = torch.randn(len(ks), m, n, device="cuda")
+        expected = k_grouped_bf16_reference(dy, x, ks, c, torch.float64)
+        out = c if in_place else torch.full_like(c, float("nan"))
+        plan.launch(dy, x, out, None if in_place else c, offsets)
+        torch.cuda.synchronize()
+        diff = deepgemm.calc_diff(out.double(), expected)
+        print(f"sanitize {spec.label()} m={m}: calc_diff={diff:.2e}")
+        assert diff < 1e-6 and not out.isnan().any()
 
 
 if __name__ == "__main__":

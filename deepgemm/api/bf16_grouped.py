@@ -451,9 +451,11 @@ def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, out: tor
     if k_total == 0:
         return out_t.copy_(c_t) if c_t is not None else out_t.zero_()
     c_dtype = None if c_t is None else torch.float32
+    # c = out: the kernel adds its tiles into out with reduce-add stores (C is never loaded into registers).
     plan = get_bf16_grouped_plan(a_t.device.index, GemmKind.K_GROUPED, Bf16Geometry(m, groups), n, 0, torch.float32,
-                                 c_dtype, 0)
-    plan.launch(tma_rows(a_t), tma_rows(b_t), out_t, c_t, _offsets.get(a_t.device, sizes, _KGROUPED_WHERE))
+                                 c_dtype, 0, in_place)
+    plan.launch(tma_rows(a_t), tma_rows(b_t), out_t, None if in_place else c_t,
+                _offsets.get(a_t.device, sizes, _KGROUPED_WHERE))
     return out_t
 
 

@@ -579,8 +579,9 @@ def fake_kernel_path(monkeypatch: pytest.MonkeyPatch) -> list[FakePlan]:
     plans: list[FakePlan] = []
 
     def plan(device_index: int, kind: GemmKind, geometry: Bf16Geometry, n: int, k: int, out_dtype: torch.dtype,
-             c_dtype: torch.dtype | None, expected_m: int) -> FakePlan:
-        plans.append(FakePlan((kind, geometry, n, k, out_dtype, c_dtype, expected_m)))
+             c_dtype: torch.dtype | None, expected_m: int, c_in_place: bool = False) -> FakePlan:
+        request = (kind, geometry, n, k, out_dtype, c_dtype, expected_m)
+        plans.append(FakePlan(request + (("c = out",) if c_in_place else ())))
         return plans[-1]
 
     offsets = []
@@ -612,15 +613,20 @@ def test_kernel_path_plans_each_form(fake_kernel_path: list[FakePlan], seed: int
     for expected, bucket in ((1, 1), (3, 4), (64, 64), (65, 128), (100, 128), (5000, 128)):
         masked(am, bf16(3, 32, 64), om, mm, expected)
         assert plans[-1].request == (GemmKind.GROUPED_MASKED, Bf16Geometry(384, 3, 128), 32, 64, BF16, None, bucket)
-    # k-grouped: (M, G), k = 0 (each group's K range is run time), FP32, c's dtype; offsets passed as grouping.
+    # k-grouped: (M, G), k = 0 (each group's K range is run time), FP32, c's dtype; offsets passed as grouping. C = out
+    # plans the in-place build, which is launched without C (its stores add into out); a separate C is passed.
     ka, kb = bf16(384, 16), bf16(384, 24)
-    kout = torch.empty(3, 16, 24)
+    kout, kc = torch.empty(3, 16, 24), torch.randn(3, 16, 24)
     k_grouped(ka, kb, kout, [128, 0, 256])
     k_grouped(ka, kb, kout, [128, 0, 256], c=kout)
-    assert plans[-2].request == (GemmKind.K_GROUPED, Bf16Geometry(16, 3), 24, 0, FP32, None, 0)
+    k_grouped(ka, kb, kout, [128, 0, 256], c=kc)
+    assert plans[-3].request == (GemmKind.K_GROUPED, Bf16Geometry(16, 3), 24, 0, FP32, None, 0)
+    assert plans[-2].request == (GemmKind.K_GROUPED, Bf16Geometry(16, 3), 24, 0, FP32, FP32, 0, "c = out")
     assert plans[-1].request == (GemmKind.K_GROUPED, Bf16Geometry(16, 3), 24, 0, FP32, FP32, 0)
-    _, _, d, c, offsets = plans[-1].packed[0]
-    assert d is kout and c is kout and offsets.tolist() == [0, 128, 128, 384]
+    _, _, d, c, offsets = plans[-2].packed[0]
+    assert d is kout and c is None and offsets.tolist() == [0, 128, 128, 384]
+    _, _, d, c, _ = plans[-1].packed[0]
+    assert d is kout and c is kc
 
 
 def test_kernel_path_shortcuts_launch_nothing(fake_kernel_path: list[FakePlan], seed: int) -> None:

@@ -375,6 +375,31 @@ def test_k_grouped_m136_writes_nothing_outside_out(n: int, seed: int, gpu_guard)
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("m,n", [(4096, 4096), (136, 7168), (7168, 136)])
+def test_k_grouped_in_place_matches_a_loaded_c_bitwise(m: int, n: int, seed: int, gpu_guard) -> None:
+    """c = out adds each tile into out with TMA reduce-add stores; a separate C is loaded and added in registers.
+    Both round acc + C once per element on the same tile, so they agree bitwise (and wide FP32 tiles run with the
+    chunked epilogue at 4096 x 4096)."""
+    ks = [1024, 0, 128, 384]
+    spec = grouped_spec(GemmKind.K_GROUPED, Bf16Geometry(m, len(ks)), n, 0, FP32, FP32, 0, sm_count(0), True)
+    if (m, n) == (4096, 4096):
+        assert spec.config.block_n == 256 and spec.config.store_n == 32, spec.label()
+    a, b = bf16(sum(ks), m), bf16(sum(ks), n)
+    c0 = torch.randn(len(ks), m, n, device="cuda")
+    in_place = c0.clone()
+    loaded = torch.full_like(c0, NAN)
+    before = gpu_guard.launches(ENTRY)
+    k_grouped(a, b, in_place, ks, c=in_place)
+    k_grouped(a, b, loaded, ks, c=c0)
+    torch.cuda.synchronize()
+    assert gpu_guard.launches(ENTRY) == before + 2
+    assert torch.equal(in_place, loaded), f"{spec.label()}: in-place and loaded C differ"
+    ref = k_grouped_float64(a, b, ks, c0)
+    for g in range(len(ks)):
+        check(in_place[g], ref[g], f"{spec.label()} group {g}")
+
+
+@pytest.mark.quick
 def test_k_grouped_cuda_graph_replay(seed: int, gpu_guard) -> None:
     m, n, ks = 4096, 7168, KS_4
     a, b = bf16(sum(ks), m), bf16(sum(ks), n)

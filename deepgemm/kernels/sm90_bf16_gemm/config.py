@@ -25,18 +25,37 @@ def store_buffer_bytes(block_n: int, out_bytes: int) -> int:
 SPLIT_FLAG_BYTES = 16  # split-K: one reduction flag per math warpgroup
 
 
-def bf16_smem_bytes(block_m: int, block_n: int, stages: int, out_bytes: int, split_k: bool = False) -> int:
+def store_chunk_columns(block_n: int, out_bytes: int) -> int:
+    """The chunk width of a chunked epilogue: 128-byte output rows (one swizzle row), or the widest multiple of 8
+    columns below that which divides block_n."""
+    columns = 128 // out_bytes
+    while block_n % columns:
+        columns -= 8
+    return columns
+
+
+def warpgroup_store_bytes(block_n: int, out_bytes: int, store_n: int = 0) -> int:
+    """Mirrors Sm90Bf16Gemm::kWarpgroupDBytes: one whole-tile staging buffer (store_n 0), or two store_n-column
+    chunk buffers used in turn."""
+    if store_n in (0, block_n):
+        return store_buffer_bytes(block_n, out_bytes)
+    return 2 * store_buffer_bytes(store_n, out_bytes)
+
+
+def bf16_smem_bytes(block_m: int, block_n: int, stages: int, out_bytes: int, split_k: bool = False,
+                    store_n: int = 0) -> int:
     """Mirrors Sm90Bf16Gemm::kSmemBytes."""
     stage = (block_m + block_n) * BLOCK_K * 2
-    return (stages * stage + (block_m // 64) * store_buffer_bytes(block_n, out_bytes) + 2 * stages * BARRIER_BYTES
-            + (SPLIT_FLAG_BYTES if split_k else 0))
+    return (stages * stage + (block_m // 64) * warpgroup_store_bytes(block_n, out_bytes, store_n)
+            + 2 * stages * BARRIER_BYTES + (SPLIT_FLAG_BYTES if split_k else 0))
 
 
 @dataclass(frozen=True)
 class Bf16GemmConfig:
     """Tile and pipeline of one instantiation: block_m 64 or 128 (one or two math warpgroups), block_n a multiple of
     8 up to 256 (of 64 when B is MN-major), group_rows the raster band height, num_sms the persistent grid cap;
-    split_k (dense): a last wave of at most half the grid runs cut into K ranges (SplitTailTileScheduler)."""
+    split_k (dense): a last wave of at most half the grid runs cut into K ranges (SplitTailTileScheduler); store_n:
+    0 stores a warpgroup's tile through one staging buffer, else in store_n-column chunks through two."""
 
     block_m: int
     block_n: int
@@ -44,6 +63,7 @@ class Bf16GemmConfig:
     group_rows: int
     num_sms: int
     split_k: bool = False
+    store_n: int = 0
 
     @property
     def num_threads(self) -> int:
@@ -58,8 +78,10 @@ class Bf16GemmConfig:
         return BLOCK_K
 
     def smem_bytes(self, out_bytes: int) -> int:
-        return bf16_smem_bytes(self.block_m, self.block_n, self.num_stages, out_bytes, self.split_k)
+        return bf16_smem_bytes(self.block_m, self.block_n, self.num_stages, out_bytes, self.split_k, self.store_n)
 
     def label(self) -> str:
         split = " splitk" if self.split_k else ""
-        return f"bm{self.block_m} bn{self.block_n} st{self.num_stages} g{self.group_rows} sms{self.num_sms}{split}"
+        chunks = f" store{self.store_n}" if self.store_n else ""
+        return (f"bm{self.block_m} bn{self.block_n} st{self.num_stages} g{self.group_rows} sms{self.num_sms}"
+                f"{split}{chunks}")

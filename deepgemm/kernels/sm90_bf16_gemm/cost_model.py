@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from deepgemm.kernels.common.hopper import SMEM_CAPACITY
 from deepgemm.kernels.common.split_scratch import split_tail_ranges
-from deepgemm.kernels.sm90_bf16_gemm.config import ATOM, BLOCK_K, Bf16GemmConfig, bf16_smem_bytes
+from deepgemm.kernels.sm90_bf16_gemm.config import ATOM, BLOCK_K, Bf16GemmConfig, bf16_smem_bytes, store_chunk_columns
 from deepgemm.utils import ceil_div
 
 CLOCK_HZ = 1.75e9          # sustained SM clock under tensor-core load
@@ -53,11 +53,12 @@ class Bf16Problem:
     addend_bytes: int  # 0: no C
     num_sms: int
     groups: int = 1
+    k_grouped: bool = False  # groups of K ranges into their own [M, N] outputs (tiles walk the dense raster per group)
 
 
 def is_decode(problem: Bf16Problem) -> bool:
     """A dense GEMM of at most DECODE_MAX_M rows: where split-K builds are considered."""
-    return problem.groups == 1 and problem.m <= DECODE_MAX_M
+    return problem.groups == 1 and not problem.k_grouped and problem.m <= DECODE_MAX_M
 
 
 def block_n_candidates(problem: Bf16Problem) -> list[int]:
@@ -65,11 +66,22 @@ def block_n_candidates(problem: Bf16Problem) -> list[int]:
     return [bn for bn in range(step, 257, step)]
 
 
-def stages_for(block_m: int, block_n: int, out_bytes: int, split_k: bool = False) -> int:
+def stages_for(block_m: int, block_n: int, out_bytes: int, split_k: bool = False, store_n: int = 0) -> int:
     stages = 0
-    while stages < MAX_STAGES and bf16_smem_bytes(block_m, block_n, stages + 1, out_bytes, split_k) <= SMEM_CAPACITY:
+    while (stages < MAX_STAGES
+           and bf16_smem_bytes(block_m, block_n, stages + 1, out_bytes, split_k, store_n) <= SMEM_CAPACITY):
         stages += 1
     return stages
+
+
+def store_n_for(block_m: int, block_n: int, out_bytes: int, split_k: bool = False) -> int:
+    """0 (one staging buffer per warpgroup) unless the whole tile's buffer would leave fewer than MIN_STAGES stages
+    (wide FP32 tiles: 128 x 256 keeps 2): then chunks of 128-byte rows through two small buffers (tiles that are
+    whole 128-byte chunks only; others keep the whole buffer and are not allowed)."""
+    if stages_for(block_m, block_n, out_bytes, split_k) >= MIN_STAGES:
+        return 0
+    chunk = store_chunk_columns(block_n, out_bytes)
+    return chunk if chunk == 128 // out_bytes and chunk < block_n else 0
 
 
 def split_k_ranges(problem: Bf16Problem, block_m: int, block_n: int) -> int:
@@ -129,17 +141,20 @@ def group_rows_for(m_blocks: int, n_blocks: int, num_sms: int) -> int:
 def tile_allowed(problem: Bf16Problem, block_m: int, block_n: int) -> bool:
     """Whether (block_m, block_n) is a tile the kernel compiles for this problem (a tuned entry is re-checked here)."""
     step = ATOM if problem.b_mn_major else 16
-    return (block_m in (64, 128) and block_n % step == 0 and step <= block_n <= 256
-            and stages_for(block_m, block_n, problem.out_bytes) >= MIN_STAGES)
+    if not (block_m in (64, 128) and block_n % step == 0 and step <= block_n <= 256):
+        return False
+    store_n = store_n_for(block_m, block_n, problem.out_bytes)
+    return stages_for(block_m, block_n, problem.out_bytes, store_n=store_n) >= MIN_STAGES
 
 
 def make_config(problem: Bf16Problem, block_m: int, block_n: int, split_k: bool = False) -> Bf16GemmConfig:
-    """The full config of a tile: as many stages as fit, the raster band for this grid (dense only: the grouped
-    kinds walk their own tile order)."""
-    group = 1 if problem.groups > 1 else group_rows_for(ceil_div(problem.m, block_m), ceil_div(problem.n, block_n),
-                                                        problem.num_sms)
-    stages = stages_for(block_m, block_n, problem.out_bytes, split_k)
-    return Bf16GemmConfig(block_m, block_n, stages, group, problem.num_sms, split_k)
+    """The full config of a tile: as many stages as fit (wide FP32 tiles with a chunked epilogue, store_n_for), the
+    raster band for this grid (dense and each k-grouped group; the M-grouped kinds walk their own tile order)."""
+    banded = problem.groups == 1 or problem.k_grouped
+    group = group_rows_for(ceil_div(problem.m, block_m), ceil_div(problem.n, block_n), problem.num_sms) if banded else 1
+    store_n = store_n_for(block_m, block_n, problem.out_bytes, split_k)
+    stages = stages_for(block_m, block_n, problem.out_bytes, split_k, store_n)
+    return Bf16GemmConfig(block_m, block_n, stages, group, problem.num_sms, split_k, store_n)
 
 
 def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:

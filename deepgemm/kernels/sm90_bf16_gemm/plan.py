@@ -163,18 +163,19 @@ def grouped_problem(kind: GemmKind, geometry: Bf16Geometry, n: int, k: int, out_
     groups = max(1, geometry.groups)
     if kind == GemmKind.K_GROUPED:
         return Bf16Problem(geometry.rows, n, K_GROUPED_NOMINAL_K, True, True, 4,
-                           0 if c_dtype is None else elem_bytes(c_dtype), num_sms, groups)
+                           0 if c_dtype is None else elem_bytes(c_dtype), num_sms, groups, k_grouped=True)
     rows = expected_m if kind == GemmKind.GROUPED_MASKED else ceil_div(geometry.rows, groups)
     return Bf16Problem(max(1, rows), n, k, False, False, elem_bytes(out_dtype), 0, num_sms, groups)
 
 
 def grouped_spec(kind: GemmKind, geometry: Bf16Geometry, n: int, k: int, out_dtype: torch.dtype,
-                 c_dtype: torch.dtype | None, expected_m: int, num_sms: int) -> Bf16GemmSpec:
-    """The instantiation a grouped launch uses (k-grouped: k = 0, each group's K range is run-time)."""
+                 c_dtype: torch.dtype | None, expected_m: int, num_sms: int, c_in_place: bool = False) -> Bf16GemmSpec:
+    """The instantiation a grouped launch uses (k-grouped: k = 0, each group's K range is run-time; c_in_place: C
+    is the FP32 output itself, added by the stores)."""
     config = choose_config(grouped_problem(kind, geometry, n, k, out_dtype, c_dtype, expected_m, num_sms))
     layout = "tn" if kind == GemmKind.K_GROUPED else "nt"
     return Bf16GemmSpec(n=n, k=0 if kind == GemmKind.K_GROUPED else k, layout=layout, out_dtype=out_dtype,
-                        addend=addend_kind(c_dtype), config=config, kind=kind)
+                        addend=addend_kind(c_dtype, c_in_place), config=config, kind=kind)
 
 
 _plans: dict[tuple, Bf16GemmPlan] = {}
@@ -197,13 +198,15 @@ def get_bf16_plan(device_index: int, m: int, n: int, k: int, layout: str, out_dt
 
 
 def get_bf16_grouped_plan(device_index: int, kind: GemmKind, geometry: Bf16Geometry, n: int, k: int,
-                          out_dtype: torch.dtype, c_dtype: torch.dtype | None, expected_m: int) -> Bf16GemmPlan:
-    """The plan of a grouped launch (expected_m: masked only; its bucket is part of the key)."""
-    key = (device_index, kind, geometry, n, k, out_dtype, c_dtype, expected_m)
+                          out_dtype: torch.dtype, c_dtype: torch.dtype | None, expected_m: int,
+                          c_in_place: bool = False) -> Bf16GemmPlan:
+    """The plan of a grouped launch (expected_m: masked only; its bucket is part of the key; c_in_place: C is the
+    FP32 output itself, and the launch passes no C)."""
+    key = (device_index, kind, geometry, n, k, out_dtype, c_dtype, expected_m, c_in_place)
     plan = _plans.get(key)
     if plan is not None:
         return plan
-    spec = grouped_spec(kind, geometry, n, k, out_dtype, c_dtype, expected_m, sm_count(device_index))
+    spec = grouped_spec(kind, geometry, n, k, out_dtype, c_dtype, expected_m, sm_count(device_index), c_in_place)
     kernel = load_kernel(render_source(spec), spec.smem_bytes, device_index)
     with _plans_lock, torch.cuda.device(device_index):
         if len(_plans) >= _PLANS_CAPACITY:

@@ -13,6 +13,7 @@ from deepgemm.kernels.sm90_bf16_gemm.config import Bf16GemmConfig
 
 LAYOUTS = ("nt", "nn", "tn", "tt")
 ADDEND_NONE, ADDEND_BF16, ADDEND_FP32 = 0, 1, 2
+ADDEND_IN_PLACE = 3  # C is the FP32 output itself: the tile is added by TMA reduce-add stores, C is never loaded
 THREADS_PRODUCER = 128
 
 
@@ -26,10 +27,14 @@ def b_mn_major(layout: str) -> bool:
     return layout[1] == "n"
 
 
-def addend_kind(c_dtype: torch.dtype | None) -> int:
+def addend_kind(c_dtype: torch.dtype | None, in_place: bool = False) -> int:
+    """The kernel's addend kind: none, BF16 or FP32 C loaded in the epilogue, or an FP32 C that is the output itself
+    (`in_place`)."""
     if c_dtype is None:
         return ADDEND_NONE
-    return ADDEND_FP32 if c_dtype == torch.float32 else ADDEND_BF16
+    if c_dtype != torch.float32:
+        return ADDEND_BF16
+    return ADDEND_IN_PLACE if in_place else ADDEND_FP32
 
 
 # The public operation each kind serves (the kernel's label).
@@ -58,6 +63,8 @@ class Bf16GemmSpec:
             raise ValueError(f"{self.kind.name} BF16 kernels are {expected}, not {self.layout}")
         if self.config.split_k and self.kind != GemmKind.DENSE:
             raise ValueError(f"split-K is for dense BF16 GEMMs, not {self.kind.name}")
+        if self.addend == ADDEND_IN_PLACE and self.out_dtype != torch.float32:
+            raise ValueError("in-place reduce-add stores need an FP32 output")
 
     @property
     def smem_bytes(self) -> int:
@@ -65,7 +72,7 @@ class Bf16GemmSpec:
 
     def label(self) -> str:
         out = "fp32" if self.out_dtype == torch.float32 else "bf16"
-        c = ("", " c=bf16", " c=fp32")[self.addend]
+        c = ("", " c=bf16", " c=fp32", " c=out")[self.addend]
         name = KIND_NAMES.get(self.kind, f"bf16_gemm_{self.layout}")
         k = "" if self.kind == GemmKind.K_GROUPED else f" k={self.k}"
         return f"{name} n={self.n}{k} out={out}{c} {self.config.label()}"
@@ -74,13 +81,14 @@ class Bf16GemmSpec:
 def render_source(spec: Bf16GemmSpec) -> KernelSource:
     c = spec.config
     flag = {True: "true", False: "false"}
+    store_n = f", {c.store_n}u" if c.store_n else ""  # (absent: one staging buffer, the template's default)
     code = f"""\
 #include <deepgemm/impls/sm90_bf16_gemm.cuh>
 
 using Kernel = deepgemm::Sm90Bf16Gemm<{spec.n}u, {spec.k}u, {c.block_m}u, {c.block_n}u, {c.num_stages}u, {c.group_rows}u,
                                       {flag[a_mn_major(spec.layout)]}, {flag[b_mn_major(spec.layout)]},
                                       {flag[spec.out_dtype == torch.float32]}, {spec.addend}u,
-                                      static_cast<deepgemm::GemmKind>({int(spec.kind)}), {flag[c.split_k]}>;
+                                      static_cast<deepgemm::GemmKind>({int(spec.kind)}), {flag[c.split_k]}{store_n}>;
 static_assert(Kernel::kSmemBytes == {spec.smem_bytes}u, "host and device disagree on the shared-memory size");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)

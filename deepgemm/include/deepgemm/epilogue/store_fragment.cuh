@@ -24,7 +24,8 @@ struct OutputDescriptors {
 // its buffer (kBuffers stores earlier) has been read, so with two buffers consecutive stores overlap.
 // kRank 3: the descriptors are 3-D [slices, rows, cols] (boxes one slice deep), and a store names its slice z,
 // so TMA clips rows at the end of each slice (the k-grouped outputs [G, M, N] with any M).
-template <u32 kBlockN, bool kOutputFp32, u32 kBuffers = 1, u32 kRank = 2>
+// kReduceAdd: the tile is added into the output (TMA reduce-add) instead of overwriting it.
+template <u32 kBlockN, bool kOutputFp32, u32 kBuffers = 1, u32 kRank = 2, bool kReduceAdd = false>
 struct WarpgroupTileStore {
     static_assert(kRank == 2 || kRank == 3, "2-D or 3-D output descriptors");
     static constexpr u32 kElemBytes = kOutputFp32 ? 4 : 2;
@@ -141,8 +142,12 @@ struct WarpgroupTileStore {
 
     // Every thread's writes to the staging buffer are done: one thread stores it with TMA.
     DG_DEVICE static void store_piece(const TmaDescriptor* desc, const u8* smem_piece, u32 col, i32 y, u32 z) {
-        if constexpr (kRank == 3) {
+        if constexpr (kRank == 3 && kReduceAdd) {
+            ptx::tma_reduce_add_3d(desc, smem_piece, static_cast<i32>(col), y, static_cast<i32>(z));
+        } else if constexpr (kRank == 3) {
             ptx::tma_store_3d(desc, smem_piece, static_cast<i32>(col), y, static_cast<i32>(z));
+        } else if constexpr (kReduceAdd) {
+            ptx::tma_reduce_add_2d(desc, smem_piece, static_cast<i32>(col), y);
         } else {
             ptx::tma_store_2d(desc, smem_piece, static_cast<i32>(col), y);
         }

@@ -4,7 +4,8 @@
 // D [G, M, N] FP32 = C[g] + A_g^T B_g over group g's K range).
 // A is [M,K] (K-major) or given as [K,M] (MN-major), B [N,K] or given as [K,N]; wgmma reads either major order
 // from shared memory (its transpose bits), so no layout is copied. D is BF16 or FP32; the optional addend C
-// (BF16 or FP32, [M,N], may be D itself) is read in the epilogue.
+// (BF16 or FP32, [M,N], may be D itself) is read in the epilogue, or, when C is an FP32 D itself
+// (kAddendInPlace), the tile is added into D by TMA reduce-add stores and C is never loaded.
 //
 // One CTA = 1 TMA producer warpgroup (setmaxnreg down) + kBlockM / 64 math warpgroups of 64 rows each,
 // persistent over its kind's tile sequence (dense: PersistentTileScheduler's banded raster). Stages of 64 K: a
@@ -12,7 +13,9 @@
 // rows, both loaded by TMA with the 128B swizzle. Each K block is one wgmma commit group; the stage of the
 // previous one is released as soon as it retires (one group in flight). Epilogue: registers -> shared memory
 // -> TMA store (store_fragment.cuh), which clips the M and N tails (k-grouped: 3-D descriptors clip each group's
-// rows at M); TMA zero-fills the K tail of both operands (k-grouped K ranges are whole 64-wide blocks).
+// rows at M); TMA zero-fills the K tail of both operands (k-grouped K ranges are whole 64-wide blocks). With
+// kStoreN < kBlockN a warpgroup stores its tile in kStoreN-column chunks through two small staging buffers in
+// turn (a chunk's shared-memory writes overlap the previous chunk's store), so wide FP32 tiles keep their stages.
 // kSplitK (dense, decode sizes): a last wave of at most half the grid is cut into K ranges
 // (SplitTailTileScheduler), whose FP32 partials meet in a workspace; the last range to arrive sums them in range
 // order (split_reduction.cuh) and stores the tile. Fewer N-blocks per row of A then read A fewer times.
@@ -32,7 +35,7 @@
 namespace deepgemm {
 
 // The addend's element type (a compile-time choice; the pointer may still be null for "no addend").
-enum Bf16Addend : u32 { kAddendNone = 0, kAddendBf16 = 1, kAddendFp32 = 2 };
+enum Bf16Addend : u32 { kAddendNone = 0, kAddendBf16 = 1, kAddendFp32 = 2, kAddendInPlace = 3 };
 
 struct Bf16GemmProblem {
     GemmProblem tiles;  // m: rows of A (dense, contiguous M_total) or M (k-grouped); grouping: m_indices, psum,
@@ -41,13 +44,14 @@ struct Bf16GemmProblem {
     u32 c_stride;
 };
 
-// The BF16 tile as the contiguous layouts' padding rows see it: one 64-row wave per math warpgroup.
-template <u32 kTileM, u32 kTileN, GemmKind kTileKind, typename TileStore>
+// The BF16 tile as the contiguous layouts' padding rows see it: one 64-row wave per math warpgroup, stored in
+// kTileStoreN-column chunks.
+template <u32 kTileM, u32 kTileN, u32 kTileStoreN, GemmKind kTileKind, typename TileStore>
 struct Bf16PaddingTile {
     static constexpr u32 kBlockM = kTileM;
     static constexpr u32 kBlockN = kTileN;
-    static constexpr u32 kStoreN = kTileN;
-    static constexpr u32 kStoreChunks = 1;
+    static constexpr u32 kStoreN = kTileStoreN;
+    static constexpr u32 kStoreChunks = kTileN / kTileStoreN;
     static constexpr u32 kNumWaves = 1;
     static constexpr GemmKind kKind = kTileKind;
     using Store = TileStore;
@@ -64,7 +68,7 @@ struct Bf16SplitShape {
 };
 
 template <u32 kN, u32 kK, u32 kBlockM, u32 kBlockN, u32 kNumStages, u32 kGroupRows, bool kAMnMajor, bool kBMnMajor,
-          bool kOutputFp32, u32 kAddend, GemmKind kKind = GemmKind::kDense, bool kSplitK = false>
+          bool kOutputFp32, u32 kAddend, GemmKind kKind = GemmKind::kDense, bool kSplitK = false, u32 kStoreN_ = 0>
 struct Sm90Bf16Gemm {
     static constexpr bool kMGrouped = kKind != GemmKind::kDense && kKind != GemmKind::kKGrouped;
     static constexpr bool kContiguous = kKind == GemmKind::kGroupedContiguous || kKind == GemmKind::kGroupedContiguousPsum;
@@ -78,6 +82,11 @@ struct Sm90Bf16Gemm {
     static_assert(!kKGrouped || (kAMnMajor && kBMnMajor && kOutputFp32 && kAddend != kAddendBf16),
                   "k-grouped is TN (token-major operands) into FP32, with an FP32 C or none");
     static_assert(!kSplitK || kKind == GemmKind::kDense, "split-K is a dense GEMM's");
+    static_assert(kAddend != kAddendInPlace || kOutputFp32, "in-place reduce-add stores are FP32 (one rounding per element)");
+    static constexpr u32 kStoreN = kStoreN_ == 0 ? kBlockN : kStoreN_;  // output columns per staging buffer
+    static_assert(kBlockN % kStoreN == 0 && kStoreN % 8 == 0, "store chunks tile block_n in whole 8-column MMA steps");
+    static constexpr u32 kStoreChunks = kBlockN / kStoreN;
+    static constexpr u32 kStoreBuffers = kStoreChunks > 1 ? 2 : 1;
 
     static constexpr u32 kBlockK = 64;  // 128 bytes: one swizzled row of a K-major tile
     static constexpr u32 kAtom = 64;    // MN elements per 128-byte row of an MN-major tile
@@ -91,12 +100,12 @@ struct Sm90Bf16Gemm {
 
     using Mma = ptx::WgmmaBf16<kBlockN>;
     using Ring = StageRing<kNumStages>;
-    using Store = WarpgroupTileStore<kBlockN, kOutputFp32, 1, kKGrouped ? 3 : 2>;
+    using Store = WarpgroupTileStore<kStoreN, kOutputFp32, kStoreBuffers, kKGrouped ? 3 : 2, kAddend == kAddendInPlace>;
 
-    using Padding = PaddingRows<Bf16PaddingTile<kBlockM, kBlockN, kKind, Store>>;
+    using Padding = PaddingRows<Bf16PaddingTile<kBlockM, kBlockN, kStoreN, kKind, Store>>;
     using Reduction = SplitReduction<Bf16SplitShape<kBlockN, kNumMathWarpgroups>>;
 
-    // Shared memory: A stages, B stages, one output staging buffer per math warpgroup, the ring's barriers,
+    // Shared memory: A stages, B stages, each math warpgroup's output staging buffers, the ring's barriers,
     // split-K: one reduction flag per math warpgroup.
     static constexpr u32 kStageABytes = kBlockM * kBlockK * 2;
     static constexpr u32 kStageBBytes = kBlockN * kBlockK * 2;
@@ -104,7 +113,8 @@ struct Sm90Bf16Gemm {
     static constexpr u32 kOffsetA = 0;
     static constexpr u32 kOffsetB = kOffsetA + kNumStages * kStageABytes;
     static constexpr u32 kOffsetD = kOffsetB + kNumStages * kStageBBytes;
-    static constexpr u32 kOffsetBarriers = kOffsetD + kNumMathWarpgroups * Store::kBytes;
+    static constexpr u32 kWarpgroupDBytes = kStoreBuffers * Store::kBytes;
+    static constexpr u32 kOffsetBarriers = kOffsetD + kNumMathWarpgroups * kWarpgroupDBytes;
     static constexpr u32 kOffsetFlags = kOffsetBarriers + 2 * kNumStages * 8;
     static constexpr u32 kSmemBytes = kOffsetFlags + (kSplitK ? 16 : 0);
     static_assert(kStageBBytes % 1024 == 0 && Store::kBytes % 1024 == 0, "swizzled tiles stay 1024-byte aligned");
@@ -125,7 +135,7 @@ struct Sm90Bf16Gemm {
     struct Tiles {
         using Whole = TileSource<kKGrouped ? GemmKind::kDense : kKind, kBlockM, kNumNBlocks, kGroupRows, 1, false>;
         using Split = SplitTailTileSource<SplitTailTileScheduler<kBlockM, kNumNBlocks, kGroupRows, kNumKBlocks>>;
-        using Source = typename SelectType<kKGrouped, KGroupedTileScheduler<kNumNBlocks, kBlockK>,
+        using Source = typename SelectType<kKGrouped, KGroupedTileScheduler<kNumNBlocks, kBlockK, kGroupRows>,
                                            typename SelectType<kSplitK, Split, Whole>::Type>::Type;
         Source source;
         u32 m;
@@ -216,10 +226,11 @@ struct Sm90Bf16Gemm {
         }
     }
 
-    // acc += C over this thread's accumulator elements (register 4j + r: row 16 warp + lane / 4 + 8 (r / 2),
-    // column 8j + 2 (lane % 4) + r % 2); `c` is the addend's row 0, rows at or past `rows` read nothing.
-    // N % 8 == 0, so a pair never straddles N.
-    DG_DEVICE static void add_addend(float (&acc)[kBlockN / 2], const void* c, u32 c_stride, u32 rows, u32 row0, u32 col0,
+    // acc += C over this thread's accumulator elements of kCols columns from col0 (register 4j + r: row 16 warp +
+    // lane / 4 + 8 (r / 2), column 8j + 2 (lane % 4) + r % 2); `c` is the addend's row 0, rows at or past `rows`
+    // read nothing. N % 8 == 0, so a pair never straddles N.
+    template <u32 kCols>
+    DG_DEVICE static void add_addend(float (&acc)[kCols / 2], const void* c, u32 c_stride, u32 rows, u32 row0, u32 col0,
                                      u32 thread_in_wg) {
         const u32 warp = thread_in_wg / 32;
         const u32 lane = thread_in_wg % 32;
@@ -229,18 +240,21 @@ struct Sm90Bf16Gemm {
             if (row >= rows) {
                 continue;
             }
+            // One pointer per row; the columns are constant offsets from it (no per-element address registers).
+            const u32 first_col = col0 + (lane % 4) * 2;
+            const u64 row_offset = static_cast<u64>(row) * c_stride + first_col;
+            const float* row_fp32 = static_cast<const float*>(c) + row_offset;
+            const u16* row_bf16 = static_cast<const u16*>(c) + row_offset;
 #pragma unroll
-            for (u32 j = 0; j < kBlockN / 8; ++j) {
-                const u32 col = col0 + j * 8 + (lane % 4) * 2;
-                if (kN % kBlockN != 0 && col >= kN) {
+            for (u32 j = 0; j < kCols / 8; ++j) {
+                if (kN % kBlockN != 0 && first_col + j * 8 >= kN) {
                     continue;
                 }
-                const u64 offset = static_cast<u64>(row) * c_stride + col;
                 float2 value;
                 if constexpr (kAddend == kAddendFp32) {
-                    value = *reinterpret_cast<const float2*>(static_cast<const float*>(c) + offset);
+                    value = *reinterpret_cast<const float2*>(row_fp32 + j * 8);
                 } else {
-                    const u32 pair = *reinterpret_cast<const u32*>(static_cast<const u16*>(c) + offset);
+                    const u32 pair = *reinterpret_cast<const u32*>(row_bf16 + j * 8);
                     value = make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xFFFF0000u));
                 }
                 acc[j * 4 + half * 2] += value.x;
@@ -249,15 +263,17 @@ struct Sm90Bf16Gemm {
         }
     }
 
-    // The addend of a tile: dense C [M, N]; k-grouped C[group] of [G, M, N].
-    DG_DEVICE static void add_tile_addend(float (&acc)[kBlockN / 2], const Bf16GemmProblem& problem, const GroupedTile& tile,
+    // The addend of kCols columns of a tile from col0: dense C [M, N]; k-grouped C[group] of [G, M, N] (in place:
+    // added by the store).
+    template <u32 kCols>
+    DG_DEVICE static void add_tile_addend(float (&acc)[kCols / 2], const Bf16GemmProblem& problem, const GroupedTile& tile,
                                           u32 row0, u32 col0, u32 thread_in_wg) {
-        if constexpr (kAddend != kAddendNone) {
+        if constexpr (kAddend == kAddendBf16 || kAddend == kAddendFp32) {
             if (problem.c != nullptr) {
                 const u32 elem_bytes = kAddend == kAddendFp32 ? 4 : 2;
                 const u64 group_bytes = static_cast<u64>(tile.group) * problem.tiles.m * problem.c_stride * elem_bytes;
                 const void* c = static_cast<const u8*>(problem.c) + (kKGrouped ? group_bytes : 0);
-                add_addend(acc, c, problem.c_stride, problem.tiles.m, row0, col0, thread_in_wg);
+                add_addend<kCols>(acc, c, problem.c_stride, problem.tiles.m, row0, col0, thread_in_wg);
             }
         }
     }
@@ -269,13 +285,9 @@ struct Sm90Bf16Gemm {
         }
     }
 
-    // The tile's K range into acc (all of it overwritten: a range of no blocks gives zeros).
+    // The tile's K range (at least one K block) into acc, all of it overwritten.
     DG_DEVICE static void k_loop(const Ring& ring, u32& stage, u32& phase, const Tile& t, u32 math_wg, u32 lane,
                                  float (&acc)[kBlockN / 2]) {
-        if (t.k_blocks == 0) {
-            zero(acc);
-            return;
-        }
         u32 previous = 0;
         for (u32 k_block = 0; k_block < t.k_blocks; ++k_block) {
             ptx::mbarrier_wait(&ring.full[stage], phase);
@@ -300,13 +312,43 @@ struct Sm90Bf16Gemm {
         release(ring, previous, lane);
     }
 
+    // The tile's output from `acc`: C added (unless the stores add it), chunk by chunk through the staging buffers.
+    DG_DEVICE static void store_tile(Store& store, float (&acc)[kBlockN / 2], const OutputDescriptors* tma_d,
+                                     const Bf16GemmProblem& problem, const GroupedTile& tile, u32 row0, u32 col0,
+                                     u32 thread_in_wg, u32 barrier_id) {
+#pragma unroll
+        for (u32 chunk = 0; chunk < kStoreChunks; ++chunk) {
+            auto& values = *reinterpret_cast<float(*)[kStoreN / 2]>(&acc[chunk * kStoreN / 2]);
+            add_tile_addend<kStoreN>(values, problem, tile, row0, col0 + chunk * kStoreN, thread_in_wg);
+            store.store(values, tma_d, col0 + chunk * kStoreN, row0, thread_in_wg, barrier_id, tile.group);
+        }
+    }
+
+    // A k-grouped tile of a group without tokens: out[g] = C[g] (in place: nothing to do) or zeros. Kept apart
+    // from the MMA path and its accumulator (merging a zeroed accumulator into it made ptxas spill wide tiles).
+    DG_DEVICE static void store_empty_tile(Store& store, const OutputDescriptors* tma_d, const Bf16GemmProblem& problem,
+                                           const GroupedTile& tile, u32 row0, u32 col0, u32 thread_in_wg, u32 barrier_id) {
+        if constexpr (kAddend != kAddendInPlace) {
+#pragma unroll 1
+            for (u32 chunk = 0; chunk < kStoreChunks; ++chunk) {
+                float values[kStoreN / 2];
+#pragma unroll
+                for (u32 i = 0; i < kStoreN / 2; ++i) {
+                    values[i] = 0.0f;
+                }
+                add_tile_addend<kStoreN>(values, problem, tile, row0, col0 + chunk * kStoreN, thread_in_wg);
+                store.store(values, tma_d, col0 + chunk * kStoreN, row0, thread_in_wg, barrier_id, tile.group);
+            }
+        }
+    }
+
     DG_DEVICE static void consumer(const Ring& ring, const OutputDescriptors* tma_d, const Bf16GemmProblem& problem) {
         const u32 math_wg = __shfl_sync(0xFFFFFFFFu, threadIdx.x / 128 - 1, 0);  // warp-uniform: kept in uniform registers
         const u32 thread_in_wg = threadIdx.x % 128;
         const u32 lane = thread_in_wg % 32;
         const u32 row_in_wg = (thread_in_wg / 32) * 16 + lane / 4;
         const u32 barrier_id = 1 + math_wg;
-        Store store{ring.smem + kOffsetD + math_wg * Store::kBytes, 0};
+        Store store{ring.smem + kOffsetD + math_wg * kWarpgroupDBytes, 0};
         Tiles tiles(problem.tiles);
         Tile t;
         u32 stage = 0;
@@ -330,6 +372,13 @@ struct Sm90Bf16Gemm {
                 }
                 continue;
             }
+            if constexpr (kKGrouped) {
+                if (t.k_blocks == 0) {
+                    store_empty_tile(store, tma_d, problem, tile, row_in_group, tile.n_block * kBlockN, thread_in_wg,
+                                     barrier_id);
+                    continue;
+                }
+            }
             k_loop(ring, stage, phase, t, math_wg, lane, acc[0]);
             if constexpr (kSplitK) {
                 u32* flags = reinterpret_cast<u32*>(ring.smem + kOffsetFlags);
@@ -343,8 +392,7 @@ struct Sm90Bf16Gemm {
             if constexpr (kContiguous) {
                 Padding::zero_rows(acc, problem.tiles, tile, row0, math_wg, math_wg * 64, row_in_wg);
             }
-            add_tile_addend(acc[0], problem, tile, row0, col0, thread_in_wg);
-            store.store(acc[0], tma_d, col0, row0, thread_in_wg, barrier_id, tile.group);
+            store_tile(store, acc[0], tma_d, problem, tile, row0, col0, thread_in_wg, barrier_id);
         }
         Store::drain(thread_in_wg);
     }

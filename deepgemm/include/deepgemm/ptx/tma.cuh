@@ -43,6 +43,22 @@ DG_DEVICE void tma_store_3d(const TmaDescriptor* desc, const void* smem_src, i32
                  : "memory");
 }
 
+// The same boxes added element-wise into the tensor instead of stored (the tensor map's element type; for
+// FP32 one rounding per element, as a load-add-store would give, done in L2).
+DG_DEVICE void tma_reduce_add_2d(const TmaDescriptor* desc, const void* smem_src, i32 inner, i32 outer) {
+    asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                     reinterpret_cast<u64>(desc)),
+                 "r"(smem_addr(smem_src)), "r"(inner), "r"(outer)
+                 : "memory");
+}
+
+DG_DEVICE void tma_reduce_add_3d(const TmaDescriptor* desc, const void* smem_src, i32 c0, i32 c1, i32 c2) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                     reinterpret_cast<u64>(desc)),
+                 "r"(smem_addr(smem_src)), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
+
 DG_DEVICE void tma_store_commit() {
     asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }

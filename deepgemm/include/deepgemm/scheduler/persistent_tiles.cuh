@@ -8,6 +8,19 @@
 
 namespace deepgemm {
 
+// Rasterization for L2 reuse: tiles of a num_rows x kNumNBlocks grid come in bands of kGroupRows rows; inside a
+// band the row index moves fastest, so CTAs running at the same time share both A rows and B columns.
+template <u32 kNumNBlocks, u32 kGroupRows>
+DG_DEVICE void banded_tile(u32 tile, u32 num_rows, u32& row, u32& n_block) {
+    const u32 band_tiles = kGroupRows * kNumNBlocks;
+    const u32 band = tile / band_tiles;
+    const u32 in_band = tile % band_tiles;
+    const u32 band_first_row = band * kGroupRows;
+    const u32 band_height = min(kGroupRows, num_rows - band_first_row);
+    row = band_first_row + in_band % band_height;
+    n_block = in_band / band_height;
+}
+
 template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupRows, u32 kClusterM>
 struct PersistentTileScheduler {
     u32 num_rows;  // rows of cluster tiles: ceil(M-blocks / kClusterM)
@@ -23,16 +36,11 @@ struct PersistentTileScheduler {
           cta_rank(rank),
           num_clusters(gridDim.x / kClusterM) {}
 
-    // Rasterization for L2 reuse: cluster tiles come in bands of kGroupRows rows; inside a band the row
-    // index moves fastest, so clusters running at the same time share both A rows and B columns.
+    // Cluster tiles in the banded raster (clusters running at the same time share A rows and B columns).
     DG_DEVICE void tile_at(u32 tile, u32& m_block, u32& n_block) const {
-        const u32 band_tiles = kGroupRows * kNumNBlocks;
-        const u32 band = tile / band_tiles;
-        const u32 in_band = tile % band_tiles;
-        const u32 band_first_row = band * kGroupRows;
-        const u32 band_height = min(kGroupRows, num_rows - band_first_row);
-        m_block = (band_first_row + in_band % band_height) * kClusterM + cta_rank;
-        n_block = in_band / band_height;
+        u32 row;
+        banded_tile<kNumNBlocks, kGroupRows>(tile, num_rows, row, n_block);
+        m_block = row * kClusterM + cta_rank;
     }
 
     DG_DEVICE bool next(u32& m_block, u32& n_block) {
