@@ -120,10 +120,14 @@ if has ncu; then
   for tag in ${NCU_SHAPES:-4096x7168x16384}; do
     shape=$(echo $tag | tr x ' ')
     stalls=$(for r in barrier long_scoreboard wait math_pipe_throttle mio_throttle membar sleeping short_scoreboard dispatch_stall misc no_instruction branch_resolving selected not_selected lg_throttle; do printf "smsp__average_warps_issue_stalled_%s_per_issue_active.ratio," $r; done)
-    ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --section SpeedOfLight \
-      --metrics ${stalls}l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum,lts__t_sectors.sum,dram__bytes.sum \
-      python3 dev/profile_shape.py $shape >"$OUT/ncu_$tag.txt" 2>&1
-    echo "ncu $tag:"; grep -E "Duration|SM Frequency|stalled|pipe_|bank_conflicts|wavefronts|inst_executed|sectors|dram__bytes" "$OUT/ncu_$tag.txt" | awk '{print $1, $NF}' | head -30
+    for who in ours ${NCU_PEER:+peer}; do
+      # The peer (NCU_PEER=1, DeepGEMM HEAD made importable first) on the same operands, the same metrics.
+      ( [ "$who" = peer ] && [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+        ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --section SpeedOfLight --section LaunchStats \
+          --metrics ${stalls}l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum,lts__t_sectors.sum,dram__bytes.sum,sm__cycles_active.avg,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_uniform.sum,smsp__inst_executed_op_shared_ld.sum \
+          python3 dev/profile_shape.py $shape $([ "$who" = peer ] && echo --peer) >"$OUT/ncu_${tag}_$who.txt" 2>&1 )
+      echo "ncu $tag $who:"; grep -E "Duration|SM Frequency|stalled|pipe_|bank_conflicts|wavefronts|inst_executed|sectors|dram__bytes|cycles_active|Grid Size|Registers Per|Shared Memory Config|Dynamic Shared|Cluster Size" "$OUT/ncu_${tag}_$who.txt" | awk '{print $1, $NF}' | head -40
+    done
   done
 fi
 if has kgrouped; then

@@ -1,4 +1,7 @@
-"""Run one FP8 GEMM shape a few times (for ncu). Usage: profile_shape.py M N K"""
+"""Run one FP8 GEMM shape a few times (for ncu). Usage: profile_shape.py M N K [--peer]
+
+--peer runs DeepGEMM HEAD's deep_gemm.fp8_gemm_nt on the same operands instead (scales converted once by its
+own transform beforehand, so its GEMM is the only kernel launched per call)."""
 
 from __future__ import annotations
 
@@ -17,8 +20,18 @@ def main() -> None:
     m, n, k = (int(v) for v in sys.argv[1:4])
     a, b = random_operands(m, n, k, "cuda", seed=0)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    for _ in range(3):
-        deepgemm.fp8_gemm_nt(a, b, out)
+    if "--peer" in sys.argv[4:]:
+        from deepgemm.bench import deepseek
+
+        sfa, _ = deepseek.scales(a[1], m, k, is_sfa=True)
+        sfb, _ = deepseek.scales(b[1], n, k, is_sfa=False)
+        module = deepseek.load()
+        torch.cuda.synchronize()
+        for _ in range(3):
+            module.fp8_gemm_nt((a[0], sfa), (b[0], sfb), out)
+    else:
+        for _ in range(3):
+            deepgemm.fp8_gemm_nt(a, b, out)
     torch.cuda.synchronize()
 
 

@@ -27,6 +27,12 @@ DRAM_BYTES_PER_S = 3.6e12  # sustained HBM3e read+write rate
 SM_LOAD_BYTES_PER_S = 110e9  # what one SM's TMA pipeline pulls from L2/DRAM
 EPILOGUE_S = 0.6e-6        # per tile: accumulators to shared memory to TMA store, not hidden by the next tile
 MIN_STAGES = 3
+# FP32 output through one whole-tile staging buffer that leaves 3 stages (128 x 192, 128 x 176) ran 13-15% slower
+# than 128 x 256 with the chunked epilogue (4 stages) where the model had them level (H200, 2026-12-02, k-grouped
+# 4 x ~4096 M = N = 4096: 987.8 vs 857.9 us; 8 x ~4096 M = N = 7168: 6001.9 vs 5305.9; dense FP32 out: the chunked
+# 128 x 256 7-18% faster than the best unchunked pick). BF16 output's 128 x 256 at 3 stages is not affected.
+FP32_FULL_STAGES = 4
+FP32_FEW_STAGES_FACTOR = 1.12
 MAX_STAGES = 16  # memory-bound tiles keep more bytes in flight per SM
 SPLIT_MIN_K_BLOCKS = 8     # split-K: 64-deep K blocks per range at least (the ring's fill is paid per range)
 DECODE_MAX_M = 128         # dense M up to this: split-K applies
@@ -110,7 +116,10 @@ def estimate_seconds(problem: Bf16Problem, block_m: int, block_n: int) -> float:
     padded_k = ceil_div(p.k, BLOCK_K) * BLOCK_K
     per_sm_load = tiles_per_sm * (block_m + block_n) * padded_k * 2 / SM_LOAD_BYTES_PER_S
     dram = p.groups * ((p.m + p.n) * p.k * 2 + p.m * p.n * (p.out_bytes + p.addend_bytes)) / DRAM_BYTES_PER_S
-    return max(compute, per_sm_load, dram) + tiles_per_sm * EPILOGUE_S
+    seconds = max(compute, per_sm_load, dram) + tiles_per_sm * EPILOGUE_S
+    if p.out_bytes == 4 and stages_for(block_m, block_n, 4, store_n=store_n_for(block_m, block_n, 4)) < FP32_FULL_STAGES:
+        seconds *= FP32_FEW_STAGES_FACTOR
+    return seconds
 
 
 def decode_split(problem: Bf16Problem, plain: Bf16GemmConfig) -> Bf16GemmConfig | None:
