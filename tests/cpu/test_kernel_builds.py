@@ -71,6 +71,10 @@ EXPLICIT = [
     ("bm128_bn192_narrow_k7168", 128, 192, 1, 4096, 7168, BF16),
     ("contiguous_bm128_bn192_narrow_k7168", 128, 192, 1, 4096, 7168, BF16, {"kind": GemmKind.GROUPED_CONTIGUOUS}),
     ("bm64_bn96_narrow_pipelined", 64, 96, 1, 4000, 1536, BF16),
+    # A multicast (2-CTA clusters along N): block_m 256 and 128 (pipelined), FP32 chunks, a partial last N-block.
+    ("bm256_bn128_cn2_k16384", 256, 128, 1, 7168, 16384, BF16, {"cluster_n": 2}),
+    ("bm128_bn128_cn2_k7296", 128, 128, 1, 4000, 7296, BF16, {"cluster_n": 2}),
+    ("bm256_bn128_cn2_fp32_k4096", 256, 128, 1, 2048, 4096, FP32, {"cluster_n": 2}),
 ]
 
 QUANTIZE = [
@@ -212,6 +216,22 @@ def test_narrow_last_block_is_a_config_field() -> None:
     assert compile_spec(full).resources.spill_stores == 0  # its static_assert: host and device agree on the box
 
 
+def test_a_multicast_is_a_config_field() -> None:
+    """cluster_n = 2 renders a trailing template argument (every other kernel's source is unchanged), shows in the
+    label, and needs an even number of N-blocks: an odd count fails the kernel's static_assert."""
+    plain = explicit_spec(256, 128, 1, 7168, 16384, BF16)
+    paired = explicit_spec(256, 128, 1, 7168, 16384, BF16, cluster_n=2)
+    assert render_source(plain).code.count(", 2u>;") == 0 and render_source(paired).code.count(", 2u>;") == 1
+    assert paired.label().endswith(" cn2") and "cn" not in plain.label().split("cm1")[1]
+    assert paired.config.cluster_size == 2 and last_box_rows_b(paired) == 128
+    odd = explicit_spec(128, 128, 1, 2112, 7168, BF16, cluster_n=2)  # 17 N-blocks
+    with pytest.raises(CompileError, match="even number of N-blocks"):
+        compile_spec(odd)
+    for cluster_m, cluster_n in ((1, 3), (2, 2), (4, 1)):
+        with pytest.raises(ValueError, match="cluster_m .* and cluster_n .* must be 1 or 2"):
+            dataclasses.replace(plain.config, cluster_m=cluster_m, cluster_n=cluster_n)
+
+
 @pytest.mark.parametrize("name", [r[0] for r in PLANNED])
 def test_planned_builds_match_the_heuristic(builds: dict[str, Build], name: str) -> None:
     b = builds[name]
@@ -229,6 +249,7 @@ def test_configs_covered(builds: dict[str, Build]) -> None:
     assert {c.block_m for c in configs} == {64, 128, 192, 256}
     assert {c.pipelined for c in configs} == {True, False}
     assert {c.cluster_m for c in configs} == {1, 2}
+    assert {c.cluster_n for c in configs} == {1, 2}
     assert any(128 % c.block_n != 0 for c in configs), "no tile straddles scale blocks"
     assert any(128 % c.block_n != 0 and c.block_n > 128 for c in configs)
     assert any(s.k % 128 != 0 for s in specs), "no K tail"

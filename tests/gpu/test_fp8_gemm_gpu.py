@@ -68,6 +68,35 @@ def test_cluster_multicast_configs(m: int, n: int, k: int, block_m: int, block_n
     assert_close_to_reference(out, reference_fp64(a, b), reference_abs_fp64(a, b))
 
 
+# A multicast (cluster_n = 2: two CTAs on horizontally adjacent tiles, each loading half of the shared A tile):
+# partial last M-blocks (M = 4097: one row; 300, 1000), a partial last N-block (N = 4000), odd K blocks, FP32 out
+# (chunked stores), block_m 128 and 256, and a 16-SM grid where each cluster walks many tiles.
+A_MULTICAST = [
+    (4097, 7168, 2048, 256, 128, torch.bfloat16, None),
+    (300, 2048, 7296, 128, 128, torch.bfloat16, None),
+    (1000, 4000, 2048, 128, 128, torch.bfloat16, None),
+    (700, 2048, 4096, 256, 128, torch.float32, None),
+    (1300, 2048, 2048, 256, 64, torch.bfloat16, 16),
+]
+
+
+@pytest.mark.parametrize("m,n,k,block_m,block_n,out_dtype,sms", A_MULTICAST, ids=lambda v: str(v))
+def test_a_multicast_configs(m: int, n: int, k: int, block_m: int, block_n: int, out_dtype: torch.dtype,
+                             sms: int | None) -> None:
+    """The 2-CTA A-multicast path against float64, and bitwise equal to the same tile without clusters."""
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
+
+    sms = sms or torch.cuda.get_device_properties(0).multi_processor_count
+    plain = make_config(m, n, k, block_m, block_n, sms, 4 if out_dtype == torch.float32 else 2, cluster_m=1)
+    clustered = dataclasses.replace(plain, cluster_n=2)
+    plan = get_plan(0, m, n, k, out_dtype, clustered)
+    assert plan.grid % 2 == 0 and "cn2" in plan.spec.label()
+    operands = random_operands(m, n, k, "cuda")
+    out = _run_checked(plan, operands, out_dtype)
+    assert torch.equal(out, _run_checked(get_plan(0, m, n, k, out_dtype, plain), operands, out_dtype))
+
+
 def _run_checked(plan, operands, out_dtype: torch.dtype) -> torch.Tensor:  # noqa: ANN001
     """Launch a forced plan into a NaN-poisoned output and check it against the float64 reference."""
     a, b = operands

@@ -23,7 +23,8 @@ class GemmConfig:
     warpgroup, for when full-width buffers would leave fewer than three stages (FP32 output); `narrow_last_n` runs a
     partial last N-block (N not a multiple of block_n) as narrower MMAs from its own B box.
     Launch: a persistent grid of CTAs walking tiles in bands of group_m rows over num_sms SMs; cluster_m = 2 pairs
-    vertically adjacent tiles in a 2-CTA cluster that multicasts the shared B tile; split_tail / stream_tail (dense,
+    vertically adjacent tiles in a 2-CTA cluster that multicasts the shared B tile, cluster_n = 2 (dense, an even
+    number of N-blocks) horizontally adjacent ones that multicast A; split_tail / stream_tail (dense,
     exclusive) split the last partial wave's tiles along K (an FP32 workspace); balanced_grid (dense) launches the
     fewest CTAs that keep the wave count, so every CTA runs the same number of tiles.
     """
@@ -42,10 +43,21 @@ class GemmConfig:
     chunked_store: bool = False
     narrow_last_n: bool = True
     balanced_grid: bool = False
+    cluster_n: int = 1
+
+    def __post_init__(self) -> None:
+        if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2) or self.cluster_m * self.cluster_n > 2:
+            raise ValueError(f"GemmConfig: cluster_m ({self.cluster_m}) and cluster_n ({self.cluster_n}) must be 1 or 2, "
+                             "at most one of them 2")
 
     @property
     def num_math_warpgroups(self) -> int:
         return math_warpgroups(self.block_m)
+
+    @property
+    def cluster_size(self) -> int:
+        """CTAs per cluster."""
+        return self.cluster_m * self.cluster_n
 
     @property
     def num_threads(self) -> int:
@@ -53,6 +65,8 @@ class GemmConfig:
 
     def label(self) -> str:
         label = f"bm{self.block_m} bn{self.block_n} st{self.num_stages} gm{self.group_m} cm{self.cluster_m} pp{int(self.pipelined)} sms{self.num_sms}"
+        if self.cluster_n != 1:
+            label += f" cn{self.cluster_n}"
         if self.chunked_store:
             label += " cs1"
         if self.stream_tail:

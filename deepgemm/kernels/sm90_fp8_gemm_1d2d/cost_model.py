@@ -153,7 +153,7 @@ def candidate_tiles(m: int, n: int, allow_block_m_256: bool = True, allow_block_
 def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int, out_elem_bytes: int = 2,
                 cluster_m: int = 1, num_stages: int | None = None, split_tail: bool = False,
                 chunked_store: bool | None = None, stream_tail: bool = False, balanced_grid: bool | None = None,
-                narrow_last_n: bool = True) -> GemmConfig:
+                narrow_last_n: bool = True, cluster_n: int = 1) -> GemmConfig:
     """A complete config for a tile choice: deepest pipeline that fits (or `num_stages`) and the pipelining rule.
     balanced_grid None: the dense default (balanced_grid_applies); grouped plans pass False."""
     if split_tail and stream_tail:
@@ -179,6 +179,7 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
         stream_tail=stream_tail,
         balanced_grid=balanced_grid_applies(k) if balanced_grid is None else balanced_grid,
         narrow_last_n=narrow_last_n,
+        cluster_n=cluster_n,
     )
 
 

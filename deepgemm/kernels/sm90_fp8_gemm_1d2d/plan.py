@@ -51,23 +51,27 @@ class Fp8GemmPlan:
         self.geometry = geometry
         self.spec = spec
         self.kernel = kernel
-        resident = c.num_sms // c.cluster_m
-        if c.cluster_m > 1:
+        resident = c.num_sms // c.cluster_size
+        if c.cluster_size > 1:
             # A persistent grid must be fully resident: some SMs may have no cluster partner.
-            resident = min(resident, kernel.max_active_clusters(device_index, c.num_threads, c.cluster_m))
+            resident = min(resident, kernel.max_active_clusters(device_index, c.num_threads, c.cluster_size))
         if geometry.tiles_known and not (c.split_tail or c.stream_tail):
             # (A split-tail grid keeps every SM: fewer tiles than SMs are then split along K.)
-            cluster_tiles = ceil_div(ceil_div(geometry.rows, c.block_m), c.cluster_m) * ceil_div(spec.n, c.block_n)
+            cluster_tiles = (ceil_div(ceil_div(geometry.rows, c.block_m), c.cluster_m)
+                             * ceil_div(spec.n, c.block_n * c.cluster_n))
             resident = min(resident, cluster_tiles)
             if resident > 0 and spec.kind == GemmKind.DENSE and c.balanced_grid:
                 resident = balanced_grid(cluster_tiles, resident)  # every CTA the same number of tiles
-        self.grid = max(resident, 1) * c.cluster_m
+        self.grid = max(resident, 1) * c.cluster_size
         self.block = c.num_threads
         self._args: dict[tuple[int, ...], PackedArgs] = {}
         self._configs: dict[int, object] = {}  # launch config per stream
         self._split_args = SplitLaunchArgs(device_index, self._WORKSPACE_ARG, self._COUNTERS_ARG)
-        if (c.split_tail or c.stream_tail) and (spec.kind != GemmKind.DENSE or c.cluster_m != 1):
+        if (c.split_tail or c.stream_tail) and (spec.kind != GemmKind.DENSE or c.cluster_size != 1):
             raise ValueError(f"split_tail and stream_tail need a dense GEMM without clusters, got {spec.label()}")
+        if c.cluster_n != 1 and (spec.kind != GemmKind.DENSE or ceil_div(spec.n, c.block_n) % c.cluster_n):
+            raise ValueError(f"cluster_n = {c.cluster_n} needs a dense GEMM with an even number of N-blocks, got "
+                             f"{spec.label()}")
         # K ranges per tail tile, fixed per plan (dense plans have a fixed M): launches only test it.
         self._split_ranges = self.split_count()
 
@@ -80,7 +84,7 @@ class Fp8GemmPlan:
         d_descriptors = output_descriptors(d, rows, n, d.stride(-2) if d.dim() == 3 else tma_row_stride(d))
         a_stride = a.stride(-2) if a.dim() == 3 else tma_row_stride(a)
         b_stride = b.stride(-2) if b.dim() == 3 else tma_row_stride(b)
-        a_rows_per_box = a_box_rows(self.spec.kind, c.block_m)
+        a_rows_per_box = a_box_rows(self.spec.kind, c.block_m) // c.cluster_n  # A multicast: each CTA loads half
         a_desc = encode_2d(a.data_ptr(), fp8, rows, k, a_stride, a_rows_per_box, c.block_k, 128)
         if self.spec.kind == GemmKind.GROUPED_MASKED:
             # sfa [G, max_m, K/128], M contiguous: a 3-D box (M, K block, group), so any group stride works (M-major
@@ -143,7 +147,7 @@ class Fp8GemmPlan:
         config = self._configs.get(stream)
         if config is None:
             config = self._configs[stream] = self.kernel.launch_config(
-                self.device_index, stream, self.grid, self.block, self.spec.config.cluster_m)
+                self.device_index, stream, self.grid, self.block, self.spec.config.cluster_size)
         if self._split_ranges > 1:
             # The FP32 partials and zeroed counters of a split launch (split_scratch: per stream and reused, since
             # the kernel leaves the counters at zero; under graph capture, counters of the launch's own).

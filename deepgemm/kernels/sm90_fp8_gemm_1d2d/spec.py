@@ -58,19 +58,20 @@ def last_box_rows_b(spec: Fp8GemmSpec) -> int:
     that block partial (narrow last block), else block_n."""
     block_n = spec.config.block_n
     last = align_up(spec.n - (ceil_div(spec.n, block_n) - 1) * block_n, 8)
-    return last if spec.config.cluster_m == 1 and last < block_n and spec.config.narrow_last_n else block_n
+    return last if spec.config.cluster_size == 1 and last < block_n and spec.config.narrow_last_n else block_n
 
 
 def render_source(spec: Fp8GemmSpec) -> KernelSource:
     c = spec.config
     fp32 = "true" if spec.out_dtype == torch.float32 else "false"
+    cluster_n = f", {c.cluster_n}u" if c.cluster_n != 1 else ""  # (a trailing default: other kernels' source unchanged)
     code = f"""\
 #include <deepgemm/impls/sm90_fp8_gemm_1d2d.cuh>
 
 using Kernel = deepgemm::Sm90Fp8Gemm1D2D<{spec.n}u, {spec.k}u, {c.block_m}u, {c.block_n}u, {c.num_stages}u, {c.group_m}u,
                                          {c.cluster_m}u, {"true" if c.pipelined else "false"}, {fp32},
                                          static_cast<deepgemm::GemmKind>({int(spec.kind)}), deepgemm::TailMode::{tail_mode(c)},
-                                         {"true" if c.chunked_store else "false"}, {"true" if c.narrow_last_n else "false"}>;
+                                         {"true" if c.chunked_store else "false"}, {"true" if c.narrow_last_n else "false"}{cluster_n}>;
 static_assert(Kernel::kSmemBytes == {c.smem_bytes}u, "host and device disagree on the shared-memory size");
 static_assert(Kernel::kLoadRowsA == {a_box_rows(spec.kind, c.block_m)}u, "host and device disagree on A's TMA box rows");
 static_assert(Kernel::kLastBoxRowsB == {last_box_rows_b(spec)}u, "host and device disagree on B's last box");

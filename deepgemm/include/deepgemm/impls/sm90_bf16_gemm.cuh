@@ -133,7 +133,7 @@ struct Sm90Bf16Gemm {
     };
 
     struct Tiles {
-        using Whole = TileSource<kKGrouped ? GemmKind::kDense : kKind, kBlockM, kNumNBlocks, kGroupRows, 1, false>;
+        using Whole = TileSource<kKGrouped ? GemmKind::kDense : kKind, kBlockM, kNumNBlocks, kGroupRows, 1, 1, false>;
         using Split = SplitTailTileSource<SplitTailTileScheduler<kBlockM, kNumNBlocks, kGroupRows, kNumKBlocks>>;
         using Source = typename SelectType<kKGrouped, KGroupedTileScheduler<kNumNBlocks, kBlockK, kGroupRows>,
                                            typename SelectType<kSplitK, Split, Whole>::Type>::Type;

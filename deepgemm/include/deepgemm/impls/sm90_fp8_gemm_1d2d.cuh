@@ -6,7 +6,7 @@
 // One CTA = 1 producer warpgroup + kBlockM/64 math warpgroups, persistent over tiles. The pieces:
 //   impls/sm90_fp8_gemm_1d2d_config.cuh       compile-time constants, register split, shared-memory map;
 //   scheduler/tile_sources.cuh                the tile sequence of each GemmKind and tail mode;
-//   mainloop/sm90_fp8_1d2d_producer.cuh       the TMA thread (A, B, sfa into the stage ring; B multicast in clusters);
+//   mainloop/sm90_fp8_1d2d_producer.cuh       the TMA thread (A, B, sfa into the stage ring; B or A multicast in clusters);
 //   mainloop/sm90_fp8_1d2d_tile_loader.cuh    the tile loader warp and the tile slots it fills a tile ahead;
 //   mainloop/sm90_fp8_1d2d_k_loop.cuh         a math warpgroup's K loop (wgmma, stage release, promotion);
 //   mainloop/fp8_promotion.cuh                the promotion with sfa x sfb;
@@ -31,11 +31,12 @@ namespace deepgemm {
 
 template <u32 kN, u32 kK, u32 kBlockM, u32 kBlockN, u32 kNumStages, u32 kGroupM, u32 kClusterM, bool kPipelinedPromotion,
           bool kOutputFp32, GemmKind kKind = GemmKind::kDense, TailMode kTail = TailMode::kWhole, bool kChunkedStore = false,
-          bool kNarrowLastN = true>
+          bool kNarrowLastN = true, u32 kClusterN = 1>
 struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumStages, kGroupM, kClusterM, kPipelinedPromotion,
-                                               kOutputFp32, kKind, kTail, kChunkedStore, kNarrowLastN> {
+                                               kOutputFp32, kKind, kTail, kChunkedStore, kNarrowLastN, kClusterN> {
     using Cfg = Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumStages, kGroupM, kClusterM, kPipelinedPromotion, kOutputFp32,
-                                      kKind, kTail, kChunkedStore, kNarrowLastN>;
+                                      kKind, kTail, kChunkedStore, kNarrowLastN, kClusterN>;
+    using Cfg::kClusterSize;
     using typename Cfg::Ring;
     using typename Cfg::Store;
     using typename Cfg::Tiles;
@@ -274,10 +275,10 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
             }
             ptx::tma_prefetch_descriptor(&tma_d->width128);
             tile_slots.init();
-            ring.init(kClusterM * kNumMathThreads / 32);  // (its fence also covers the tile-slot barriers)
+            ring.init(kClusterSize * kNumMathThreads / 32);  // (its fence also covers the tile-slot barriers)
         }
-        const u32 cta_rank = kClusterM == 1 ? 0 : ptx::cluster_cta_rank();
-        if constexpr (kClusterM == 1) {
+        const u32 cta_rank = kClusterSize == 1 ? 0 : ptx::cluster_cta_rank();
+        if constexpr (kClusterSize == 1) {
             __syncthreads();
         } else {
             ptx::cluster_sync();  // both CTAs' barriers exist before any multicast or remote arrive
@@ -294,7 +295,7 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
             ptx::setmaxnreg_inc<kMathRegisters>();
             consumer(ring, tile_slots, tma_d, sfb, problem, cta_rank);
         }
-        if constexpr (kClusterM > 1) {
+        if constexpr (kClusterSize > 1) {
             // The peer may still arrive on this CTA's barriers: neither CTA leaves before both are done.
             __syncwarp();
             ptx::cluster_sync();

@@ -10,7 +10,7 @@
 namespace deepgemm {
 
 template <u32 kN_, u32 kK_, u32 kBlockM_, u32 kBlockN_, u32 kNumStages_, u32 kGroupM_, u32 kClusterM_, bool kPipelinedPromotion_,
-          bool kOutputFp32_, GemmKind kKind_, TailMode kTail_, bool kChunkedStore_, bool kNarrowLastN_>
+          bool kOutputFp32_, GemmKind kKind_, TailMode kTail_, bool kChunkedStore_, bool kNarrowLastN_, u32 kClusterN_>
 struct Sm90Fp8Gemm1D2DConfig {
     static constexpr u32 kN = kN_;
     static constexpr u32 kK = kK_;
@@ -19,6 +19,8 @@ struct Sm90Fp8Gemm1D2DConfig {
     static constexpr u32 kNumStages = kNumStages_;
     static constexpr u32 kGroupM = kGroupM_;
     static constexpr u32 kClusterM = kClusterM_;
+    static constexpr u32 kClusterN = kClusterN_;
+    static constexpr u32 kClusterSize = kClusterM * kClusterN;  // CTAs per cluster (each stage released to all)
     static constexpr bool kPipelinedPromotion = kPipelinedPromotion_;
     static constexpr bool kOutputFp32 = kOutputFp32_;
     static constexpr GemmKind kKind = kKind_;
@@ -38,6 +40,8 @@ struct Sm90Fp8Gemm1D2DConfig {
     static_assert(kNumStages >= 2, "need at least two pipeline stages");
     static_assert(kClusterM == 1 || (kClusterM == 2 && kBlockN % 16 == 0), "multicast halves of B need block_n % 16 == 0");
     static_assert(kClusterM == 1 || kKind == GemmKind::kDense, "grouped GEMMs run without clusters");
+    static_assert(kClusterN == 1 || (kClusterN == 2 && kClusterM == 1 && kKind == GemmKind::kDense && !kSplitTail),
+                  "A multicast: 2-CTA clusters along N, dense whole tiles, not with cluster_m");
     // Tiles start at multiples of block_n, so a tile's offset inside its 128-column scale block is at most
     // 128 - gcd(block_n, 128); it must not reach a third scale block.
     static_assert(128 - gcd(kBlockN, 128u) + kBlockN <= 256, "block_n would let a tile span three 128-column scale blocks");
@@ -103,10 +107,13 @@ struct Sm90Fp8Gemm1D2DConfig {
     // (ContiguousBlockWalk::kRotateWaves), so the cheap tiles do not all fall to the same CTAs.
     // kNarrowLastN = false compiles full-width last blocks and the plain walk.
     static constexpr u32 kLastBlockN = align_up(kN - (kNumNBlocks - 1) * kBlockN, 8u);
-    static constexpr bool kNarrowLast = kNarrowLastN && kClusterM == 1 && kLastBlockN < kBlockN;
+    static constexpr bool kNarrowLast = kNarrowLastN && kClusterSize == 1 && kLastBlockN < kBlockN;
     static constexpr u32 kLastBoxRowsB = kNarrowLast ? kLastBlockN : kBlockN;
-    using Tiles = typename GemmTileSource<kKind, kTail, kBlockM, kNumNBlocks, kGroupM, kClusterM, kNumKBlocks, kNarrowLast>::Type;
+    using Tiles = typename GemmTileSource<kKind, kTail, kBlockM, kNumNBlocks, kGroupM, kClusterM, kClusterN, kNumKBlocks,
+                                         kNarrowLast>::Type;
     static constexpr u32 kMulticastRowsB = kBlockN / kClusterM;
+    // kClusterN = 2: both CTAs compute the same M-block; each loads half of A's rows, multicast into both.
+    static constexpr u32 kMulticastRowsA = kBlockM / kClusterN;
     // Masked groups hold few valid rows at decode sizes: their A tiles are loaded in boxes of kLoadRowsA rows,
     // only as many as the tile's valid rows need (a 64-row wave reads stale shared memory in the rows past
     // them; those output rows lie past masked_m, where the result is unspecified). Other kinds load a tile in

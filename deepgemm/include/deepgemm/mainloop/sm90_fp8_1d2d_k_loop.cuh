@@ -32,7 +32,7 @@ struct Sm90Fp8KLoop1D2D : Cfg {
     using typename Cfg::Ring;
     using Cfg::kBlockK;
     using Cfg::kBlockN;
-    using Cfg::kClusterM;
+    using Cfg::kClusterSize;
     using Cfg::kMayStraddle;
     using Cfg::kNumKBlocks;
     using Cfg::kNumWaves;
@@ -60,11 +60,11 @@ struct Sm90Fp8KLoop1D2D : Cfg {
     DG_DEVICE static void release_stage(const Ring& ring, u32 stage, u32 lane) {
         __syncwarp();
         if (lane == 0) {
-            if constexpr (kClusterM == 1) {
+            if constexpr (kClusterSize == 1) {
                 ptx::mbarrier_arrive(&ring.empty[stage]);
             } else {
 #pragma unroll
-                for (u32 rank = 0; rank < kClusterM; ++rank) {
+                for (u32 rank = 0; rank < kClusterSize; ++rank) {
                     ptx::mbarrier_arrive_cluster(&ring.empty[stage], rank);
                 }
             }

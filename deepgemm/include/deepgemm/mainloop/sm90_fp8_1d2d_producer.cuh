@@ -1,6 +1,7 @@
 // The 1D2D GEMM's TMA producer: one thread walks the tile sequence and loads each K block's A, B (128B swizzle)
 // and sfa into the stage ring. With kClusterM = 2 the two CTAs of a cluster compute vertically adjacent tiles
-// and each loads half of the shared B tile, multicast into both CTAs (half the L2 traffic for B).
+// and each loads half of the shared B tile, multicast into both CTAs (half the L2 traffic for B); with
+// kClusterN = 2 they compute horizontally adjacent tiles and share A the same way.
 #pragma once
 #include <deepgemm/ptx/cluster.cuh>
 #include <deepgemm/ptx/mbarrier.cuh>
@@ -17,9 +18,11 @@ struct Sm90Fp8Producer1D2D : Cfg {
     using Cfg::kBlockM;
     using Cfg::kBlockN;
     using Cfg::kClusterM;
+    using Cfg::kClusterN;
     using Cfg::kKind;
     using Cfg::kLastBlockN;
     using Cfg::kLoadRowsA;
+    using Cfg::kMulticastRowsA;
     using Cfg::kMulticastRowsB;
     using Cfg::kN;
     using Cfg::kNarrowLast;
@@ -64,7 +67,8 @@ struct Sm90Fp8Producer1D2D : Cfg {
             if constexpr (kLoadRowsA != kBlockM) {
                 a_boxes = ceil_div(min(tile.rows - tile.m_block * kBlockM, kBlockM), kLoadRowsA);
                 tx_bytes = kStageTxBytes - kStageABytes + a_boxes * kLoadRowsA * kBlockK;
-            } else if constexpr (kKind == GemmKind::kDense) {
+            } else if constexpr (kKind == GemmKind::kDense && kClusterN == 1) {
+                // (With A multicast the last M-block loads whole halves too: TMA zero-fills rows past M.)
                 if (tile.m_block == last_m_block) {
                     desc_a = tma_a_last;
                     desc_sfa = tma_sfa_last;
@@ -83,7 +87,12 @@ struct Sm90Fp8Producer1D2D : Cfg {
                 u64* full = &ring.full[stage];
                 const i32 k = static_cast<i32>(k_block * kBlockK);
                 ptx::mbarrier_arrive_expect_tx(full, tx_bytes);
-                if constexpr (kLoadRowsA == kBlockM) {
+                if constexpr (kClusterN > 1) {
+                    // This CTA's half of the A tile goes to the same offset in both CTAs of the cluster.
+                    const u32 half = cta_rank * kMulticastRowsA;
+                    ptx::tma_load_2d_multicast(ring.smem + kOffsetA + stage * kStageABytes + half * kBlockK, tma_a, full, k,
+                                               row_a + static_cast<i32>(half), (1u << kClusterN) - 1);
+                } else if constexpr (kLoadRowsA == kBlockM) {
                     ptx::tma_load_2d(ring.smem + kOffsetA + stage * kStageABytes, desc_a, full, k, row_a);
                 } else {
                     for (u32 box = 0; box < a_boxes; ++box) {

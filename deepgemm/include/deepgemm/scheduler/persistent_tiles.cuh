@@ -1,7 +1,8 @@
 // Persistent tile schedulers over an (M-blocks x N-blocks) grid of output tiles.
 // The unit of work is a cluster tile: kClusterM vertically adjacent tiles sharing one N-block (the CTAs of
-// a cluster share B through TMA multicast). Cluster c walks cluster tiles c, c + num_clusters, ...;
-// the CTA of rank r takes M-block kClusterM * row + r. Producer and consumers each own a copy and see
+// a cluster share B through TMA multicast), or kClusterN horizontally adjacent tiles sharing one M-block
+// (they share A). Cluster c walks cluster tiles c, c + num_clusters, ...; the CTA of rank r takes M-block
+// kClusterM * row + r (N-block kClusterN * column + r). Producer and consumers each own a copy and see
 // the same sequence.
 #pragma once
 #include <deepgemm/ptx/types.cuh>
@@ -21,8 +22,12 @@ DG_DEVICE void banded_tile(u32 tile, u32 num_rows, u32& row, u32& n_block) {
     n_block = in_band / band_height;
 }
 
-template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupRows, u32 kClusterM>
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupRows, u32 kClusterM, u32 kClusterN = 1>
 struct PersistentTileScheduler {
+    static_assert(kClusterM == 1 || kClusterN == 1, "clusters pair tiles along M or along N, not both");
+    static_assert(kNumNBlocks % kClusterN == 0, "N-block pairs need an even number of N-blocks");
+    static constexpr u32 kClusterSize = kClusterM * kClusterN;
+    static constexpr u32 kClusterColumns = kNumNBlocks / kClusterN;
     u32 num_rows;  // rows of cluster tiles: ceil(M-blocks / kClusterM)
     u32 num_tiles;
     u32 next_tile;
@@ -31,16 +36,23 @@ struct PersistentTileScheduler {
 
     DG_DEVICE PersistentTileScheduler(u32 m, u32 rank)
         : num_rows(ceil_div(ceil_div(m, kBlockM), kClusterM)),
-          num_tiles(ceil_div(ceil_div(m, kBlockM), kClusterM) * kNumNBlocks),
-          next_tile(blockIdx.x / kClusterM),
+          num_tiles(ceil_div(ceil_div(m, kBlockM), kClusterM) * kClusterColumns),
+          next_tile(blockIdx.x / kClusterSize),
           cta_rank(rank),
-          num_clusters(gridDim.x / kClusterM) {}
+          num_clusters(gridDim.x / kClusterSize) {}
 
     // Cluster tiles in the banded raster (clusters running at the same time share A rows and B columns).
     DG_DEVICE void tile_at(u32 tile, u32& m_block, u32& n_block) const {
         u32 row;
-        banded_tile<kNumNBlocks, kGroupRows>(tile, num_rows, row, n_block);
-        m_block = row * kClusterM + cta_rank;
+        u32 column;
+        banded_tile<kClusterColumns, kGroupRows>(tile, num_rows, row, column);
+        if constexpr (kClusterN == 1) {
+            m_block = row * kClusterM + cta_rank;
+            n_block = column;
+        } else {
+            m_block = row;
+            n_block = column * kClusterN + cta_rank;
+        }
     }
 
     DG_DEVICE bool next(u32& m_block, u32& n_block) {

@@ -28,14 +28,14 @@ struct GemmProblem {
     u32* counters;     // split/stream tail: arrivals per (tail tile, math warpgroup); zero between launches
 };
 
-// One tile sequence per kind (dense: group 0, no padding). kRotateWaves: the contiguous walk's rotation
+// One tile sequence per kind (dense: group 0, no padding; kClusterM x kClusterN CTAs per cluster, grouped kinds 1 x 1). kRotateWaves: the contiguous walk's rotation
 // (ContiguousBlockWalk), for kernels whose last N-block is narrow; the other kinds ignore it.
-template <GemmKind kKind, u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, bool kRotateWaves>
+template <GemmKind kKind, u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, u32 kClusterN, bool kRotateWaves>
 struct TileSource;
 
-template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, bool kRotateWaves>
-struct TileSource<GemmKind::kDense, kBlockM, kNumNBlocks, kGroupM, kClusterM, kRotateWaves> {
-    PersistentTileScheduler<kBlockM, kNumNBlocks, kGroupM, kClusterM> scheduler;
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, u32 kClusterN, bool kRotateWaves>
+struct TileSource<GemmKind::kDense, kBlockM, kNumNBlocks, kGroupM, kClusterM, kClusterN, kRotateWaves> {
+    PersistentTileScheduler<kBlockM, kNumNBlocks, kGroupM, kClusterM, kClusterN> scheduler;
     u32 m;
 
     DG_DEVICE TileSource(const GemmProblem& p, u32 cta_rank) : scheduler(p.m, cta_rank), m(p.m) {}
@@ -49,8 +49,8 @@ struct TileSource<GemmKind::kDense, kBlockM, kNumNBlocks, kGroupM, kClusterM, kR
     }
 };
 
-template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, bool kRotateWaves>
-struct TileSource<GemmKind::kGroupedContiguous, kBlockM, kNumNBlocks, kGroupM, kClusterM, kRotateWaves> {
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, u32 kClusterN, bool kRotateWaves>
+struct TileSource<GemmKind::kGroupedContiguous, kBlockM, kNumNBlocks, kGroupM, kClusterM, kClusterN, kRotateWaves> {
     ContiguousTileScheduler<kBlockM, kNumNBlocks, kRotateWaves> scheduler;
 
     DG_DEVICE TileSource(const GemmProblem& p, u32) : scheduler(p.grouping, p.m, p.num_groups) {}
@@ -58,8 +58,8 @@ struct TileSource<GemmKind::kGroupedContiguous, kBlockM, kNumNBlocks, kGroupM, k
     DG_DEVICE bool next(GroupedTile& tile, SplitUnit&) { return scheduler.next(tile); }
 };
 
-template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, bool kRotateWaves>
-struct TileSource<GemmKind::kGroupedContiguousPsum, kBlockM, kNumNBlocks, kGroupM, kClusterM, kRotateWaves> {
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, u32 kClusterN, bool kRotateWaves>
+struct TileSource<GemmKind::kGroupedContiguousPsum, kBlockM, kNumNBlocks, kGroupM, kClusterM, kClusterN, kRotateWaves> {
     ContiguousPsumTileScheduler<kBlockM, kNumNBlocks, kRotateWaves> scheduler;
 
     DG_DEVICE TileSource(const GemmProblem& p, u32) : scheduler(p.grouping, p.m, p.num_groups) {}
@@ -67,8 +67,8 @@ struct TileSource<GemmKind::kGroupedContiguousPsum, kBlockM, kNumNBlocks, kGroup
     DG_DEVICE bool next(GroupedTile& tile, SplitUnit&) { return scheduler.next(tile); }
 };
 
-template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, bool kRotateWaves>
-struct TileSource<GemmKind::kGroupedMasked, kBlockM, kNumNBlocks, kGroupM, kClusterM, kRotateWaves> {
+template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, u32 kClusterN, bool kRotateWaves>
+struct TileSource<GemmKind::kGroupedMasked, kBlockM, kNumNBlocks, kGroupM, kClusterM, kClusterN, kRotateWaves> {
     MaskedTileScheduler<kBlockM, kNumNBlocks> scheduler;
 
     DG_DEVICE TileSource(const GemmProblem& p, u32) : scheduler(p.grouping, p.num_groups, p.max_m) {}
@@ -103,13 +103,13 @@ struct SelectType<false, First, Second> {
 };
 
 // The tile source of a GEMM: its kind's sequence for whole tiles, the split or stream tail's otherwise.
-template <GemmKind kKind, TailMode kTail, u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, u32 kNumKBlocks,
-          bool kRotateWaves>
+template <GemmKind kKind, TailMode kTail, u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, u32 kClusterN,
+          u32 kNumKBlocks, bool kRotateWaves>
 struct GemmTileSource {
     using TailScheduler = typename SelectType<kTail == TailMode::kStream, StreamTailTileScheduler<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks>,
                                               SplitTailTileScheduler<kBlockM, kNumNBlocks, kGroupM, kNumKBlocks>>::Type;
     using Type = typename SelectType<kTail != TailMode::kWhole, SplitTailTileSource<TailScheduler>,
-                                     TileSource<kKind, kBlockM, kNumNBlocks, kGroupM, kClusterM, kRotateWaves>>::Type;
+                                     TileSource<kKind, kBlockM, kNumNBlocks, kGroupM, kClusterM, kClusterN, kRotateWaves>>::Type;
 };
 
 }  // namespace deepgemm
