@@ -8,7 +8,7 @@
 # Where .peers/use_deepgemm.sh is carried, DeepGEMM HEAD is made importable first, so bench times it too.
 # grouped / kgrouped run the grouped tests and dev/bench_grouped.py / dev/bench_kgrouped.py; ncu profiles NCU_SHAPES
 # (dev/profile_shape.py) with the stall reasons; split tests and times the split tail / stream tail / split-K
-# (dev/bench_split.py); clusters builds 2-CTA cluster plans (GemmConfig.cluster_m = 2).
+# (dev/bench_split.py); clusters tests and times the 2-CTA multicast builds (dev/cluster_ab.py).
 set -uo pipefail
 OUT=${OUT:-/tmp/deepgemm-out}
 mkdir -p "$OUT"
@@ -151,15 +151,11 @@ if has split; then
   timeout 300 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider tests/gpu/test_split_tail_gpu.py 2>&1 | tee "$OUT/pytest_split.log" | grep -E "passed|failed|Error|error" | tail -8
   timeout 300 python3 dev/bench_split.py 2>&1 | tee "$OUT/bench_split.md"
 fi
+# clusters: the 2-CTA multicast GPU tests (A and B), then dev/cluster_ab.py (the model's pick against its multicast
+# builds at M = 4096, DeepGEMM HEAD interleaved where carried).
 if has clusters; then
-  python3 - <<'PY'
-import torch
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
-torch.zeros(1, device="cuda")
-for m, n, k in [(4096, 7168, 16384), (4096, 2112, 7168)]:
-    config = make_config(m, n, k, 128, 128, 132, cluster_m=2)
-    plan = get_plan(0, m, n, k, torch.bfloat16, config=config)
-    print(f"cluster plan {m}x{n}x{k}: {plan.spec.label()} grid={plan.grid} (132 SMs)")
-PY
+  timeout 150 python3 -m pytest -q --timeout 120 -p no:cacheprovider tests/gpu/test_fp8_gemm_gpu.py -k multicast 2>&1 \
+    | tee "$OUT/pytest_multicast.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -6
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh && export PYTHONPATH=$PWD:$PYTHONPATH
+    timeout 200 python3 dev/cluster_ab.py 2>&1 | tee "$OUT/cluster_ab.md" )
 fi
