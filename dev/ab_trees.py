@@ -1,15 +1,23 @@
-"""Two trees of deepgemm in one process, timed interleaved on the same inputs (a refactor must not move the numbers).
+"""Trees of deepgemm in one process, timed interleaved on the same inputs (a refactor must not move the numbers).
 
-  python dev/ab_trees.py OLD_PACKAGE     e.g. deepgemm_old: another tree's package, renamed (dev/rename_package.sh)
+  python dev/ab_trees.py OLD_PACKAGE [OTHER ...] [--only SUB,SUB] [--m M,M] [--more]
+                                        e.g. deepgemm_old: another tree's package, renamed (dev/rename_package.sh);
+                                        several packages (variants) are timed together; --only keeps the cases
+                                        whose label contains one of the substrings; --m adds dense
+                                        cases at these M for the suite's (N, K); --more adds the
+                                        k-grouped FP8 / BF16 Wgrad cases and dense BF16 (NT, TN)
 
-The 18 DeepSeek-V3 dense shapes and the grouped (contiguous, masked) cases of dev/bench_grouped.py: both trees'
-public calls on the same operands, outputs compared bitwise on the rows the call defines, then timed interleaved
-sample by sample (CUDA-graph replay, L2 flushed, median of 30). Prints a Markdown table.
+The 18 DeepSeek-V3 dense shapes and the grouped (contiguous, masked) cases of dev/bench_grouped.py: every tree's
+public calls on the same operands, outputs compared bitwise on the rows the call defines (against this tree's),
+then timed interleaved sample by sample (CUDA-graph replay, L2 flushed, median of 30). Prints a Markdown table:
+µs per tree and each other tree's time over this tree's.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import random
 import sys
 from pathlib import Path
 
@@ -24,46 +32,97 @@ from dev.bench_grouped import contiguous_inputs, issue5_cases, masked_inputs  # 
 from tests.helpers import random_operands  # noqa: E402
 
 
-def row(label: str, new_fn, old_fn, new_out: torch.Tensor, old_out: torch.Tensor, valid: torch.Tensor | None,  # noqa: ANN001
-        flops: int) -> str:
-    new_fn()
-    old_fn()
+def row(label: str, calls: list, outs: list[torch.Tensor], valid: torch.Tensor | None, flops: int) -> str:  # noqa: ANN001
+    for call in calls:
+        call()
     torch.cuda.synchronize()
-    same = torch.equal(new_out[valid], old_out[valid]) if valid is not None else torch.equal(new_out, old_out)
-    new_t, old_t = bench_gpu_interleaved([new_fn, old_fn])
-    return (f"| {label} | {old_t.median_us:.1f} | {new_t.median_us:.1f} | {flops / new_t.median_us / 1e6:.0f} | "
-            f"{new_t.median_us / old_t.median_us:.3f} | {'yes' if same else 'NO'} |")
+    same = [torch.equal(out[valid], outs[0][valid]) if valid is not None else torch.equal(out, outs[0]) for out in outs[1:]]
+    times = [t.median_us for t in bench_gpu_interleaved(calls)]
+    cells = [f"{t:.1f}" for t in times] + [f"{t / times[0]:.3f}" for t in times[1:]]
+    return (f"| {label} | {' | '.join(cells)} | {flops / times[0] / 1e6:.0f} | "
+            f"{'yes' if all(same) else 'NO'} |")
 
 
 def main() -> None:
-    old = importlib.import_module(sys.argv[1] if len(sys.argv) > 1 else "deepgemm_old")
-    print(f"new: {Path(deepgemm.__file__).parent}, old: {Path(old.__file__).parent}")
-    print("| case | old µs | new µs | new TFLOPS | new / old | same output |")
-    print("|---|---|---|---|---|---|")
-    for m, n, k in suite_shapes("deepseek-v3"):
+    parser = argparse.ArgumentParser(description="time other trees' packages against this one, interleaved")
+    parser.add_argument("packages", nargs="*", default=["deepgemm_old"])
+    parser.add_argument("--only", type=lambda text: text.split(","), default=None)
+    parser.add_argument("--m", type=lambda text: [int(m) for m in text.split(",")], default=[])
+    parser.add_argument("--more", action="store_true")
+    args = parser.parse_args()
+    names, only, extra_m, more = args.packages, args.only, args.m, args.more
+    trees = [deepgemm] + [importlib.import_module(name) for name in names]
+    print(f"this tree: {Path(deepgemm.__file__).parent}; others: {', '.join(names)}")
+    print(f"| case | this µs | {' | '.join(f'{n} µs' for n in names)} | {' | '.join(f'{n} / this' for n in names)} | "
+          f"this TFLOPS | same output |")
+    print("|---|" + "---|" * (2 * len(names) + 3))
+
+    def keep(label: str) -> bool:
+        return only is None or any(sub in label for sub in only)
+
+    shapes = list(suite_shapes("deepseek-v3"))
+    shapes += [(m, n, k) for m in extra_m for n, k in dict.fromkeys((n, k) for _, n, k in shapes)]
+    for m, n, k in shapes:
+        if not keep(f"{m}x{n}x{k}"):
+            continue
         a, b = random_operands(m, n, k, "cuda")
-        new_out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-        old_out = torch.empty_like(new_out)
-        print(row(f"{m}x{n}x{k}", lambda: deepgemm.fp8_gemm_nt(a, b, new_out), lambda: old.fp8_gemm_nt(a, b, old_out),
-                  new_out, old_out, None, 2 * m * n * k), flush=True)
+        outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in trees]
+        calls = [lambda t=t, o=o: t.fp8_gemm_nt(a, b, o) for t, o in zip(trees, outs)]
+        print(row(f"{m}x{n}x{k}", calls, outs, None, 2 * m * n * k), flush=True)
     contiguous, masked = issue5_cases()
     for case in contiguous:
+        if not keep(case.label):
+            continue
         a, b, m_indices = contiguous_inputs(case)
-        new_out = torch.empty(m_indices.numel(), case.n, dtype=torch.bfloat16, device="cuda")
-        old_out = torch.empty_like(new_out)
-        flops = 2 * sum(case.counts) * case.n * case.k
-        print(row(case.label, lambda: deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, new_out, m_indices),
-                  lambda: old.m_grouped_fp8_gemm_nt_contiguous(a, b, old_out, m_indices), new_out, old_out, None, flops),
-              flush=True)
+        outs = [torch.empty(m_indices.numel(), case.n, dtype=torch.bfloat16, device="cuda") for _ in trees]
+        calls = [lambda t=t, o=o: t.m_grouped_fp8_gemm_nt_contiguous(a, b, o, m_indices) for t, o in zip(trees, outs)]
+        print(row(case.label, calls, outs, None, 2 * sum(case.counts) * case.n * case.k), flush=True)
     for case in masked:
+        if not keep(case.label):
+            continue
         a, b, masked_m = masked_inputs(case)
-        new_out = torch.empty(case.groups, case.max_m, case.n, dtype=torch.bfloat16, device="cuda")
-        old_out = torch.empty_like(new_out)
+        outs = [torch.empty(case.groups, case.max_m, case.n, dtype=torch.bfloat16, device="cuda") for _ in trees]
         valid = torch.arange(case.max_m, device="cuda")[None, :] < masked_m[:, None]
-        flops = 2 * sum(case.counts) * case.n * case.k
-        print(row(case.label, lambda: deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, new_out, masked_m, case.expected),
-                  lambda: old.m_grouped_fp8_gemm_nt_masked(a, b, old_out, masked_m, case.expected), new_out, old_out,
-                  valid, flops), flush=True)
+        calls = [lambda t=t, o=o: t.m_grouped_fp8_gemm_nt_masked(a, b, o, masked_m, case.expected)
+                 for t, o in zip(trees, outs)]
+        print(row(case.label, calls, outs, valid, 2 * sum(case.counts) * case.n * case.k), flush=True)
+
+    if more:
+        more_cases(trees, keep)
+
+
+def more_cases(trees: list, keep) -> None:  # noqa: ANN001 - modules, a label filter
+    """k-grouped FP8 (C = out, FP32) and BF16 (C = out) Wgrad, and dense BF16 NT / TN into BF16."""
+    rng = random.Random(0)
+    for groups, tokens, m, n in ((4, 8192, 4096, 7168), (8, 4096, 7168, 2048)):
+        ks = [128 * max(1, round(tokens * rng.uniform(0.7, 1.3) / 128)) for _ in range(groups)]
+        flops = 2 * m * n * sum(ks)
+        label = f"fp8 k-grouped {groups}x~{tokens} {m}x{n}"
+        if keep(label):
+            a = deepgemm.quantize_per_token_group(torch.randn(m, sum(ks), device="cuda", dtype=torch.bfloat16))
+            b = deepgemm.quantize_per_token_group(torch.randn(n, sum(ks), device="cuda", dtype=torch.bfloat16))
+            c = torch.randn(groups, m, n, device="cuda")
+            outs = [c.clone() for _ in trees]
+            calls = [lambda t=t, o=o: t.k_grouped_fp8_gemm_tn_contiguous(a, b, o, ks, c=o) for t, o in zip(trees, outs)]
+            print(row(label, calls, outs, None, flops), flush=True)
+        label = f"bf16 k-grouped {groups}x~{tokens} {m}x{n}"
+        if keep(label):
+            dy = torch.randn(sum(ks), m, device="cuda").to(torch.bfloat16)
+            x = torch.randn(sum(ks), n, device="cuda").to(torch.bfloat16)
+            c = torch.randn(groups, m, n, device="cuda")
+            outs = [c.clone() for _ in trees]
+            calls = [lambda t=t, o=o: t.k_grouped_bf16_gemm_tn_contiguous(dy, x, o, ks, c=o) for t, o in zip(trees, outs)]
+            print(row(label, calls, outs, None, flops), flush=True)
+    for layout in ("nt", "tn"):
+        for m, n, k in ((4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (128, 7168, 2048)):
+            label = f"bf16 {layout} {m}x{n}x{k}"
+            if not keep(label):
+                continue
+            a = torch.randn((m, k) if layout[0] == "n" else (k, m), device="cuda").to(torch.bfloat16)
+            b = torch.randn((n, k) if layout[1] == "t" else (k, n), device="cuda").to(torch.bfloat16)
+            outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in trees]
+            calls = [lambda t=t, o=o: getattr(t, f"bf16_gemm_{layout}")(a, b, o) for t, o in zip(trees, outs)]
+            print(row(label, calls, outs, None, 2 * m * n * k), flush=True)
 
 
 if __name__ == "__main__":

@@ -196,7 +196,7 @@ def bf16_split_k() -> None:
         problem = bf16_problem(m, n, k, layout, torch.float32, torch.float32, sm_count(0))
         plan = get_bf16_plan(0, m, n, k, layout, torch.float32, torch.float32, make_config(problem, bm, bn, True))
         a = torch.randn((m, k) if layout[0] == "n" else (k, m), device="cuda").to(torch.bfloat16)
-        b = torch.randn((n, k), device="cuda").to(torch.bfloat16)
+        b = torch.randn((n, k) if layout[1] == "t" else (k, n), device="cuda").to(torch.bfloat16)
         out = torch.randn(m, n, device="cuda")
         expected = bf16_gemm_reference(a, b, layout, out, torch.float64)
         plan.launch(a, b, out, out)

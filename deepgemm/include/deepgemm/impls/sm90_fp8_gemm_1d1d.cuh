@@ -126,13 +126,14 @@ struct Sm90Fp8GemmKGrouped1D1D {
             }
 
             float partial[kBlockN / 2];
+#pragma unroll 4  // ptxas then starts the next block's wait and reads inside this block's promotion
             for (u32 k_block = 0; k_block < tile.k_blocks; ++k_block) {
                 ptx::mbarrier_wait(&ring.full[stage], phase);
                 const float* sfa = reinterpret_cast<const float*>(ring.smem + kOffsetSfa + stage * kStageSfaBytes);
                 const float* sfb = reinterpret_cast<const float*>(ring.smem + kOffsetSfb + stage * kStageSfbBytes);
-                const u64 desc_a =
-                    ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetA + stage * kStageABytes + math_wg * 64 * kBlockK);
-                const u64 desc_b = ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetB + stage * kStageBBytes);
+                const u32 start_a = ptx::smem_desc_start(ring.smem + kOffsetA) + stage * (kStageABytes >> 4) +
+                                    math_wg * 64 * (kBlockK >> 4);
+                const u32 start_b = ptx::smem_desc_start(ring.smem + kOffsetB) + stage * (kStageBBytes >> 4);
                 // Scales first: these generic-proxy reads of the stage must be complete long before the
                 // release lets TMA (the async proxy) overwrite it.
                 const float scale_lo = sfa[math_wg * 64 + row_in_wg];
@@ -142,7 +143,7 @@ struct Sm90Fp8GemmKGrouped1D1D {
                 for (u32 j = 0; j < kBlockN / 8; ++j) {
                     scale_b[j] = *reinterpret_cast<const float2*>(sfb + j * 8 + col_in_8);
                 }
-                ptx::mma_k128_block<Mma>(desc_a, desc_b, partial);
+                ptx::mma_k128_block<Mma>(start_a, start_b, partial);
                 // sfa[row] x sfb[col] for this thread's elements, formed while the MMAs run: after the wait
                 // the promotion is one FFMA per element instead of an FMUL and an FFMA.
                 float scale[kBlockN / 2];

@@ -72,17 +72,19 @@ struct Sm90Fp8KLoop1D2D : Cfg {
     }
 
     // Read this thread's sfa from a (full) stage and issue the four k32 MMAs of one 128-wide K block of one
-    // wave into `partial` (kTileN columns).
+    // wave into `partial` (kTileN columns). The descriptors' start fields are the tiles' base fields offset by
+    // stage and row (no address masking per block).
     template <u32 kTileN>
     DG_DEVICE static void issue_block(const Ring& ring, u32 stage, u32 first_row, u32 row_in_wg,
                                       float (&partial)[kTileN / 2], ScaleA& scale_a) {
+        static_assert(kStageABytes % 16 == 0 && kStageBBytes % 16 == 0 && kBlockK % 16 == 0);
         const float* sfa_stage = reinterpret_cast<const float*>(ring.smem + kOffsetSfa + stage * kStageSfaBytes);
         scale_a.lo = sfa_stage[first_row + row_in_wg];
         scale_a.hi = sfa_stage[first_row + row_in_wg + 8];
-        const u64 desc_a =
-            ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetA + stage * kStageABytes + first_row * kBlockK);
-        const u64 desc_b = ptx::make_smem_desc_k_major_sw128(ring.smem + kOffsetB + stage * kStageBBytes);
-        ptx::mma_k128_block<ptx::WgmmaFp8<kTileN>>(desc_a, desc_b, partial);
+        const u32 start_a =
+            ptx::smem_desc_start(ring.smem + kOffsetA) + stage * (kStageABytes >> 4) + first_row * (kBlockK >> 4);
+        const u32 start_b = ptx::smem_desc_start(ring.smem + kOffsetB) + stage * (kStageBBytes >> 4);
+        ptx::mma_k128_block<ptx::WgmmaFp8<kTileN>>(start_a, start_b, partial);
         ptx::fence_accumulators(partial);
     }
 
@@ -94,6 +96,9 @@ struct Sm90Fp8KLoop1D2D : Cfg {
     DG_DEVICE static void k_loop_single(const Ring& ring, u32& stage, u32& phase, const TileLoop& t, const Promotion& promotion,
                                         float (&results)[kNumWaves][kBlockN / 2], Stores& stores) {
         float partial[kTileN / 2];
+        // The K loops are unrolled by 4: ptxas then schedules the next block's full-barrier wait, scale reads
+        // and descriptors inside this block's promotion FFMAs, which a loop back-edge keeps it from doing
+        // (measured 1-5% faster at M >= 1024 than no unroll; by 8, wide-tile builds spill or run slower).
         // first / last: the tile's first / last K block (constants at each call). With kOverlapStores the
         // first block stores the previous tile's pending wave after its first MMAs and sets the results;
         // the last block packs each wave but the last and stores it after the next wave's MMAs; both are
@@ -144,12 +149,14 @@ struct Sm90Fp8KLoop1D2D : Cfg {
                 k_block_step(0, true, true);
             } else {
                 k_block_step(0, true, false);
+#pragma unroll 4
                 for (u32 k_block = 1; k_block + 1 < kNumKBlocks; ++k_block) {
                     k_block_step(k_block, false, false);
                 }
                 k_block_step(kNumKBlocks - 1, false, true);
             }
         } else {
+#pragma unroll 4
             for (u32 k_block = t.k_begin; k_block < t.k_end; ++k_block) {
                 k_block_step(k_block, false, false);
             }

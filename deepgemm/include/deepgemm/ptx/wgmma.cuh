@@ -9,12 +9,22 @@ namespace deepgemm::ptx {
 // that TMA's CU_TENSOR_MAP_SWIZZLE_128B produces. Groups of 8 rows are 1024 bytes apart (the stride
 // byte offset); the leading byte offset is unused for this layout. The tile must be 1024-byte aligned;
 // stepping K by 32 bytes inside the swizzle atom is done by adding 2 (32 >> 4) to the descriptor.
+// Kept as its two words: the start-address field (bits 0-13, address >> 4) and a constant high word
+// (stride 1024 >> 4 in bits 32-45, swizzle mode 1 in bits 62-63). Shared addresses are below 256 KB, so the
+// field of tile + offset is the tile's field + offset / 16 with no carry: a K loop offsets one base field by
+// stage and row instead of re-deriving the descriptor from each address.
+constexpr u32 kDescHighKMajorSw128 = (1024 >> 4) | (1u << 30);
+
+DG_DEVICE u32 smem_desc_start(const void* smem) {
+    return smem_addr(smem) >> 4;  // a shared address is below 2^18: no mask needed
+}
+
+DG_DEVICE u64 smem_desc_k_major_sw128(u32 start) {
+    return (static_cast<u64>(kDescHighKMajorSw128) << 32) | start;
+}
+
 DG_DEVICE u64 make_smem_desc_k_major_sw128(const void* smem_tile) {
-    const u64 addr = smem_addr(smem_tile);
-    u64 desc = (addr & 0x3FFFFull) >> 4;  // bits 0-13: start address >> 4
-    desc |= static_cast<u64>(1024 >> 4) << 32;  // bits 32-45: stride byte offset >> 4
-    desc |= static_cast<u64>(1) << 62;  // bits 62-63: swizzle mode 1 = 128B
-    return desc;
+    return smem_desc_k_major_sw128(smem_desc_start(smem_tile));
 }
 
 // Descriptor of an MN-major operand tile stored as TMA's 128B-swizzled boxes of 64 16-bit elements along MN
@@ -57,15 +67,15 @@ DG_DEVICE void fence_accumulators(float (&regs)[kCount]) {
 namespace deepgemm::ptx {
 
 // One 128-wide K block as one commit group: the four k32 wgmmas of `Mma` (e.g. WgmmaFp8<N>) over
-// K-major 128B-swizzled tiles (+32 bytes along K inside the swizzle atom = +2 in the descriptor's
-// address field). `partial` is overwritten, not accumulated into.
+// K-major 128B-swizzled tiles given by their descriptors' start fields (smem_desc_start; +32 bytes along K
+// inside the swizzle atom = +2). `partial` is overwritten, not accumulated into.
 template <typename Mma, int kCount>
-DG_DEVICE void mma_k128_block(u64 desc_a, u64 desc_b, float (&partial)[kCount]) {
+DG_DEVICE void mma_k128_block(u32 start_a, u32 start_b, float (&partial)[kCount]) {
     fence_accumulators(partial);
     wgmma_fence();
 #pragma unroll
     for (u32 k = 0; k < 4; ++k) {
-        Mma::mma(desc_a + 2 * k, desc_b + 2 * k, partial, k > 0);
+        Mma::mma(smem_desc_k_major_sw128(start_a + 2 * k), smem_desc_k_major_sw128(start_b + 2 * k), partial, k > 0);
     }
     wgmma_commit_group();
 }
