@@ -29,6 +29,7 @@ import deepgemm  # noqa: E402
 from deepgemm.bench.suites import suite_shapes  # noqa: E402
 from deepgemm.tuning.timing import bench_gpu_interleaved  # noqa: E402
 from dev.bench_grouped import contiguous_inputs, issue5_cases, masked_inputs  # noqa: E402
+from dev.bench_kgrouped import fp8_operands, group_tokens  # noqa: E402
 from tests.helpers import random_operands  # noqa: E402
 
 
@@ -95,12 +96,11 @@ def more_cases(trees: list, keep) -> None:  # noqa: ANN001 - modules, a label fi
     """k-grouped FP8 (C = out, FP32) and BF16 (C = out) Wgrad, and dense BF16 NT / TN into BF16."""
     rng = random.Random(0)
     for groups, tokens, m, n in ((4, 8192, 4096, 7168), (8, 4096, 7168, 2048)):
-        ks = [128 * max(1, round(tokens * rng.uniform(0.7, 1.3) / 128)) for _ in range(groups)]
+        ks = group_tokens(groups, tokens, rng)
         flops = 2 * m * n * sum(ks)
         label = f"fp8 k-grouped {groups}x~{tokens} {m}x{n}"
         if keep(label):
-            a = deepgemm.quantize_per_token_group(torch.randn(m, sum(ks), device="cuda", dtype=torch.bfloat16))
-            b = deepgemm.quantize_per_token_group(torch.randn(n, sum(ks), device="cuda", dtype=torch.bfloat16))
+            a, b = fp8_operands(m, n, sum(ks))
             c = torch.randn(groups, m, n, device="cuda")
             outs = [c.clone() for _ in trees]
             calls = [lambda t=t, o=o: t.k_grouped_fp8_gemm_tn_contiguous(a, b, o, ks, c=o) for t, o in zip(trees, outs)]

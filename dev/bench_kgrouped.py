@@ -17,15 +17,26 @@ from deepgemm.tuning.timing import bench_gpu
 CASES = [(4, 8192, 4096, 7168), (8, 4096, 4096, 7168), (4, 8192, 7168, 2048), (8, 4096, 7168, 2048)]
 
 
+def group_tokens(groups: int, tokens: int, rng: random.Random) -> list[int]:
+    """Tokens per expert: 0.7-1.3x `tokens`, rounded to a multiple of 128 (at least 128)."""
+    return [128 * max(1, round(tokens * rng.uniform(0.7, 1.3) / 128)) for _ in range(groups)]
+
+
+def fp8_operands(m: int, n: int, k_total: int) -> tuple:
+    """A [M, K_total] and B [N, K_total] quantized per 1 x 128 token group (the Wgrad operands)."""
+    a = deepgemm.quantize_per_token_group(torch.randn(m, k_total, device="cuda", dtype=torch.bfloat16))
+    b = deepgemm.quantize_per_token_group(torch.randn(n, k_total, device="cuda", dtype=torch.bfloat16))
+    return a, b
+
+
 def main() -> None:
     rng = random.Random(0)
     print("| case (G x ~tokens, M x N) | us | TFLOPS | GB/s |")
     print("|---|---|---|---|")
     for groups, tokens, m, n in CASES:
-        ks = [128 * max(1, round(tokens * rng.uniform(0.7, 1.3) / 128)) for _ in range(groups)]
+        ks = group_tokens(groups, tokens, rng)
         k_total = sum(ks)
-        a = deepgemm.quantize_per_token_group(torch.randn(m, k_total, device="cuda", dtype=torch.bfloat16))
-        b = deepgemm.quantize_per_token_group(torch.randn(n, k_total, device="cuda", dtype=torch.bfloat16))
+        a, b = fp8_operands(m, n, k_total)
         out = torch.randn(groups, m, n, device="cuda")
         t = bench_gpu(lambda: deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, out, ks, c=out))
         flops = 2 * m * n * k_total

@@ -28,8 +28,9 @@ struct GemmProblem {
     u32* counters;     // split/stream tail: arrivals per (tail tile, math warpgroup); zero between launches
 };
 
-// One tile sequence per kind (dense: group 0, no padding; kClusterM x kClusterN CTAs per cluster, grouped kinds 1 x 1). kRotateWaves: the contiguous walk's rotation
-// (ContiguousBlockWalk), for kernels whose last N-block is narrow; the other kinds ignore it.
+// One tile sequence per kind (dense: group 0, no padding, kClusterM x kClusterN CTAs per cluster; grouped kinds
+// run 1 x 1). kRotateWaves: the contiguous walk's rotation (ContiguousBlockWalk), for kernels whose last N-block
+// is narrow; the other kinds ignore it.
 template <GemmKind kKind, u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, u32 kClusterN, bool kRotateWaves>
 struct TileSource;
 
