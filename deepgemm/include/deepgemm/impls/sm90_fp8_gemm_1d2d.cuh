@@ -10,7 +10,7 @@
 //   mainloop/sm90_fp8_1d2d_tile_loader.cuh    the tile loader warp and the tile slots it fills a tile ahead;
 //   mainloop/sm90_fp8_1d2d_k_loop.cuh         a math warpgroup's K loop (wgmma, stage release, promotion);
 //   mainloop/fp8_promotion.cuh                the promotion with sfa x sfb;
-//   epilogue/sm90_fp8_1d2d_wave_stores.cuh    registers -> shared memory -> TMA stores, overlapped with MMAs;
+//   epilogue/sm90_fp8_1d2d_wave_stores.cuh    registers -> shared memory -> TMA stores, one per wave;
 //   epilogue/split_reduction.cuh              the split and stream tails' reductions of FP32 partials;
 //   epilogue/contiguous_padding.cuh           the contiguous layouts' padding rows.
 // block_m 256 serves dense GEMMs, masked groups (a group's last tile skips the waves past its rows) and the
@@ -51,7 +51,6 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
     using Cfg::kOffsetBarriers;
     using Cfg::kOffsetD;
     using Cfg::kOffsetFlags;
-    using Cfg::kOverlapStores;
     using Cfg::kProducerRegisters;
     using Cfg::kScaleBlock;
     using Cfg::kSfbSlotFloats;
@@ -81,9 +80,6 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
     // Contiguous layout: a block of padding rows stores zeros and reads nothing.
     DG_DEVICE static void run_padding_tile(Stores& stores, const MathThread& me, const GroupedTile& tile, const Slots& slots,
                                            u32 use) {
-        if constexpr (kOverlapStores) {
-            stores.flush();
-        }
         Store store{stores.smem + kOffsetD + me.math_wg * kDBytesPerWarpgroup, stores.count};
         Padding::store_block(store, stores.tma_d, tile, me.math_wg, me.thread_in_wg, me.barrier_id);
         stores.count = store.count;
@@ -93,11 +89,8 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
     }
 
     // All 64 rows of this warpgroup are past M: keep the ring moving, compute nothing.
-    DG_DEVICE static void skip_tile(const Ring& ring, u32& stage, u32& phase, Stores& stores, const MathThread& me, u32 k_begin,
-                                    u32 k_end, const Slots& slots, u32 use) {
-        if constexpr (kOverlapStores) {
-            stores.flush();
-        }
+    DG_DEVICE static void skip_tile(const Ring& ring, u32& stage, u32& phase, const MathThread& me, u32 k_begin, u32 k_end,
+                                    const Slots& slots, u32 use) {
         for (u32 k_block = k_begin; k_block < k_end; ++k_block) {
             ptx::mbarrier_wait(&ring.full[stage], phase);
             Mainloop::release_stage(ring, stage, me.lane);
@@ -109,43 +102,29 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
     }
 
     // The K loop of a tile: the narrow last N-block's, or the one for the tile's scale-block switch column.
-    DG_DEVICE static void k_loop_tile(const Ring& ring, u32& stage, u32& phase, Stores& stores,
-                                      float (&results)[kNumWaves][kBlockN / 2], const GroupedTile& tile, const TileLoop& loop,
-                                      const Promotion& promotion, u32 straddle_col) {
+    DG_DEVICE static void k_loop_tile(const Ring& ring, u32& stage, u32& phase, float (&results)[kNumWaves][kBlockN / 2],
+                                      const GroupedTile& tile, const TileLoop& loop, const Promotion& promotion,
+                                      u32 straddle_col) {
         if constexpr (kNarrowLast) {
             if (tile.n_block == kNumNBlocks - 1) {
                 // The last block's switch column is a compile-time constant (0 as kStraddleCol means "run time":
                 // it is never 0 here, the switch column is in [gcd(block_n, 128), 128]).
                 constexpr u32 kLastStraddleCol = kScaleBlock - (kNumNBlocks - 1) * kBlockN % kScaleBlock;
-                Mainloop::template k_loop<kLastStraddleCol, kLastBlockN>(ring, stage, phase, loop, promotion, results, stores);
+                Mainloop::template k_loop<kLastStraddleCol, kLastBlockN>(ring, stage, phase, loop, promotion, results);
             } else {
-                Mainloop::k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results, stores);
+                Mainloop::k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results);
             }
         } else {
-            Mainloop::k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results, stores);
+            Mainloop::k_loop_for(straddle_col, ring, stage, phase, loop, promotion, results);
         }
     }
 
-    // A computed tile's epilogue: with overlapped stores, the last wave is left pending (or stored); otherwise
-    // padding rows are zeroed, split units reduced, the slot released and the waves stored.
+    // A computed tile's epilogue: padding rows zeroed, split units reduced, the slot released, the waves stored.
     DG_DEVICE static void finish_tile(const Ring& ring, Stores& stores, float (&results)[kNumWaves][kBlockN / 2],
                                       const GemmProblem& problem, const MathThread& me, const GroupedTile& tile,
                                       const SplitUnit& unit, const Slots& slots, u32 use) {
         const u32 rows = tile.rows;
         const u32 tile_row = tile.m_block * kBlockM + me.first_row;  // = row_in_tensor, read again
-        if constexpr (kOverlapStores) {
-            // The K loop stored every wave but the last that has rows: that one waits for the next tile's
-            // first MMAs (and holds this tile's slot), unless it is wave 0 of two (the tile's rows end
-            // before wave 1).
-            if (kNumWaves > 1 && tile_row + Stores::wave_offset(kNumWaves - 1) >= rows) {
-                stores.put_packed(use, 0);  // packed by the last K block
-                slots.release(use);
-            } else {
-                stores.pack(results[kNumWaves - 1]);
-                stores.pending = true;
-            }
-            return;
-        }
         const u32 row0 = tile.row_begin + tile_row;  // in the flattened output
         const u32 col0 = tile.n_block * kBlockN;
         if constexpr (kKind == GemmKind::kGroupedContiguous || kKind == GemmKind::kGroupedContiguousPsum) {
@@ -169,13 +148,10 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
     // One tile of one math warpgroup: K loop and epilogue. `tile`, `unit` and `sfb_tile` live in the tile
     // slot (tile loader; released as soon as the epilogue has read what it needs) or in this thread's
     // registers and the warpgroup's staged sfb (own schedule). `results` is the warpgroup's accumulator,
-    // zeroed here (with kOverlapStores the first K block sets it instead).
+    // zeroed here.
     DG_DEVICE static void run_tile(const Ring& ring, u32& stage, u32& phase, Stores& stores, float (&results)[kNumWaves][kBlockN / 2],
                                    const GemmProblem& problem, const MathThread& me, const GroupedTile& tile,
                                    const SplitUnit& unit, const float* sfb_tile, const Slots& slots, u32 use) {
-        if constexpr (kOverlapStores) {
-            stores.use = use;
-        }
         if (tile.padding) {
             run_padding_tile(stores, me, tile, slots, use);
             return;
@@ -186,20 +162,18 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
         const u32 k_end = kSplitTail ? unit.k_end : kNumKBlocks;
         const u32 row_in_tensor = tile.m_block * kBlockM + me.first_row;  // within the group's rows
         if (row_in_tensor >= tile.rows) {
-            skip_tile(ring, stage, phase, stores, me, k_begin, k_end, slots, use);
+            skip_tile(ring, stage, phase, me, k_begin, k_end, slots, use);
             return;
         }
 
         const u32 straddle_col = kScaleBlock - tile.n_block * kBlockN % kScaleBlock;
-        if constexpr (!kOverlapStores) {
 #pragma unroll
-            for (u32 w = 0; w < kNumWaves; ++w) {
-                Stores::zero(results[w]);
-            }
+        for (u32 w = 0; w < kNumWaves; ++w) {
+            Stores::zero(results[w]);
         }
         const Promotion promotion{sfb_tile, straddle_col};
         const TileLoop loop{k_begin, k_end, tile.rows, row_in_tensor, me.first_row, me.math_wg, me.row_in_wg, me.lane};
-        k_loop_tile(ring, stage, phase, stores, results, tile, loop, promotion, straddle_col);
+        k_loop_tile(ring, stage, phase, results, tile, loop, promotion, straddle_col);
         finish_tile(ring, stores, results, problem, me, tile, unit, slots, use);
     }
 
@@ -212,11 +186,11 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
         me.row_in_wg = (me.thread_in_wg / 32) * 16 + me.lane / 4;
         me.barrier_id = 1 + me.math_wg;
         me.first_row = wave_row(0, me.math_wg);
-        Stores stores{ring.smem, tma_d, 0, 0, false, {}};
+        Stores stores{ring.smem, tma_d, 0};
         float results[kNumWaves][kBlockN / 2];
 #pragma unroll
         for (u32 w = 0; w < kNumWaves; ++w) {
-            Stores::zero(results[w]);  // (kOverlapStores needs no zeros: its first K block sets the results)
+            Stores::zero(results[w]);
         }
         u32 stage = 0;
         u32 phase = 0;
@@ -225,13 +199,9 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
                 ptx::mbarrier_wait(slots.full(use), Slots::parity(use));
                 const TileSlot<Cfg>& slot = *slots.slot(use);
                 if (slot.done != 0) {
-                    stores.use = use;  // so the final flush stores (and releases) the last tile, use - 1
                     break;
                 }
                 run_tile(ring, stage, phase, stores, results, problem, me, slot.tile, slot.unit, slot.sfb, slots, use);
-            }
-            if constexpr (kOverlapStores) {
-                stores.flush();  // the last tile's last wave
             }
         } else {
             // One math warpgroup: it schedules its own tiles and stages each one's sfb rows in slot 0.

@@ -84,17 +84,6 @@ struct Sm90Fp8Gemm1D2DConfig {
     static constexpr u32 kStoreBuffers = kChunkedStore ? 1 : kNumWaves;
     static_assert(kBlockN % kStoreN == 0, "output chunks must tile block_n");
     using Store = WarpgroupTileStore<kStoreN, kOutputFp32, kStoreBuffers>;
-    // Overlapped stores (epilogue/sm90_fp8_1d2d_wave_stores.cuh): both math warpgroups reach a tile's epilogue
-    // together (they share every stage), so the tensor cores would idle while they store. With one accumulator
-    // per warpgroup (unpipelined promotion) and the tile loader, each wave is instead stored while the next
-    // MMAs run. Whole dense and masked tiles with BF16 output only (split/stream pieces reduce all waves first;
-    // contiguous blocks zero their padding rows first). K range: with two or three K blocks ptxas spills (the
-    // first and last block run straight into each other), and past 16 K blocks the plain epilogue measured
-    // as fast or faster on the H200.
-    static constexpr bool kOverlapStores = !kPipelinedPromotion && kNumMathWarpgroups > 1 && !kSplitTail && !kChunkedStore &&
-                                           !kOutputFp32 && (kNumKBlocks == 1 || (kNumKBlocks >= 4 && kNumKBlocks <= 16)) &&
-                                           (kKind == GemmKind::kDense || kKind == GemmKind::kGroupedMasked);
-    static_assert(!kOverlapStores || kNumWaves <= 2, "overlapped stores: at most two waves per warpgroup");
 
     // The last N-block, when N is not a multiple of block_n, holds only kLastBlockN columns (rounded up to 8,
     // the wgmma N step). Its tiles load B in a box of that many rows (a second descriptor: for grouped B the rows
@@ -145,7 +134,6 @@ struct Sm90Fp8Gemm1D2DConfig {
     // math warpgroup (decode-sized tiles, one tile per CTA in most launches) schedules its own tiles
     // (measured faster on the H200; then slot 0 only stages its sfb).
     static constexpr bool kTileLoader = kNumMathWarpgroups > 1;
-    static_assert(!kOverlapStores || kTileLoader, "overlapped stores rely on the tile loader's schedule");
     static constexpr u32 kSfbSlotFloats = kScaleRowsPerTile * kNumKBlocks;
     static constexpr u32 kTileSlotBytes = align_up(64 + kSfbSlotFloats * 4, 128u);
     static constexpr u32 kOffsetA = 0;

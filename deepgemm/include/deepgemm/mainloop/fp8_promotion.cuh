@@ -51,8 +51,7 @@ struct Fp8Promotion {
 
     // kStraddleCol: the switch column when known at compile time, 0 when only `straddle_col` knows it.
     // kTileN: the columns computed (into the first kTileN / 2 registers of `result`).
-    // kSet: result = (sfa x sfb) * partial (a tile's first K block with overlapped stores).
-    template <u32 kStraddleCol, u32 kTileN, bool kSet = false>
+    template <u32 kStraddleCol, u32 kTileN>
     DG_DEVICE void apply(float (&result)[kBlockN / 2], const float (&partial)[kTileN / 2], const BlockScales& s) const {
 #pragma unroll
         for (u32 j = 0; j < kTileN / 8; ++j) {
@@ -65,17 +64,10 @@ struct Fp8Promotion {
             }
             const float lo = second ? s.lo1 : s.lo0;
             const float hi = second ? s.hi1 : s.hi0;
-            if constexpr (kSet) {
-                result[j * 4 + 0] = lo * partial[j * 4 + 0];
-                result[j * 4 + 1] = lo * partial[j * 4 + 1];
-                result[j * 4 + 2] = hi * partial[j * 4 + 2];
-                result[j * 4 + 3] = hi * partial[j * 4 + 3];
-            } else {
-                result[j * 4 + 0] += lo * partial[j * 4 + 0];
-                result[j * 4 + 1] += lo * partial[j * 4 + 1];
-                result[j * 4 + 2] += hi * partial[j * 4 + 2];
-                result[j * 4 + 3] += hi * partial[j * 4 + 3];
-            }
+            result[j * 4 + 0] += lo * partial[j * 4 + 0];
+            result[j * 4 + 1] += lo * partial[j * 4 + 1];
+            result[j * 4 + 2] += hi * partial[j * 4 + 2];
+            result[j * 4 + 3] += hi * partial[j * 4 + 3];
         }
     }
 };

@@ -5,7 +5,6 @@
 // warpgroup w, sharing the stage's B tile); with kPipelinedPromotion the next K block's MMAs are issued into
 // a second accumulator first.
 #pragma once
-#include <deepgemm/epilogue/sm90_fp8_1d2d_wave_stores.cuh>
 #include <deepgemm/mainloop/fp8_promotion.cuh>
 #include <deepgemm/ptx/cluster.cuh>
 #include <deepgemm/ptx/mbarrier.cuh>
@@ -39,7 +38,6 @@ struct Sm90Fp8KLoop1D2D : Cfg {
     using Cfg::kOffsetA;
     using Cfg::kOffsetB;
     using Cfg::kOffsetSfa;
-    using Cfg::kOverlapStores;
     using Cfg::kPipelinedPromotion;
     using Cfg::kScaleBlock;
     using Cfg::kStageABytes;
@@ -49,12 +47,10 @@ struct Sm90Fp8KLoop1D2D : Cfg {
     using Cfg::kStraddleStep;
     using Cfg::wave_row;
     using Promotion = Fp8Promotion<kBlockN, kNumKBlocks>;
-    // Dense tiles without overlapped stores run every wave's MMAs, also past M (those rows are zero-filled or stale
-    // in shared memory, and never stored): the wave loop then has no branch on per-thread values, which keeps the
-    // stage's descriptors in uniform registers. Grouped waves past a group's rows are skipped (they are another
-    // group's rows, or the overlapped stores count the waves that have rows).
-    static constexpr bool kSkipEmptyWaves = Cfg::kKind != GemmKind::kDense || kOverlapStores;
-    using Stores = WaveStores<Cfg>;
+    // Dense tiles run every wave's MMAs, also past M (those rows are zero-filled or stale in shared memory, and
+    // never stored): the wave loop then has no branch on per-thread values, which keeps the stage's descriptors
+    // in uniform registers. Grouped waves past a group's rows are skipped (they are another group's rows).
+    static constexpr bool kSkipEmptyWaves = Cfg::kKind != GemmKind::kDense;
 
     // Tell the producers of every CTA sharing this stage that this warp is done with it.
     DG_DEVICE static void release_stage(const Ring& ring, u32 stage, u32 lane) {
@@ -94,16 +90,13 @@ struct Sm90Fp8KLoop1D2D : Cfg {
     // issue chain is as short as it can be.
     template <u32 kStraddleCol, u32 kTileN>
     DG_DEVICE static void k_loop_single(const Ring& ring, u32& stage, u32& phase, const TileLoop& t, const Promotion& promotion,
-                                        float (&results)[kNumWaves][kBlockN / 2], Stores& stores) {
+                                        float (&results)[kNumWaves][kBlockN / 2]) {
         float partial[kTileN / 2];
-        // The K loops are unrolled by 4: ptxas then schedules the next block's full-barrier wait, scale reads
-        // and descriptors inside this block's promotion FFMAs, which a loop back-edge keeps it from doing
-        // (measured 1-5% faster at M >= 1024 than no unroll; by 8, wide-tile builds spill or run slower).
-        // first / last: the tile's first / last K block (constants at each call). With kOverlapStores the
-        // first block stores the previous tile's pending wave after its first MMAs and sets the results;
-        // the last block packs each wave but the last and stores it after the next wave's MMAs; both are
-        // compiled apart from the loop, which keeps its registers for the accumulators.
-        const auto k_block_step = [&](u32 k_block, bool first, bool last) {
+        // Unrolled by 4: ptxas then schedules the next block's full-barrier wait, scale reads and descriptors
+        // inside this block's promotion FFMAs, which a loop back-edge keeps it from doing (measured 1-5% faster
+        // at M >= 1024 than no unroll; by 8, wide-tile builds spill or run slower).
+#pragma unroll 4
+        for (u32 k_block = t.k_begin; k_block < t.k_end; ++k_block) {
             const ScaleB scale_b = promotion.scale_b(k_block);
             ptx::mbarrier_wait(&ring.full[stage], phase);
 #pragma unroll
@@ -115,14 +108,6 @@ struct Sm90Fp8KLoop1D2D : Cfg {
                 }
                 ScaleA scale_a;
                 issue_block<kTileN>(ring, stage, wave_row(w, t.math_wg), t.row_in_wg, partial, scale_a);
-                if constexpr (kOverlapStores) {
-                    if (first && w == 0) {
-                        stores.flush();
-                    }
-                    if (last && w > 0) {
-                        stores.put_packed(stores.use, w - 1);
-                    }
-                }
                 const BlockScales scales = Promotion::combine(scale_a, scale_b);
                 ptx::wgmma_wait_group<0>();
                 ptx::fence_accumulators(partial);
@@ -132,34 +117,9 @@ struct Sm90Fp8KLoop1D2D : Cfg {
                 if (last_wave) {
                     release_stage(ring, stage, t.lane);  // every MMA reading the stage is done
                 }
-                if (kOverlapStores && first) {
-                    promotion.template apply<kStraddleCol, kTileN, true>(results[w], partial, scales);
-                } else {
-                    promotion.template apply<kStraddleCol, kTileN, false>(results[w], partial, scales);
-                }
-                if (kOverlapStores && last && w + 1 < kNumWaves) {
-                    stores.pack(results[w]);  // final: stored after the next wave's MMAs are issued
-                }
+                promotion.template apply<kStraddleCol, kTileN>(results[w], partial, scales);
             }
             Ring::advance(stage, phase);
-        };
-        if constexpr (kOverlapStores) {
-            // Whole tiles: t.k_begin = 0 and t.k_end = kNumKBlocks.
-            if constexpr (kNumKBlocks == 1) {
-                k_block_step(0, true, true);
-            } else {
-                k_block_step(0, true, false);
-#pragma unroll 4
-                for (u32 k_block = 1; k_block + 1 < kNumKBlocks; ++k_block) {
-                    k_block_step(k_block, false, false);
-                }
-                k_block_step(kNumKBlocks - 1, false, true);
-            }
-        } else {
-#pragma unroll 4
-            for (u32 k_block = t.k_begin; k_block < t.k_end; ++k_block) {
-                k_block_step(k_block, false, false);
-            }
         }
     }
 
@@ -218,9 +178,9 @@ struct Sm90Fp8KLoop1D2D : Cfg {
     // kTileN: the tile's columns (block_n, or kLastBlockN for a narrow last N-block).
     template <u32 kStraddleCol, u32 kTileN = kBlockN>
     DG_DEVICE static void k_loop(const Ring& ring, u32& stage, u32& phase, const TileLoop& t, const Promotion& promotion,
-                                 float (&results)[kNumWaves][kBlockN / 2], Stores& stores) {
+                                 float (&results)[kNumWaves][kBlockN / 2]) {
         if constexpr (!kPipelinedPromotion) {
-            k_loop_single<kStraddleCol, kTileN>(ring, stage, phase, t, promotion, results, stores);
+            k_loop_single<kStraddleCol, kTileN>(ring, stage, phase, t, promotion, results);
         } else {
             k_loop_pipelined<kStraddleCol, kTileN>(ring, stage, phase, t, promotion, results[0]);
         }
@@ -230,19 +190,19 @@ struct Sm90Fp8KLoop1D2D : Cfg {
     // (kStaticStraddle), so each column's scale is chosen at compile time; otherwise with a run-time select.
     template <u32 kCol = kStraddleStep>
     DG_DEVICE static void k_loop_for(u32 straddle_col, const Ring& ring, u32& stage, u32& phase, const TileLoop& t,
-                                     const Promotion& promotion, float (&results)[kNumWaves][kBlockN / 2], Stores& stores) {
+                                     const Promotion& promotion, float (&results)[kNumWaves][kBlockN / 2]) {
         if constexpr (!kMayStraddle) {
-            k_loop<kScaleBlock>(ring, stage, phase, t, promotion, results, stores);
+            k_loop<kScaleBlock>(ring, stage, phase, t, promotion, results);
         } else if constexpr (!kStaticStraddle) {
-            k_loop<0>(ring, stage, phase, t, promotion, results, stores);
+            k_loop<0>(ring, stage, phase, t, promotion, results);
         } else if constexpr (kCol < kScaleBlock) {
             if (straddle_col == kCol) {
-                k_loop<kCol>(ring, stage, phase, t, promotion, results, stores);
+                k_loop<kCol>(ring, stage, phase, t, promotion, results);
             } else {
-                k_loop_for<kCol + kStraddleStep>(straddle_col, ring, stage, phase, t, promotion, results, stores);
+                k_loop_for<kCol + kStraddleStep>(straddle_col, ring, stage, phase, t, promotion, results);
             }
         } else {
-            k_loop<kScaleBlock>(ring, stage, phase, t, promotion, results, stores);
+            k_loop<kScaleBlock>(ring, stage, phase, t, promotion, results);
         }
     }
 };

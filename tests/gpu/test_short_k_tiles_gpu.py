@@ -1,8 +1,8 @@
-"""Overlapped stores on sm_90: unpipelined whole tiles with BF16 output store each wave while MMAs run (a
-tile's last wave waits, packed, until the next tile's first MMAs are issued; the first K block sets the
-results). Forced tiles on small grids, so every CTA runs several tiles back to back, with M and N tails,
-warpgroups past M, a second wave past M, and K of one, four, five and up to sixteen blocks (two, three
-or more than sixteen blocks keep the plain epilogue)."""
+"""Unpipelined whole tiles at short K on sm_90 (one to sixteen K blocks, where the kernel once stored each wave
+inside the next tile's K loop): forced tiles on small grids, so every CTA runs several tiles back to back, with M
+and N tails, warpgroups past M, a second wave past M (dense tiles compute it from zero-filled rows and the store
+clips it), one to three math warpgroups; outputs against float64, bitwise repeatable across alternating inputs
+(a wave stored from another tile's or launch's registers would show) and under CUDA-graph replay."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ CASES = [
 ]
 
 
-def overlap_plan(m: int, n: int, k: int, block_m: int, block_n: int, sms: int):  # noqa: ANN201
+def short_k_plan(m: int, n: int, k: int, block_m: int, block_n: int, sms: int):  # noqa: ANN201
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 
@@ -36,9 +36,9 @@ def overlap_plan(m: int, n: int, k: int, block_m: int, block_n: int, sms: int): 
 
 
 @pytest.mark.parametrize("m,n,k,block_m,block_n,sms", CASES, ids=lambda v: str(v))
-def test_overlapped_stores_match_float64_and_repeat_bitwise(m: int, n: int, k: int, block_m: int, block_n: int,
-                                                            sms: int) -> None:
-    plan = overlap_plan(m, n, k, block_m, block_n, sms)
+def test_short_k_tiles_match_float64_and_repeat_bitwise(m: int, n: int, k: int, block_m: int, block_n: int,
+                                                        sms: int) -> None:
+    plan = short_k_plan(m, n, k, block_m, block_n, sms)
     inputs = [random_operands(m, n, k, "cuda"), random_operands(m, n, k, "cuda")]
     firsts = []
     for a, b in inputs:
@@ -53,9 +53,9 @@ def test_overlapped_stores_match_float64_and_repeat_bitwise(m: int, n: int, k: i
         assert torch.equal(out, first)
 
 
-def test_overlapped_stores_in_a_cuda_graph() -> None:
+def test_short_k_tiles_in_a_cuda_graph() -> None:
     m, n, k = 700, 1536, 1024
-    plan = overlap_plan(m, n, k, 256, 128, 10)
+    plan = short_k_plan(m, n, k, 256, 128, 10)
     a, b = random_operands(m, n, k, "cuda")
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     plan.launch(a[0], a[1], b[0], b[1], out)
