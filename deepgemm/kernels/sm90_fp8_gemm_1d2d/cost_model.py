@@ -12,6 +12,7 @@ operand traffic). The pipeline depth is the most stages that fit in shared memor
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from deepgemm.errors import UnsupportedError
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig, math_warpgroups
@@ -56,6 +57,19 @@ PREFILL_WIDE_BLOCK_N = 192
 PREFILL_EXPOSED_K_BLOCKS_256_SHORT_K = 0.5
 SHORT_K_BLOCKS = 16
 
+
+@dataclass(frozen=True)
+class ExposedTail:
+    """The exposed tail (K blocks of MMA time) of the tiles whose tail a layout measured apart from the base fit:
+    128 x 192 (`wide`) and block_m 256 over at most SHORT_K_BLOCKS K blocks (`short_k_256`)."""
+
+    wide: float
+    short_k_256: float
+
+
+DENSE_TAIL = ExposedTail(wide=PREFILL_EXPOSED_K_BLOCKS_WIDE, short_k_256=PREFILL_EXPOSED_K_BLOCKS_256_SHORT_K)
+
+
 def max_block_n(block_m: int) -> int:
     """Widest tile whose two FP32 accumulators (block_n registers per thread) fit the register budget."""
     return 192
@@ -76,10 +90,9 @@ def pipelined_for(block_m: int, block_n: int) -> bool:
 
 
 def estimate_seconds(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int, out_elem_bytes: int,
-                     wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE,
-                     short_k_256_tail: float = PREFILL_EXPOSED_K_BLOCKS_256_SHORT_K) -> float:
+                     tail: ExposedTail = DENSE_TAIL) -> float:
     """Estimated run time: the slower of the tile schedule and the HBM floor."""
-    return max(tile_schedule_seconds(m, n, k, block_m, block_n, num_sms, wide_tail_k_blocks, short_k_256_tail),
+    return max(tile_schedule_seconds(m, n, k, block_m, block_n, num_sms, tail),
                hbm_seconds(m, n, k, out_elem_bytes))
 
 
@@ -88,19 +101,16 @@ def hbm_seconds(m: int, n: int, k: int, out_elem_bytes: int) -> float:
 
 
 def tile_schedule_seconds(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int,
-                          wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE,
-                          short_k_256_tail: float = PREFILL_EXPOSED_K_BLOCKS_256_SHORT_K) -> float:
+                          tail: ExposedTail = DENSE_TAIL) -> float:
     """waves x per-tile time (tile_seconds)."""
     waves = ceil_div(ceil_div(m, block_m) * ceil_div(n, block_n), num_sms)
-    return waves * tile_seconds(m, k, block_m, block_n, num_sms, wide_tail_k_blocks, short_k_256_tail)
+    return waves * tile_seconds(m, k, block_m, block_n, num_sms, tail)
 
 
 def tile_seconds(m: int, k: int, block_m: int, block_n: int, num_sms: int,
-                 wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE,
-                 short_k_256_tail: float = PREFILL_EXPOSED_K_BLOCKS_256_SHORT_K) -> float:
+                 tail: ExposedTail = DENSE_TAIL) -> float:
     """One tile's time in a wave of an M-row problem: the slower of MMA and streaming operands from L2, plus (above
-    decode sizes) a fixed cost per tile. wide_tail_k_blocks / short_k_256_tail: the exposed tail of 128 x 192 tiles
-    and of block_m 256 over at most SHORT_K_BLOCKS K blocks (grouped layouts pass their own)."""
+    decode sizes) a fixed cost per tile. `tail`: the exposed tails measured apart (grouped layouts pass their own)."""
     k_padded = align_up(max(k, 1), 128)
     mma_per_k_block = 2 * block_m * block_n * 128 / (FP8_DENSE_FLOPS / num_sms * mma_efficiency(m, block_m, block_n))
     mma = mma_per_k_block * k_padded / 128
@@ -108,9 +118,9 @@ def tile_seconds(m: int, k: int, block_m: int, block_n: int, num_sms: int,
     tile_fixed = 0.0
     if m > DECODE_MAX_M:
         exposed_tail = not pipelined_for(block_m, block_n) and math_warpgroups(block_m) < 3
-        exposed = wide_tail_k_blocks if block_m == 128 and block_n >= PREFILL_WIDE_BLOCK_N else PREFILL_EXPOSED_K_BLOCKS
+        exposed = tail.wide if block_m == 128 and block_n >= PREFILL_WIDE_BLOCK_N else PREFILL_EXPOSED_K_BLOCKS
         if block_m == 256 and k_padded // 128 <= SHORT_K_BLOCKS:
-            exposed = short_k_256_tail
+            exposed = tail.short_k_256
         tile_fixed = PREFILL_TILE_SECONDS + (exposed * mma_per_k_block if exposed_tail else 0.0)
     return max(mma, stream) + tile_fixed
 
@@ -213,22 +223,21 @@ def dense_wide_tile_share(m: int, k: int) -> float:
 
 def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
                       allow_block_m_256: bool = True, allow_block_m_192: bool = False,
-                      wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE,
-                      wide_tile_share: float | None = None,
-                      short_k_256_tail: float = PREFILL_EXPOSED_K_BLOCKS_256_SHORT_K) -> list[tuple[float, int, int]]:
+                      tail: ExposedTail = DENSE_TAIL,
+                      wide_tile_share: float | None = None) -> list[tuple[float, int, int]]:
     """(ranking seconds, block_m, block_n) for every feasible tile, fastest first: the model's estimate, except that a
     128 x 192 tile's schedule estimate is multiplied by wide_tile_share (None: the dense rule, dense_wide_tile_share;
     grouped layouts pass 1, so theirs is the plain estimate). The tuner ranks its candidates this way too.
 
-    Ties (several tiles at the HBM floor) go to the faster tile schedule, then to fewer tiles. wide_tail_k_blocks,
-    short_k_256_tail: see tile_seconds.
+    Ties (several tiles at the HBM floor) go to the faster tile schedule, then to fewer tiles. `tail`: see
+    tile_seconds.
     """
     share = dense_wide_tile_share(m, k) if wide_tile_share is None else wide_tile_share
     ranked = []
     for block_m, block_n in candidate_tiles(m, n, allow_block_m_256, allow_block_m_192):
         if max_stages(block_m, block_n, k, out_elem_bytes) < 2:
             continue
-        schedule = tile_schedule_seconds(m, n, k, block_m, block_n, num_sms, wide_tail_k_blocks, short_k_256_tail)
+        schedule = tile_schedule_seconds(m, n, k, block_m, block_n, num_sms, tail)
         if (block_m, block_n) == DENSE_WIDE_TILE:
             schedule *= share
         seconds = max(schedule, hbm_seconds(m, n, k, out_elem_bytes))
@@ -241,9 +250,8 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
 def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
                            allow_block_m_256: bool = True, allow_block_m_192: bool = False,
                            decode_split: bool = True,
-                           wide_tail_k_blocks: float = PREFILL_EXPOSED_K_BLOCKS_WIDE,
-                           wide_tile_share: float | None = None,
-                           short_k_256_tail: float = PREFILL_EXPOSED_K_BLOCKS_256_SHORT_K) -> GemmConfig:
+                           tail: ExposedTail = DENSE_TAIL,
+                           wide_tile_share: float | None = None) -> GemmConfig:
     """Pick block sizes and stages for D[m, n] = A[m, k] B[n, k]^T on `num_sms` SMs.
 
     Grouped GEMMs allow block_m 256 only under their own rules (grouped_heuristics). block_m 192 only on request: in
@@ -253,7 +261,7 @@ def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes:
     if min(m, n, k) <= 0 or num_sms <= 0:
         raise ValueError(f"choose_fp8_gemm_config needs positive m, n, k, num_sms; got {m}, {n}, {k}, {num_sms}")
     ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes, allow_block_m_256, allow_block_m_192,
-                               wide_tail_k_blocks, wide_tile_share, short_k_256_tail)
+                               tail, wide_tile_share)
     if not ranked:
         raise UnsupportedError(f"no FP8 GEMM tile for m={m} n={n} k={k} fits in shared memory")
     _, block_m, block_n = ranked[0]

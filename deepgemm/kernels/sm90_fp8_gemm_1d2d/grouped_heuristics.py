@@ -7,16 +7,15 @@ from deepgemm.errors import UnsupportedError
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import (DECODE_MAX_M, DENSE_WIDE_TILE, HBM_BYTES_PER_S,
                                                             MIN_M_FOR_BLOCK_M_256, PREFILL_EXPOSED_K_BLOCKS,
                                                             candidate_tiles, choose_fp8_gemm_config, estimate_seconds,
-                                                            spans_at_most_two_scale_blocks, tile_seconds)
+                                                            spans_at_most_two_scale_blocks, tile_seconds, ExposedTail)
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import max_stages
 from deepgemm.utils import ceil_div
 
 # Grouped layouts keep 1.25 exposed K blocks for 128 x 192 tiles (the dense model's 2.0 would move masked groups at
-# N = 7168, K = 2048 to 128 x 96, measured 10-28% slower than 128 x 128).
-GROUPED_EXPOSED_K_BLOCKS_WIDE = PREFILL_EXPOSED_K_BLOCKS
-# ... and for block_m 256 at short K too: the dense model's lower short-K constant comes from removing overlapped
-# stores, which contiguous tiles never had and masked block_m 256 (K >= 4096 only) never reached.
-GROUPED_EXPOSED_K_BLOCKS_256_SHORT_K = PREFILL_EXPOSED_K_BLOCKS
+# N = 7168, K = 2048 to 128 x 96, measured 10-28% slower than 128 x 128), and for block_m 256 at short K too (the
+# dense model's lower short-K constant comes from removing overlapped stores, which contiguous tiles never had and
+# masked block_m 256, K >= 4096 only, never reached).
+GROUPED_TAIL = ExposedTail(wide=PREFILL_EXPOSED_K_BLOCKS, short_k_256=PREFILL_EXPOSED_K_BLOCKS)
 
 # Contiguous grouped GEMMs: a 256-row block whose halves belong to two experts runs as two 128-row
 # half tiles (each still loading 256 rows of A), so block_m 256 needs long expert segments. With at
@@ -82,8 +81,7 @@ def masked_tile(expected_m: int, max_m: int, groups: int, n: int, k: int, num_sm
     rows = masked_config_m(expected_m, max_m)
     if min(expected_m, max_m) <= MASKED_DECODE_MAX_EXPECTED_M:
         base = choose_fp8_gemm_config(rows, n * groups, k, num_sms, out_elem_bytes, allow_block_m_256=allow_256,
-                                      wide_tail_k_blocks=GROUPED_EXPOSED_K_BLOCKS_WIDE, wide_tile_share=1.0,
-                                      short_k_256_tail=GROUPED_EXPOSED_K_BLOCKS_256_SHORT_K)
+                                      tail=GROUPED_TAIL, wide_tile_share=1.0)
         if base.block_m == 256:
             return 256, base.block_n
         return base.block_m, max_block_n_for(n, min(base.block_n, MASKED_DECODE_MAX_BLOCK_N))
@@ -126,8 +124,7 @@ def masked_expected_seconds(block_counts: dict[int, float], expected_rows: int, 
     mean wave count times one tile's time, or the HBM floor (every group's weights and expected rows)."""
     n_blocks = ceil_div(n, block_n)
     waves = sum(p * ceil_div(blocks * n_blocks, num_sms) for blocks, p in block_counts.items())
-    schedule = waves * tile_seconds(expected_rows, k, block_m, block_n, num_sms, GROUPED_EXPOSED_K_BLOCKS_WIDE,
-                                    GROUPED_EXPOSED_K_BLOCKS_256_SHORT_K)
+    schedule = waves * tile_seconds(expected_rows, k, block_m, block_n, num_sms, GROUPED_TAIL)
     rows = groups * expected_rows
     floor = (rows * k + groups * n * k + rows * n * out_elem_bytes) / HBM_BYTES_PER_S
     return max(schedule, floor)
@@ -151,14 +148,12 @@ def contiguous_tile(m_total: int, groups: int, n: int, k: int, num_sms: int, out
     # corrections would compound).
     base = choose_fp8_gemm_config(m, n, k, num_sms, out_elem_bytes,
                                   allow_block_m_256=contiguous_allows_block_m_256(m_total, groups),
-                                  wide_tail_k_blocks=GROUPED_EXPOSED_K_BLOCKS_WIDE, wide_tile_share=1.0,
-                                  short_k_256_tail=GROUPED_EXPOSED_K_BLOCKS_256_SHORT_K)
+                                  tail=GROUPED_TAIL, wide_tile_share=1.0)
     block_m, block_n = CONTIGUOUS_WIDE_TILE
     if m > DECODE_MAX_M and n >= block_n and max_stages(block_m, block_n, k, out_elem_bytes) >= 3:
-        tail, tail_256 = GROUPED_EXPOSED_K_BLOCKS_WIDE, GROUPED_EXPOSED_K_BLOCKS_256_SHORT_K
-        wide = (estimate_seconds(m, n, k, block_m, block_n, num_sms, out_elem_bytes, tail, tail_256)
+        wide = (estimate_seconds(m, n, k, block_m, block_n, num_sms, out_elem_bytes, GROUPED_TAIL)
                 * CONTIGUOUS_WIDE_TILE_SHARE)
-        if wide < estimate_seconds(m, n, k, base.block_m, base.block_n, num_sms, out_elem_bytes, tail, tail_256):
+        if wide < estimate_seconds(m, n, k, base.block_m, base.block_n, num_sms, out_elem_bytes, GROUPED_TAIL):
             return block_m, block_n
     return base.block_m, base.block_n
 
