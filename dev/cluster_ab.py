@@ -24,7 +24,7 @@ def builds_for(shape: str, choose, sms: int) -> list:  # noqa: ANN001 - the cost
     m, n, k = (int(v) for v in shape.split("x"))
     model = choose(m, n, k, sms)
     builds = [("model", model)]
-    if n % model.block_n == 0 and (n // model.block_n) % 2 == 0 and not (model.split_tail or model.stream_tail):
+    if -(-n // model.block_n) % 2 == 0 and not (model.split_tail or model.stream_tail):
         builds.append(("A multicast", dataclasses.replace(model, cluster_n=2)))
         builds.append(("A multicast, all SMs", dataclasses.replace(model, cluster_n=2, balanced_grid=False)))
     if model.block_n % 16 == 0 and model.block_m != 192 and not (model.split_tail or model.stream_tail):

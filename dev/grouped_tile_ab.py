@@ -5,6 +5,7 @@ For each issue-5 case (same token counts as dev/bench_grouped.py), each tile's p
 flushed, median of 30), each output checked against the first tile's (masked: on the valid rows). Usage:
 python dev/grouped_tile_ab.py [--compile-only] [--masked] [--only SUBSTRING] [--tiles 256x128,128x192,...] [--narrow-ab]
 --narrow-ab (contiguous): each tile twice, with full-width last N-blocks (`GemmConfig.narrow_last_n=False`) and narrow ones.
+DeepGEMM HEAD runs interleaved where it imports (both layouts).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def main() -> None:
     from deepgemm.api.layout import to_mn_major_tma_aligned
     from deepgemm.tuning.timing import bench_gpu_interleaved
 
-    print("| case | tile | µs | TFLOPS | calc_diff vs the first tile | DeepGEMM TFLOPS |")
+    with_peer = deepseek.missing() is None and 128 % (deepseek.m_alignment() or 256) == 0
+    print("| case | tile | µs | TFLOPS | calc_diff vs the first tile (valid rows) | DeepGEMM (issue 5) |")
     print("|---|---|---|---|---|---|")
     for case in cases:
         groups, counts, n, k = case.groups, case.counts, case.n, case.k
@@ -78,13 +80,24 @@ def main() -> None:
             plan.launch(a[0], sfa, b[0], sfb, out, m_indices)
             outs.append(out)
             launches.append(lambda plan=plan, out=out: plan.launch(a[0], sfa, b[0], sfb, out, m_indices))
+        if with_peer:  # DeepGEMM HEAD on the same inputs, interleaved with the tiles
+            peer, why_not = _peer_launch("m_grouped_fp8_gemm_nt_contiguous", a, b, outs[0], m_total, k, groups, m_indices)
+            if peer is None:
+                print(f"(DeepGEMM not run: {why_not})")
+            else:
+                launches.append(peer[0])
+                outs.append(peer[1])
+                names.append("DeepGEMM HEAD")
+                launches[-1]()
         clear_grouped_plans()
         torch.cuda.synchronize()
         timings = bench_gpu_interleaved(launches, iters=30, warmup=5)
         flops = 2 * sum(counts) * n * k
+        valid = m_indices >= 0
         for name, out, timing in zip(names, outs, timings):
+            diff = deepgemm.calc_diff(out[valid], outs[0][valid])
             print(f"| contiguous {groups}x~{sum(counts) // groups} N={n} K={k} | {name} | {timing.median_us:.1f} | "
-                  f"{flops / timing.median_us / 1e6:.0f} | {deepgemm.calc_diff(out, outs[0]):.1e} | {case.theirs} |", flush=True)
+                  f"{flops / timing.median_us / 1e6:.0f} | {diff:.1e} | {case.theirs} |", flush=True)
 
 
 def contiguous_config(m_total: int, n: int, k: int, block_m: int, block_n: int, narrow_last_n: bool):  # noqa: ANN201
