@@ -81,14 +81,8 @@ def main() -> None:
             outs.append(out)
             launches.append(lambda plan=plan, out=out: plan.launch(a[0], sfa, b[0], sfb, out, m_indices))
         if with_peer:  # DeepGEMM HEAD on the same inputs, interleaved with the tiles
-            peer, why_not = _peer_launch("m_grouped_fp8_gemm_nt_contiguous", a, b, outs[0], m_total, k, groups, m_indices)
-            if peer is None:
-                print(f"(DeepGEMM not run: {why_not})")
-            else:
-                launches.append(peer[0])
-                outs.append(peer[1])
-                names.append("DeepGEMM HEAD")
-                launches[-1]()
+            _add_peer(_peer_launch("m_grouped_fp8_gemm_nt_contiguous", a, b, outs[0], m_total, k, groups, m_indices),
+                      launches, outs, names)
         clear_grouped_plans()
         torch.cuda.synchronize()
         timings = bench_gpu_interleaved(launches, iters=30, warmup=5)
@@ -98,6 +92,18 @@ def main() -> None:
             diff = deepgemm.calc_diff(out[valid], outs[0][valid])
             print(f"| contiguous {groups}x~{sum(counts) // groups} N={n} K={k} | {name} | {timing.median_us:.1f} | "
                   f"{flops / timing.median_us / 1e6:.0f} | {diff:.1e} | {case.theirs} |", flush=True)
+
+
+def _add_peer(peer_and_reason, launches: list, outs: list, names: list) -> None:  # noqa: ANN001 - _peer_launch's result
+    """Append DeepGEMM HEAD's launch (run once) and output to the interleaved set, or say why it is not run."""
+    peer, why_not = peer_and_reason
+    if peer is None:
+        print(f"(DeepGEMM not run: {why_not})")
+        return
+    launches.append(peer[0])
+    outs.append(peer[1])
+    names.append("DeepGEMM HEAD")
+    launches[-1]()
 
 
 def contiguous_config(m_total: int, n: int, k: int, block_m: int, block_n: int, narrow_last_n: bool):  # noqa: ANN201
@@ -161,14 +167,8 @@ def masked_ab(tiles: list[tuple[int, int]], only: str, compile_only: bool, scale
                 launches.append(lambda plan=plan, out=outs[-1], scales=scales: plan.launch(a[0], scales, b[0], sfb, out, masked_m))
                 launches[-1]()
         if with_peer:  # DeepGEMM HEAD on the same inputs, interleaved with the tiles
-            peer, why_not = _peer_launch("m_grouped_fp8_gemm_nt_masked", a, b, outs[0], max_m, k, groups, masked_m, expected)
-            if peer is None:
-                print(f"(DeepGEMM not run: {why_not})")
-            else:
-                launches.append(peer[0])
-                outs.append(peer[1])
-                names.append("DeepGEMM HEAD")
-                launches[-1]()
+            _add_peer(_peer_launch("m_grouped_fp8_gemm_nt_masked", a, b, outs[0], max_m, k, groups, masked_m, expected),
+                      launches, outs, names)
         torch.cuda.synchronize()
         timings = bench_gpu_interleaved(launches, iters=30, warmup=5)
         flops = 2 * sum(counts) * n * k
