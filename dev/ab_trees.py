@@ -5,7 +5,7 @@
                                         several packages (variants) are timed together; --only keeps the cases
                                         whose label contains one of the substrings; --m adds dense
                                         cases at these M for the suite's (N, K); --more adds the
-                                        k-grouped FP8 / BF16 Wgrad cases and dense BF16 (NT, TN)
+                                        k-grouped FP8 / BF16 Wgrad cases, BF16 contiguous and dense BF16 (NT, TN)
 
 The 18 DeepSeek-V3 dense shapes and the grouped (contiguous, masked) cases of dev/bench_grouped.py: every tree's
 public calls on the same operands, outputs compared bitwise on the rows the call defines (against this tree's),
@@ -93,7 +93,8 @@ def main() -> None:
 
 
 def more_cases(trees: list, keep) -> None:  # noqa: ANN001 - modules, a label filter
-    """k-grouped FP8 (C = out, FP32) and BF16 (C = out) Wgrad, and dense BF16 NT / TN into BF16."""
+    """k-grouped FP8 (C = out, FP32) and BF16 (C = out) Wgrad, BF16 contiguous (the FP8 cases' counts), and dense BF16
+    NT / TN into BF16."""
     rng = random.Random(0)
     for groups, tokens, m, n in ((4, 8192, 4096, 7168), (8, 4096, 7168, 2048)):
         ks = group_tokens(groups, tokens, rng)
@@ -113,6 +114,15 @@ def more_cases(trees: list, keep) -> None:  # noqa: ANN001 - modules, a label fi
             outs = [c.clone() for _ in trees]
             calls = [lambda t=t, o=o: t.k_grouped_bf16_gemm_tn_contiguous(dy, x, o, ks, c=o) for t, o in zip(trees, outs)]
             print(row(label, calls, outs, None, flops), flush=True)
+    for case in issue5_cases()[0]:
+        label = f"bf16 {case.label}"
+        if keep(label):
+            m_indices = torch.tensor(case.m_indices(), dtype=torch.int32, device="cuda")
+            a = torch.randn(m_indices.numel(), case.k, device="cuda").to(torch.bfloat16)
+            b = torch.randn(case.groups, case.n, case.k, device="cuda").to(torch.bfloat16)
+            outs = [torch.empty(m_indices.numel(), case.n, dtype=torch.bfloat16, device="cuda") for _ in trees]
+            calls = [lambda t=t, o=o: t.m_grouped_bf16_gemm_nt_contiguous(a, b, o, m_indices) for t, o in zip(trees, outs)]
+            print(row(label, calls, outs, None, 2 * sum(case.counts) * case.n * case.k), flush=True)
     for layout in ("nt", "tn"):
         for m, n, k in ((4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (128, 7168, 2048)):
             label = f"bf16 {layout} {m}x{n}x{k}"

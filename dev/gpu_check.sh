@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench moe breadth grouped kgrouped bf16grouped ncu split bf16split clusters ab nn route block racecheck bf16 all
+# Steps: install smoke tests sanitize host sass bench moe breadth grouped kgrouped bf16grouped ncu ncugrouped split bf16split clusters ab nn route block racecheck bf16 all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times another tree, carried as .ab/deepgemm_old (dev/rename_package.sh), interleaved with this one (dev/ab_trees.py).
@@ -129,6 +129,16 @@ if has ncu; then
       echo "ncu $tag $who:"; grep -E "Duration|SM Frequency|stalled|pipe_|bank_conflicts|wavefronts|inst_executed|sectors|dram__bytes|cycles_active|Grid Size|Registers Per|Shared Memory Config|Dynamic Shared|Cluster Size" "$OUT/ncu_${tag}_$who.txt" | awk '{print $1, $NF}' | head -40
     done
   done
+fi
+# ncugrouped: ncu over `dev/grouped_tile_ab.py --profile $NCU_GROUPED_ARGS` (every fp8_gemm kernel it launches, ours and
+# DeepGEMM HEAD's, in the order it prints; DG_PRINT_CONFIGS=1 shows DeepGEMM's config), the same metrics as ncu.
+if has ncugrouped; then
+  stalls=$(for r in barrier long_scoreboard wait math_pipe_throttle mio_throttle short_scoreboard no_instruction; do printf "smsp__average_warps_issue_stalled_%s_per_issue_active.ratio," $r; done)
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    DG_PRINT_CONFIGS=1 ncu --clock-control none -k regex:fp8_gemm --section SpeedOfLight --section LaunchStats \
+      --metrics ${stalls}sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,lts__t_sectors.sum,dram__bytes.sum,sm__cycles_active.avg \
+      python3 dev/grouped_tile_ab.py --profile ${NCU_GROUPED_ARGS:---masked --tiles 128x128} >"$OUT/ncu_grouped.txt" 2>&1 )
+  grep -E "profiled:|DG_|config|BLOCK|block_m|Duration|SM Frequency|stalled|pipe_tensor|inst_executed|sectors|dram__bytes|cycles_active|Grid Size|Registers Per|Cluster Size|fp8_gemm" "$OUT/ncu_grouped.txt" | awk '{$1=$1; print}' | cut -c1-160 | head -${NCU_GROUPED_LINES:-150}
 fi
 if has kgrouped; then
   timeout 200 python3 dev/bench_kgrouped.py 2>&1 | tee "$OUT/bench_kgrouped.md"

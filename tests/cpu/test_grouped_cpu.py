@@ -216,7 +216,9 @@ def test_masked_block_counts_are_the_distribution_of_the_sum() -> None:
 def test_masked_tiles_ranked_over_the_row_spread() -> None:
     """Above decode sizes the tile is ranked by its expected time over rows 0.7-1.3 x expected_m: 1 x ~1024 rows at
     N = 4096, K = 7168 leaves 256 x 128 (one wave at 1007 rows, two at 1229: measured 51.6 / 93.3 us) for 128 x 128,
-    and 4 x ~256 rows takes 128 x 192 (two waves across the spread where 128 x 128 mostly needs three)."""
+    and 4 x ~256 rows takes 128 x 192 (two waves across the spread where 128 x 128 mostly needs three). At N = 7168,
+    K = 2048 the measured short-K share makes 128 x 192 the pick for all three cases (without it the model ranks
+    128 x 128 first, 2-10% ahead; timed over 21 draws 128 x 192 was never behind DeepGEMM HEAD, 128 x 128 up to 16%)."""
     from deepgemm.kernels.sm90_fp8_gemm_1d2d import grouped_heuristics as gh
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import estimate_seconds
 
@@ -225,7 +227,13 @@ def test_masked_tiles_ranked_over_the_row_spread() -> None:
     assert gh.masked_tile(1024, 4096, 1, 4096, 7168, 132, 2) == (128, 128)
     assert gh.masked_tile(256, 4096, 4, 4096, 7168, 132, 2) == (128, 192)
     for groups, expected, n, k in ((1, 1024, 7168, 2048), (2, 512, 7168, 2048), (4, 256, 7168, 2048)):
-        assert gh.masked_tile(expected, 4096, groups, n, k, 132, 2) == (128, 128)
+        assert gh.masked_tile(expected, 4096, groups, n, k, 132, 2) == (128, 192)
+        blocks = gh._masked_block_counts(expected, 4096, 128, groups)
+        plain, wide = (gh.masked_expected_seconds(blocks, expected, groups, n, k, 128, bn, 132, 2) for bn in (128, 192))
+        assert plain < wide  # the unscaled model's order
+        assert wide * gh.masked_wide_tile_share(k) < plain
+    assert gh.masked_wide_tile_share(2048) == gh.MASKED_WIDE_TILE_SHARE_SHORT_K
+    assert gh.masked_wide_tile_share(1024) == gh.masked_wide_tile_share(7168) == 1.0
     # The ranking follows the expected time it computes.
     counts = gh._masked_block_counts(1024, 4096, 256, 1)
     wide = gh.masked_expected_seconds(counts, 1024, 1, 4096, 7168, 256, 128, 132, 2)

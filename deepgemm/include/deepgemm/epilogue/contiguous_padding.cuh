@@ -39,11 +39,35 @@ struct PaddingRows {
         }
     }
 
+    // The m_indices entries of this thread's rows (entry 2 w + h: row row_in_wg + 8 h of wave w; rows past M read
+    // as group 0), loaded at the tile's start so that the loads complete during the K loop instead of stalling the
+    // epilogue. The psum form loads nothing (its tile carries valid_end). row0: the warpgroup's first row in the
+    // flattened output.
+    struct RowGroups {
+        u32 group[2 * kNumWaves];
+    };
+
+    template <typename Problem>
+    DG_DEVICE static RowGroups load_row_groups(const Problem& problem, u32 row0, u32 math_wg, u32 first_row, u32 row_in_wg) {
+        RowGroups groups{};
+        if constexpr (Cfg::kKind == GemmKind::kGroupedContiguous) {
+#pragma unroll
+            for (u32 w = 0; w < kNumWaves; ++w) {
+#pragma unroll
+                for (u32 half = 0; half < 2; ++half) {
+                    const u32 row = row0 + (Cfg::wave_row(w, math_wg) - first_row) + row_in_wg + half * 8;
+                    groups.group[2 * w + half] = row < problem.m ? static_cast<u32>(__ldg(problem.grouping + row)) : 0u;
+                }
+            }
+        }
+        return groups;
+    }
+
     // Padding rows inside a computed block (m_indices == -1, or any index outside [0, G); psum form: rows past
-    // the group's end) become zeros. row0: the warpgroup's first row in the flattened output; this thread
-    // holds rows row_in_wg and row_in_wg + 8 of each wave.
-    DG_DEVICE static void zero_rows(float (&results)[kNumWaves][kBlockN / 2], const GemmProblem& problem, const GroupedTile& tile,
-                                    u32 row0, u32 math_wg, u32 first_row, u32 row_in_wg) {
+    // the group's end) become zeros.
+    template <typename Problem>
+    DG_DEVICE static void zero_rows(float (&results)[kNumWaves][kBlockN / 2], const Problem& problem, const GroupedTile& tile,
+                                    u32 row0, u32 math_wg, u32 first_row, u32 row_in_wg, RowGroups groups) {
         const u32 valid_end = tile.valid_end;
 #pragma unroll
         for (u32 w = 0; w < kNumWaves; ++w) {
@@ -52,7 +76,7 @@ struct PaddingRows {
                 const u32 row = row0 + (Cfg::wave_row(w, math_wg) - first_row) + row_in_wg + half * 8;
                 bool padding_row;
                 if constexpr (Cfg::kKind == GemmKind::kGroupedContiguous) {
-                    padding_row = row < problem.m && static_cast<u32>(__ldg(problem.grouping + row)) >= problem.num_groups;
+                    padding_row = groups.group[2 * w + half] >= problem.num_groups;
                 } else {
                     padding_row = row >= valid_end;
                 }

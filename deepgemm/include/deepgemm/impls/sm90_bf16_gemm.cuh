@@ -379,6 +379,9 @@ struct Sm90Bf16Gemm {
                     continue;
                 }
             }
+            const u32 row0 = tile.row_begin + row_in_group;  // in A's / D's rows (k-grouped: in group's D)
+            const typename Padding::RowGroups row_groups =
+                Padding::load_row_groups(problem.tiles, row0, math_wg, math_wg * 64, row_in_wg);  // (m_indices form)
             k_loop(ring, stage, phase, t, math_wg, lane, acc[0]);
             if constexpr (kSplitK) {
                 u32* flags = reinterpret_cast<u32*>(ring.smem + kOffsetFlags);
@@ -388,9 +391,8 @@ struct Sm90Bf16Gemm {
             }
 
             const u32 col0 = tile.n_block * kBlockN;
-            const u32 row0 = tile.row_begin + row_in_group;  // in A's / D's rows (k-grouped: in group's D)
             if constexpr (kContiguous) {
-                Padding::zero_rows(acc, problem.tiles, tile, row0, math_wg, math_wg * 64, row_in_wg);
+                Padding::zero_rows(acc, problem.tiles, tile, row0, math_wg, math_wg * 64, row_in_wg, row_groups);
             }
             store_tile(store, acc[0], tma_d, problem, tile, row0, col0, thread_in_wg, barrier_id);
         }

@@ -119,16 +119,18 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
         }
     }
 
-    // A computed tile's epilogue: padding rows zeroed, split units reduced, the slot released, the waves stored.
+    // A computed tile's epilogue: padding rows zeroed (`row_groups`: their m_indices entries, loaded at the tile's
+    // start), split units reduced, the slot released, the waves stored.
     DG_DEVICE static void finish_tile(const Ring& ring, Stores& stores, float (&results)[kNumWaves][kBlockN / 2],
                                       const GemmProblem& problem, const MathThread& me, const GroupedTile& tile,
-                                      const SplitUnit& unit, const Slots& slots, u32 use) {
+                                      const SplitUnit& unit, const Slots& slots, u32 use,
+                                      const typename Padding::RowGroups& row_groups) {
         const u32 rows = tile.rows;
         const u32 tile_row = tile.m_block * kBlockM + me.first_row;  // = row_in_tensor, read again
         const u32 row0 = tile.row_begin + tile_row;  // in the flattened output
         const u32 col0 = tile.n_block * kBlockN;
         if constexpr (kKind == GemmKind::kGroupedContiguous || kKind == GemmKind::kGroupedContiguousPsum) {
-            Padding::zero_rows(results, problem, tile, row0, me.math_wg, me.first_row, me.row_in_wg);
+            Padding::zero_rows(results, problem, tile, row0, me.math_wg, me.first_row, me.row_in_wg, row_groups);
         }
         if constexpr (kSplitTail) {
             u32* flags = reinterpret_cast<u32*>(ring.smem + kOffsetFlags);
@@ -171,10 +173,12 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
         for (u32 w = 0; w < kNumWaves; ++w) {
             Stores::zero(results[w]);
         }
+        const typename Padding::RowGroups row_groups =
+            Padding::load_row_groups(problem, tile.row_begin + row_in_tensor, me.math_wg, me.first_row, me.row_in_wg);
         const Promotion promotion{sfb_tile, straddle_col};
         const TileLoop loop{k_begin, k_end, tile.rows, row_in_tensor, me.first_row, me.math_wg, me.row_in_wg, me.lane};
         k_loop_tile(ring, stage, phase, results, tile, loop, promotion, straddle_col);
-        finish_tile(ring, stores, results, problem, me, tile, unit, slots, use);
+        finish_tile(ring, stores, results, problem, me, tile, unit, slots, use, row_groups);
     }
 
     DG_DEVICE static void consumer(const Ring& ring, const Slots& slots, const OutputDescriptors* tma_d, const float* sfb,
