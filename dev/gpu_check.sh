@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench moe breadth grouped kgrouped bf16grouped ncu ncugrouped split bf16split clusters ab nn route block racecheck bf16 all
+# Steps: install smoke tests sanitize host sass bench moe repeat breadth grouped kgrouped bf16grouped ncu ncugrouped split bf16split clusters tiles ab nn route block racecheck bf16 all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times another tree, carried as .ab/deepgemm_old (dev/rename_package.sh), interleaved with this one (dev/ab_trees.py).
 # Where .peers/use_deepgemm.sh is carried, DeepGEMM HEAD is made importable first, so bench times it too.
 # grouped / kgrouped run the grouped tests and dev/bench_grouped.py / dev/bench_kgrouped.py; ncu profiles NCU_SHAPES
-# (dev/profile_shape.py) with the stall reasons; split tests and times the split tail / stream tail / split-K
-# (dev/bench_split.py); clusters tests and times the 2-CTA multicast builds (dev/cluster_ab.py).
+# (dev/profile_shape.py; NCU_TILE=BMxBN forces our tile) with the stall reasons; split tests and times the split
+# tail / stream tail / split-K (dev/bench_split.py); clusters tests and times the 2-CTA multicast builds
+# (dev/dense_tile_ab.py --clusters); tiles times the model's dense picks against other tiles (dev/dense_tile_ab.py).
 set -uo pipefail
 OUT=${OUT:-/tmp/deepgemm-out}
 mkdir -p "$OUT"
@@ -99,6 +100,18 @@ if has bench; then
     python3 -m deepgemm bench --suite deepseek-v3 --json "$OUT/bench.json" --markdown "$OUT/bench.md" >"$OUT/bench.log" 2>&1 )
   grep -E "deepgemm |deepseek|blockwise|geometric|rror|left out" "$OUT/bench.log"
 fi
+# repeat: the dense and MoE suites REPEAT times (default 2), JSON only ($OUT/bench_<i>.json, moe_<i>.json: few files, as
+# a device call returns at most eight), the summary lines printed.
+if has repeat; then
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    for i in $(seq 1 "${REPEAT:-2}"); do
+      for suite in deepseek-v3 deepseek-v3-moe; do
+        name=$([ $suite = deepseek-v3 ] && echo bench || echo moe)_$i
+        python3 -m deepgemm bench --suite $suite --json "$OUT/$name.json" --markdown /tmp/$name.md >/tmp/$name.log 2>&1
+        echo "$name: $(grep -E "^summary|rror" /tmp/$name.log | cut -c1-150)"
+      done
+    done )
+fi
 # moe / breadth: `deepgemm bench --suite deepseek-v3-moe` (grouped cases, DeepGEMM interleaved) and `--suite
 # llm-prefill` (48 dense prefill shapes), results under $OUT.
 if has moe; then
@@ -125,7 +138,7 @@ if has ncu; then
       ( [ "$who" = peer ] && [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
         ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --section SpeedOfLight --section LaunchStats \
           --metrics ${stalls}l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum,lts__t_sectors.sum,dram__bytes.sum,sm__cycles_active.avg,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_uniform.sum,smsp__inst_executed_op_shared_ld.sum \
-          python3 dev/profile_shape.py $shape $([ "$who" = peer ] && echo --peer) >"$OUT/ncu_${tag}_$who.txt" 2>&1 )
+          python3 dev/profile_shape.py $shape $([ "$who" = peer ] && echo --peer) $([ "$who" = ours ] && [ -n "${NCU_TILE:-}" ] && echo --tile "$NCU_TILE") >"$OUT/ncu_${tag}_$who.txt" 2>&1 )
       echo "ncu $tag $who:"; grep -E "Duration|SM Frequency|stalled|pipe_|bank_conflicts|wavefronts|inst_executed|sectors|dram__bytes|cycles_active|Grid Size|Registers Per|Shared Memory Config|Dynamic Shared|Cluster Size" "$OUT/ncu_${tag}_$who.txt" | awk '{print $1, $NF}' | head -40
     done
   done
@@ -161,11 +174,19 @@ if has split; then
   timeout 300 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider tests/gpu/test_split_tail_gpu.py 2>&1 | tee "$OUT/pytest_split.log" | grep -E "passed|failed|Error|error" | tail -8
   timeout 300 python3 dev/bench_split.py 2>&1 | tee "$OUT/bench_split.md"
 fi
-# clusters: the 2-CTA multicast GPU tests (A and B), then dev/cluster_ab.py (the model's pick against its multicast
-# builds at M = 4096, DeepGEMM HEAD interleaved where carried).
+# clusters: the 2-CTA multicast GPU tests (A and B), then dev/dense_tile_ab.py --clusters (the model's pick against its
+# multicast builds at M = 4096, DeepGEMM HEAD interleaved where carried).
 if has clusters; then
   timeout 150 python3 -m pytest -q --timeout 120 -p no:cacheprovider tests/gpu/test_fp8_gemm_gpu.py -k multicast 2>&1 \
     | tee "$OUT/pytest_multicast.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -6
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh && export PYTHONPATH=$PWD:$PYTHONPATH
-    timeout 200 python3 dev/cluster_ab.py 2>&1 | tee "$OUT/cluster_ab.md" )
+    timeout 200 python3 dev/dense_tile_ab.py --clusters 2>&1 | tee "$OUT/cluster_ab.md" )
+fi
+# tiles: dev/dense_tile_ab.py $TILE_ARGS (default: the twelve M <= 128 DeepSeek-V3 shapes on a spread of tiles), the
+# model's pick and DeepGEMM HEAD interleaved; DG_PRINT_CONFIGS=1 shows DeepGEMM's config per shape.
+if has tiles; then
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh && export PYTHONPATH=$PWD:$PYTHONPATH
+    spread=64x16,64x32,64x64,64x96,64x128,64x128u,64x160,64x192,128x64,128x96,128x128,128x192
+    DG_PRINT_CONFIGS=1 timeout "${TILE_TIMEOUT:-300}" python3 dev/dense_tile_ab.py ${TILE_ARGS:---tiles $spread} 2>&1 \
+      | tee "$OUT/tiles.md" )
 fi

@@ -1,7 +1,8 @@
-"""Run one FP8 GEMM shape a few times (for ncu). Usage: profile_shape.py M N K [--peer]
+"""Run one FP8 GEMM shape a few times (for ncu). Usage: profile_shape.py M N K [--peer | --tile BMxBN]
 
---peer runs DeepGEMM HEAD's deep_gemm.fp8_gemm_nt on the same operands instead (scales converted once by its
-own transform beforehand, so its GEMM is the only kernel launched per call)."""
+--tile BMxBN runs that tile (deepest pipeline, no split) instead of the cost model's pick; --peer runs DeepGEMM
+HEAD's deep_gemm.fp8_gemm_nt on the same operands instead (scales converted once by its own transform beforehand, so
+its GEMM is the only kernel launched per call)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ def main() -> None:
         torch.cuda.synchronize()
         for _ in range(3):
             module.fp8_gemm_nt((a[0], sfa), (b[0], sfb), out)
+    elif "--tile" in sys.argv[4:]:
+        from deepgemm.kernels.common.device import sm_count
+        from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+        from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
+
+        block_m, block_n = (int(v) for v in sys.argv[sys.argv.index("--tile") + 1].split("x"))
+        plan = get_plan(0, m, n, k, torch.bfloat16, config=make_config(m, n, k, block_m, block_n, sm_count(0)))
+        for _ in range(3):
+            plan.launch(a[0], a[1], b[0], b[1], out)
     else:
         for _ in range(3):
             deepgemm.fp8_gemm_nt(a, b, out)

@@ -14,7 +14,7 @@ from deepgemm.kernels.common.hopper import SMEM_CAPACITY
 from deepgemm.kernels.common.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import (choose_fp8_gemm_config, clusters_allowed, dense_wide_tile_share, make_config,
-                                                            ranked_candidates)
+                                                            prefers_two_warpgroups, ranked_candidates)
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import contiguous_tile, masked_tile
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import split_tail_applies
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import fp8_gemm_smem_bytes
@@ -284,6 +284,30 @@ def test_config_dense_long_k_picks_128_x_192_where_measured_faster(m: int, n: in
     assert (c.block_m, c.block_n) == tile
 
 
+# Decode sizes with two 64-row M-blocks (benchmarks/h200-decode-tiles.md, interleaved with DeepGEMM HEAD): where 128 x 64
+# and 64 x 128 tie in the model, the 128-row tile measured faster up to K = 16384 and slower at K = 28672.
+@pytest.mark.parametrize("m,n,k,tile", [
+    (128, 24576, 1536, (128, 64)),  # 20.3 us against 21.6 for 64 x 128
+    (128, 7168, 2048, (128, 64)),  # 12.2 against 12.5
+    (128, 6144, 4096, (128, 64)),  # 16.1 against 16.5
+    (128, 7168, 16384, (128, 64)),  # 43.7 against 44.3
+    (100, 7168, 2048, (128, 64)),  # one 128-row block instead of two 64-row ones (the same argument, not timed)
+    (128, 8192, 28672, (64, 128)),  # 74.5 against 76.1 for 128 x 64
+    (64, 7168, 2048, (64, 64)),  # one M-block: no tie to break
+    (128, 4096, 7168, (64, 64)),  # no tie: the model rates 64 x 64 faster than 128 x 32
+])
+def test_decode_ties_go_to_two_math_warpgroups(m: int, n: int, k: int, tile: tuple[int, int]) -> None:
+    c = choose_fp8_gemm_config(m, n, k, 132)
+    assert (c.block_m, c.block_n) == tile
+    assert prefers_two_warpgroups(m, k) == (64 < m <= 128 and k <= 16384)
+
+
+def test_decode_tie_rule_is_dense_only() -> None:
+    """Grouped layouts rank without it (not measured there): a masked decode group keeps 64-row tiles."""
+    assert choose_fp8_gemm_config(128, 7168, 2048, 132, dense_ties=False).block_m == 64
+    assert masked_tile(64, 128, 1, 7168, 2048, 132, 2) == (64, 128)
+
+
 def test_dense_wide_tile_rule_is_dense_only() -> None:
     assert dense_wide_tile_share(32768, 7168) < 1 and dense_wide_tile_share(511, 7168) == 1
     assert dense_wide_tile_share(32768, 4095) == 1
@@ -309,7 +333,8 @@ def test_config_block_m_192_only_on_request() -> None:
     (128, 2112, 7168, 32, 64),  # two M-blocks: 32 wide still splits
     (64, 4096, 7168, 32, None),  # one M-block 32 wide: split measured 10% slower
     (64, 7168, 2048, 64, None),  # 16 K blocks: too short
-    (128, 7168, 16384, 128, None), (4096, 2112, 7168, None, None),
+    (128, 7168, 16384, None, None),  # 128 x 64 (test_decode_ties_go_to_two_math_warpgroups): not narrow, no split
+    (4096, 2112, 7168, None, None),
 ])
 def test_config_decode_split_k(m: int, n: int, k: int, plain_n: int | None, split_n: int | None) -> None:
     """Narrow one-wave decode tiles over a long K run as twice-as-wide split-K tiles (H200 sweeps, session 10)."""

@@ -221,18 +221,36 @@ def dense_wide_tile_share(m: int, k: int) -> float:
     return DENSE_WIDE_TILE_SHARE if m >= DENSE_WIDE_TILE_MIN_M and k >= DENSE_WIDE_TILE_MIN_K else 1.0
 
 
+# Decode sizes with two 64-row M-blocks (64 < M <= 128): where a 128-row tile and a 64-row tile tie in the model (the
+# HBM floor, the same schedule and tile count, e.g. 128 x 64 and 64 x 128), the 128-row tile reads each B block once
+# instead of once per M-block and runs two math warpgroups. Timed interleaved on the H200 (2026-12-04,
+# dev/dense_tile_ab.py, benchmarks/h200-decode-tiles.md): 128 x 64 against the 64 x 128 it replaces, M = 128,
+# 24576x1536 -6.0%, 7168x2048 -2.4%, 6144x4096 -2.4%, 7168x16384 -1.4%; at K = 28672 (8192x28672) +2.1%, so only up to
+# DECODE_TWO_WARPGROUP_MAX_K.
+DECODE_TWO_WARPGROUP_MAX_K = 16384
+
+
+def prefers_two_warpgroups(m: int, k: int) -> bool:
+    """Whether a dense GEMM's ties between tiles break toward block_m 128 (see DECODE_TWO_WARPGROUP_MAX_K), else toward
+    block_m 64. Grouped layouts keep block_m 64 (not measured there)."""
+    return 64 < m <= DECODE_MAX_M and k <= DECODE_TWO_WARPGROUP_MAX_K
+
+
 def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
                       allow_block_m_256: bool = True, allow_block_m_192: bool = False,
                       tail: ExposedTail = DENSE_TAIL,
-                      wide_tile_share: float | None = None) -> list[tuple[float, int, int]]:
+                      wide_tile_share: float | None = None,
+                      dense_ties: bool = True) -> list[tuple[float, int, int]]:
     """(ranking seconds, block_m, block_n) for every feasible tile, fastest first: the model's estimate, except that a
     128 x 192 tile's schedule estimate is multiplied by wide_tile_share (None: the dense rule, dense_wide_tile_share;
     grouped layouts pass 1, so theirs is the plain estimate). The tuner ranks its candidates this way too.
 
-    Ties (several tiles at the HBM floor) go to the faster tile schedule, then to fewer tiles. `tail`: see
+    Ties (several tiles at the HBM floor) go to the faster tile schedule, then to fewer tiles, then to the smaller
+    block_m (the larger one where prefers_two_warpgroups and `dense_ties`; grouped layouts pass False). `tail`: see
     tile_seconds.
     """
     share = dense_wide_tile_share(m, k) if wide_tile_share is None else wide_tile_share
+    tie_sign = -1 if dense_ties and prefers_two_warpgroups(m, k) else 1
     ranked = []
     for block_m, block_n in candidate_tiles(m, n, allow_block_m_256, allow_block_m_192):
         if max_stages(block_m, block_n, k, out_elem_bytes) < 2:
@@ -242,26 +260,27 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
             schedule *= share
         seconds = max(schedule, hbm_seconds(m, n, k, out_elem_bytes))
         tiles = ceil_div(m, block_m) * ceil_div(n, block_n)
-        ranked.append((seconds, schedule, tiles, block_m, block_n))
+        ranked.append((seconds, schedule, tiles, tie_sign * block_m, block_n))
     ranked.sort()
-    return [(seconds, block_m, block_n) for seconds, _, _, block_m, block_n in ranked]
+    return [(seconds, tie_sign * block_m, block_n) for seconds, _, _, block_m, block_n in ranked]
 
 
 def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
                            allow_block_m_256: bool = True, allow_block_m_192: bool = False,
                            decode_split: bool = True,
                            tail: ExposedTail = DENSE_TAIL,
-                           wide_tile_share: float | None = None) -> GemmConfig:
+                           wide_tile_share: float | None = None,
+                           dense_ties: bool = True) -> GemmConfig:
     """Pick block sizes and stages for D[m, n] = A[m, k] B[n, k]^T on `num_sms` SMs.
 
     Grouped GEMMs allow block_m 256 only under their own rules (grouped_heuristics). block_m 192 only on request: in
     the mid-M sweep it was never the fastest tile at M >= 512. `decode_split` False: never the
-    split-K decode tile (decode_split_block_n), so the plain pick can be timed against it. wide_tile_share: see
-    ranked_candidates (None: the dense rule)."""
+    split-K decode tile (decode_split_block_n), so the plain pick can be timed against it. wide_tile_share,
+    dense_ties: see ranked_candidates (None / True: the dense rules)."""
     if min(m, n, k) <= 0 or num_sms <= 0:
         raise ValueError(f"choose_fp8_gemm_config needs positive m, n, k, num_sms; got {m}, {n}, {k}, {num_sms}")
     ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes, allow_block_m_256, allow_block_m_192,
-                               tail, wide_tile_share)
+                               tail, wide_tile_share, dense_ties)
     if not ranked:
         raise UnsupportedError(f"no FP8 GEMM tile for m={m} n={n} k={k} fits in shared memory")
     _, block_m, block_n = ranked[0]

@@ -94,7 +94,7 @@ def masked_tile(expected_m: int, max_m: int, groups: int, n: int, k: int, num_sm
     rows = masked_config_m(expected_m, max_m)
     if min(expected_m, max_m) <= MASKED_DECODE_MAX_EXPECTED_M:
         base = choose_fp8_gemm_config(rows, n * groups, k, num_sms, out_elem_bytes, allow_block_m_256=allow_256,
-                                      tail=GROUPED_TAIL, wide_tile_share=1.0)
+                                      tail=GROUPED_TAIL, wide_tile_share=1.0, dense_ties=False)
         if base.block_m == 256:
             return 256, base.block_n
         return base.block_m, max_block_n_for(n, min(base.block_n, MASKED_DECODE_MAX_BLOCK_N))
@@ -170,7 +170,7 @@ def contiguous_tile(m_total: int, groups: int, n: int, k: int, num_sms: int, out
     # corrections would compound).
     base = choose_fp8_gemm_config(m, n, k, num_sms, out_elem_bytes,
                                   allow_block_m_256=contiguous_allows_block_m_256(m_total, groups),
-                                  tail=GROUPED_TAIL, wide_tile_share=1.0)
+                                  tail=GROUPED_TAIL, wide_tile_share=1.0, dense_ties=False)
     block_m, block_n = CONTIGUOUS_WIDE_TILE
     if m > DECODE_MAX_M and n >= block_n and max_stages(block_m, block_n, k, out_elem_bytes) >= 3:
         wide = (estimate_seconds(m, n, k, block_m, block_n, num_sms, out_elem_bytes, GROUPED_TAIL)

@@ -1,0 +1,151 @@
+"""Dense FP8 GEMM builds against the cost model's pick, DeepGEMM HEAD interleaved where it imports.
+
+  python dev/dense_tile_ab.py [MxNxK ...] [--tiles 64x192,128x128u,...] [--clusters] [--compile-only]
+
+Builds per shape: the model's pick; each `--tiles` tile (BMxBN, suffix `u` / `p`: one / two accumulators;
+deepest pipeline that fits, no split); with `--clusters` the pick's A multicast (cluster_n = 2, where N-blocks pair
+up; with and without balanced_grid) and B multicast (cluster_m = 2) builds. Default shapes: the twelve M <= 128
+DeepSeek-V3 shapes, or with `--clusters` the six M = 4096 ones. One fresh input per shape, timed interleaved (CUDA
+graph, L2 flushed, median of 30); every build is checked against float64 (calc_diff) and against the model's output
+(bitwise where the summation order is the same), DeepGEMM HEAD by calc_diff. The `est` column is the cost model's
+estimate for the build's tile (µs), so a row also says how far the model is off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+DECODE_SHAPES = [f"{m}x{nk}" for m in (64, 128)
+                 for nk in ("2112x7168", "24576x1536", "32768x512", "7168x16384", "4096x7168", "7168x2048")]
+PREFILL_SHAPES = ["4096x2112x7168", "4096x24576x1536", "4096x32768x512", "4096x7168x16384", "4096x4096x7168",
+                  "4096x7168x2048"]
+
+
+def parse_tile(text: str) -> tuple[int, int, bool | None]:
+    """'64x192' -> (64, 192, None: make_config's accumulators); '128x128u' -> one accumulator; '64x128p' -> two."""
+    pipelined = {"u": False, "p": True}.get(text[-1])
+    bm, bn = text.rstrip("up").split("x")
+    return int(bm), int(bn), pipelined
+
+
+def builds_for(shape: str, tiles: list[tuple[int, int, bool]], clusters: bool, sms: int) -> list:
+    """(name, config) of each build timed for `shape`."""
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config, make_config, max_stages
+
+    m, n, k = (int(v) for v in shape.split("x"))
+    model = choose_fp8_gemm_config(m, n, k, sms)
+    builds = [("model", model)]
+    for bm, bn, pipelined in tiles:
+        if max_stages(bm, bn, k, 2) < 2 or (bm > 64 and m <= 64):
+            continue
+        config = make_config(m, n, k, bm, bn, sms)
+        if pipelined is not None:
+            config = dataclasses.replace(config, pipelined=pipelined)
+        if config != model:
+            builds.append((f"{bm}x{bn}{'' if pipelined is None else 'up'[pipelined]}", config))
+    plain = not (model.split_tail or model.stream_tail)
+    if clusters and -(-n // model.block_n) % 2 == 0 and plain:
+        builds.append(("A multicast", dataclasses.replace(model, cluster_n=2)))
+        builds.append(("A multicast, all SMs", dataclasses.replace(model, cluster_n=2, balanced_grid=False)))
+    if clusters and model.block_n % 16 == 0 and model.block_m != 192 and plain:
+        builds.append(("B multicast", dataclasses.replace(model, cluster_m=2)))
+    return builds
+
+
+def estimate_us(m: int, n: int, k: int, config) -> float:  # noqa: ANN001 - a GemmConfig
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import estimate_seconds
+
+    return estimate_seconds(m, n, k, config.block_m, config.block_n, config.num_sms, 2) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("shapes", nargs="*", help="MxNxK")
+    parser.add_argument("--tiles", default="", help="comma-separated BMxBN[u|p]")
+    parser.add_argument("--clusters", action="store_true", help="the pick's A and B multicast builds too")
+    parser.add_argument("--compile-only", action="store_true", help="build and print resources (no GPU needed)")
+    parser.add_argument("--sms", type=int, default=None, help="SM count (default: the GPU's, else 132)")
+    args = parser.parse_args()
+
+    import torch
+
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, compile_spec
+
+    tiles = [parse_tile(t) for t in args.tiles.split(",") if t]
+    shapes = args.shapes or (PREFILL_SHAPES if args.clusters else DECODE_SHAPES)
+    if args.sms is None and torch.cuda.is_available():
+        from deepgemm.kernels.common.device import sm_count
+
+        args.sms = sm_count(0)
+    sms = args.sms or 132
+    plans = {shape: builds_for(shape, tiles, args.clusters, sms) for shape in shapes}
+    specs = {Fp8GemmSpec(n=int(s.split("x")[1]), k=int(s.split("x")[2]), out_dtype=torch.bfloat16, config=c)
+             for s, builds in plans.items() for _, c in builds}
+    ordered = sorted(specs, key=lambda spec: spec.label())
+    with ThreadPoolExecutor(16) as pool:  # compiles run out of process
+        compiled = list(pool.map(compile_spec, ordered))
+    if args.compile_only:
+        for spec, kernel in zip(ordered, compiled):
+            print(spec.label(), kernel.resources)
+        return
+    time_shapes(plans, sms)
+
+
+def time_shapes(plans: dict, sms: int) -> None:
+    import torch
+
+    import deepgemm
+    from deepgemm.bench import deepseek
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
+    from deepgemm.tuning.timing import bench_gpu_interleaved
+    from tests.helpers import random_operands, reference_fp64
+
+    peer = None if deepseek.missing() else deepseek.load()
+    print("| shape | build | config | grid | est µs | µs | TFLOPS | GB/s | vs model | vs DeepGEMM | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for shape, builds in plans.items():
+        m, n, k = (int(v) for v in shape.split("x"))
+        a, b = random_operands(m, n, k, "cuda", seed=11)
+        ref = reference_fp64(a, b)
+        rows, fns, baseline = [], [], None
+        for name, config in builds:
+            try:
+                plan = get_plan(0, m, n, k, torch.bfloat16, config=config)
+            except (ValueError, RuntimeError) as exc:
+                print(f"| {shape} | {name} | {config.label()} | - | - | - | - | - | - | - | {type(exc).__name__}: {exc} |")
+                continue
+            out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            plan.launch(a[0], a[1], b[0], b[1], out)
+            torch.cuda.synchronize()
+            baseline = out.clone() if baseline is None else baseline
+            same = "bitwise" if torch.equal(out, baseline) else "differs"
+            check = f"{deepgemm.calc_diff(out, ref):.1e} {same}"
+            rows.append((name, config.label(), plan.grid, f"{estimate_us(m, n, k, config):.1f}", check))
+            fns.append(lambda plan=plan, out=out: plan.launch(a[0], a[1], b[0], b[1], out))
+        if peer is not None:
+            sfa, _ = deepseek.scales(a[1], m, k, is_sfa=True)
+            sfb, _ = deepseek.scales(b[1], n, k, is_sfa=False)
+            peer_out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            peer.fp8_gemm_nt((a[0], sfa), (b[0], sfb), peer_out)
+            torch.cuda.synchronize()
+            rows.append(("DeepGEMM HEAD", deepseek.version(), "-", "-", f"{deepgemm.calc_diff(peer_out, ref):.1e}"))
+            fns.append(lambda: peer.fp8_gemm_nt((a[0], sfa), (b[0], sfb), peer_out))
+        timings = bench_gpu_interleaved(fns, iters=30, warmup=5)
+        base_us = timings[0].median_us
+        peer_us = timings[-1].median_us if peer is not None else None
+        gbytes = (m * k + n * k + 2 * m * n) / 1e9
+        for (name, label, grid, est, check), t in zip(rows, timings):
+            us = t.median_us
+            vs_peer = f"{peer_us / us:.3f}" if peer_us else "-"
+            print(f"| {shape} | {name} | {label} | {grid} | {est} | {us:.1f} | {2 * m * n * k / us / 1e6:.0f} | "
+                  f"{gbytes / us * 1e6:.0f} | {us / base_us:.3f} | {vs_peer} | {check} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
