@@ -34,7 +34,7 @@ def parse_tile(text: str) -> tuple[int, int, bool | None]:
     return int(bm), int(bn), pipelined
 
 
-def builds_for(shape: str, tiles: list[tuple[int, int, bool]], clusters: bool, sms: int) -> list:
+def builds_for(shape: str, tiles: list[tuple[int, int, bool | None]], clusters: bool, sms: int) -> list:
     """(name, config) of each build timed for `shape`."""
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config, make_config, max_stages
 

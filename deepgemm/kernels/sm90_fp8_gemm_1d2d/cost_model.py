@@ -250,7 +250,7 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
     tile_seconds.
     """
     share = dense_wide_tile_share(m, k) if wide_tile_share is None else wide_tile_share
-    tie_sign = -1 if dense_ties and prefers_two_warpgroups(m, k) else 1
+    wider_first = dense_ties and prefers_two_warpgroups(m, k)
     ranked = []
     for block_m, block_n in candidate_tiles(m, n, allow_block_m_256, allow_block_m_192):
         if max_stages(block_m, block_n, k, out_elem_bytes) < 2:
@@ -260,9 +260,10 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
             schedule *= share
         seconds = max(schedule, hbm_seconds(m, n, k, out_elem_bytes))
         tiles = ceil_div(m, block_m) * ceil_div(n, block_n)
-        ranked.append((seconds, schedule, tiles, tie_sign * block_m, block_n))
+        tie = -block_m if wider_first else block_m
+        ranked.append((seconds, schedule, tiles, tie, block_n, block_m))
     ranked.sort()
-    return [(seconds, tie_sign * block_m, block_n) for seconds, _, _, block_m, block_n in ranked]
+    return [(seconds, block_m, block_n) for seconds, _, _, _, block_n, block_m in ranked]
 
 
 def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
