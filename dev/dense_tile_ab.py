@@ -1,13 +1,14 @@
 """Dense FP8 GEMM builds against the cost model's pick, DeepGEMM HEAD interleaved where it imports.
 
-  python dev/dense_tile_ab.py [MxNxK ...] [--tiles 64x192,128x128u,...] [--clusters] [--compile-only]
+  python dev/dense_tile_ab.py [MxNxK ...] [--tiles 64x192,128x128u,64x16us16,...] [--clusters] [--compile-only]
 
-Builds per shape: the model's pick; each `--tiles` tile (BMxBN, suffix `u` / `p`: one / two accumulators;
-deepest pipeline that fits, no split); with `--clusters` the pick's A multicast (cluster_n = 2, where N-blocks pair
-up; with and without balanced_grid) and B multicast (cluster_m = 2) builds. Default shapes: the twelve M <= 128
-DeepSeek-V3 shapes, or with `--clusters` the six M = 4096 ones. One fresh input per shape, timed interleaved (CUDA
-graph, L2 flushed, median of 30); every build is checked against float64 (calc_diff) and against the model's output
-(bitwise where the summation order is the same), DeepGEMM HEAD by calc_diff. The `est` column is the cost model's
+Builds per shape: the model's pick; each `--tiles` tile (BMxBN, suffix `u` / `p`: one / two accumulators, then
+`sN`: N stages; else the deepest pipeline that fits; no split); with `--clusters` the pick's A multicast
+(cluster_n = 2, where N-blocks pair up; with and without balanced_grid) and B multicast (cluster_m = 2) builds.
+Default shapes: the twelve M <= 128 DeepSeek-V3 shapes, or with `--clusters` the six M = 4096 ones. One fresh input
+per shape, timed interleaved (CUDA graph, L2 flushed, median of 30); every build is checked against float64
+(calc_diff) and against the model's output (bitwise where the summation order is the same), DeepGEMM HEAD by
+calc_diff. The `est` column is the cost model's
 estimate for the build's tile (µs), so a row also says how far the model is off.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,28 +29,32 @@ PREFILL_SHAPES = ["4096x2112x7168", "4096x24576x1536", "4096x32768x512", "4096x7
                   "4096x7168x2048"]
 
 
-def parse_tile(text: str) -> tuple[int, int, bool | None]:
-    """'64x192' -> (64, 192, None: make_config's accumulators); '128x128u' -> one accumulator; '64x128p' -> two."""
-    pipelined = {"u": False, "p": True}.get(text[-1])
-    bm, bn = text.rstrip("up").split("x")
-    return int(bm), int(bn), pipelined
+def parse_tile(text: str) -> tuple[int, int, bool | None, int | None]:
+    """'64x192' -> (64, 192, None: make_config's accumulators, None: deepest pipeline); '128x128u' -> one accumulator;
+    '64x128p' -> two; a trailing 's16' fixes the stage count ('64x16us16')."""
+    match = re.fullmatch(r"(\d+)x(\d+)([up]?)(?:s(\d+))?", text)
+    if match is None:
+        raise SystemExit(f"bad tile {text!r}: BMxBN[u|p][sSTAGES]")
+    bm, bn, acc, stages = match.groups()
+    return int(bm), int(bn), {"u": False, "p": True}.get(acc), int(stages) if stages else None
 
 
-def builds_for(shape: str, tiles: list[tuple[int, int, bool | None]], clusters: bool, sms: int) -> list:
+def builds_for(shape: str, tiles: list[tuple[int, int, bool | None, int | None]], clusters: bool, sms: int) -> list:
     """(name, config) of each build timed for `shape`."""
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config, make_config, max_stages
 
     m, n, k = (int(v) for v in shape.split("x"))
     model = choose_fp8_gemm_config(m, n, k, sms)
     builds = [("model", model)]
-    for bm, bn, pipelined in tiles:
-        if max_stages(bm, bn, k, 2) < 2 or (bm > 64 and m <= 64):
+    for bm, bn, pipelined, stages in tiles:
+        if max_stages(bm, bn, k, 2) < max(2, stages or 0) or (bm > 64 and m <= 64):
             continue
-        config = make_config(m, n, k, bm, bn, sms)
+        config = make_config(m, n, k, bm, bn, sms, num_stages=stages)
         if pipelined is not None:
             config = dataclasses.replace(config, pipelined=pipelined)
         if config != model:
-            builds.append((f"{bm}x{bn}{'' if pipelined is None else 'up'[pipelined]}", config))
+            name = f"{bm}x{bn}{'' if pipelined is None else 'up'[pipelined]}{'' if stages is None else f's{stages}'}"
+            builds.append((name, config))
     plain = not (model.split_tail or model.stream_tail)
     if clusters and -(-n // model.block_n) % 2 == 0 and plain:
         builds.append(("A multicast", dataclasses.replace(model, cluster_n=2)))

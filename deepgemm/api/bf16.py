@@ -4,14 +4,15 @@ differentiable public functions in deepgemm.ops wrap these)."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
 from deepgemm.api.backend import backend_for
-from deepgemm.api.gemm import PrecompileInfo, allocate_out, check_num_sms
+from deepgemm.api.gemm import FreshOutputs, PrecompileInfo, allocate_out, check_num_sms
 from deepgemm.api.layout import tma_rows
 from deepgemm.api.tuned import TunedLookups
-from deepgemm.api.ready_launches import remember
+from deepgemm.api.ready_launches import CAPACITY, remember
 from deepgemm.api.validation import (
     refuse_grad_for,
     require_aligned,
@@ -28,7 +29,7 @@ from deepgemm.api.validation import (
 from deepgemm.jit.compiler import compile_kernel_outcome
 from deepgemm.kernels.common.device import device_name, planning_sm_count, sm_count
 from deepgemm.kernels.sm90_bf16_gemm.config import Bf16GemmConfig
-from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem, bf16_spec, get_bf16_plan
+from deepgemm.kernels.sm90_bf16_gemm.plan import Bf16GemmPlan, bf16_problem, bf16_spec, get_bf16_plan
 from deepgemm.kernels.sm90_bf16_gemm.spec import LAYOUTS, render_source
 from deepgemm.reference import bf16_gemm_reference
 from deepgemm.tuning.bf16_tuner import tune_bf16_gemm
@@ -37,6 +38,7 @@ from deepgemm.tuning.db import tuning_db
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 _grad_enabled = torch.is_grad_enabled
 _ready: dict[tuple, tuple] = {}  # deepgemm.api.ready_launches: metadata key -> (plan, packed kernel arguments)
+_fresh: dict[tuple, FreshOutputs] = {}  # calls without `out`: operand key (+ out_dtype) -> launch state
 
 # What each layout's operands look like: A as [M, K] or [K, M], B as [N, K] or [K, N].
 _A_FORM = {"n": "[M, K]", "t": "[K, M]"}
@@ -49,6 +51,17 @@ def _metadata_key(layout: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     return (layout, a.data_ptr(), a.shape, a.stride(), a.dtype, b.data_ptr(), b.shape, b.stride(), b.dtype,
             out.data_ptr(), out.shape, out.stride(), out.dtype,
             None if c is None else (c.data_ptr(), c.shape, c.stride(), c.dtype))
+
+
+def _fresh_key(layout: str, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, out_dtype: torch.dtype | None
+               ) -> tuple:
+    return (layout, a.data_ptr(), a.shape, a.stride(), a.dtype, b.data_ptr(), b.shape, b.stride(), b.dtype,
+            None if c is None else (c.data_ptr(), c.shape, c.stride(), c.dtype), out_dtype)
+
+
+def _pack(plan: Bf16GemmPlan, operands: tuple, out: torch.Tensor) -> Any:
+    a, b, c = operands
+    return plan.packed_args(a, b, out, c)
 
 
 def problem_shape(layout: str, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, int]:
@@ -134,24 +147,25 @@ def check_bf16_gemm_memory(layout: str, a: torch.Tensor, b: torch.Tensor, out: t
 def bf16_gemm(layout: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
               c: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """D = C + A @ B^T in `layout`; see deepgemm.bf16_gemm_nt for the arguments."""
-    if out_dtype is None:
-        # Fast path: an argument set (pointers, shapes, strides, dtypes) that passed validation before launches
-        # with one dictionary lookup (a new output is allocated first: the caching allocator mostly hands back the
-        # same block, so its pointer matches). Anything unusual falls through to the checked path.
-        try:
-            if out is None:
-                m = a.shape[0] if layout[0] == "n" else a.shape[1]
-                n = b.shape[0] if layout[1] == "t" else b.shape[1]
-                target = allocate_out(m, n, torch.bfloat16 if c is None else c.dtype, a.device)
-            else:
-                target = out
-            ready = _ready.get(_metadata_key(layout, a, b, target, c))
-        except (AttributeError, TypeError, RuntimeError, IndexError, KeyError):
-            ready = None
-        if ready is not None and not (_grad_enabled() and (
-                a.requires_grad or b.requires_grad or target.requires_grad or (c is not None and c.requires_grad))):
+    # Fast path: an argument set (pointers, shapes, strides, dtypes) that passed validation before launches with one
+    # dictionary lookup: keyed on the operands when the output is allocated here (FreshOutputs), on every tensor when
+    # it is given. Anything unusual falls through to the checked path.
+    fresh = ready = None
+    try:
+        if out is None:
+            fresh = _fresh.get(_fresh_key(layout, a, b, c, out_dtype))
+        elif out_dtype is None:
+            ready = _ready.get(_metadata_key(layout, a, b, out, c))
+    except (AttributeError, TypeError, RuntimeError, IndexError, KeyError):
+        pass
+    if (fresh is not None or ready is not None) and not (_grad_enabled() and (
+            a.requires_grad or b.requires_grad or (c is not None and c.requires_grad)
+            or (out is not None and out.requires_grad))):
+        if fresh is not None:
+            return fresh.run(a, b, c)
+        if ready is not None and out is not None:
             ready[0].launch_packed(ready[1])
-            return target
+            return out
     return _bf16_gemm_checked(layout, a, b, out, c, out_dtype)
 
 
@@ -166,6 +180,7 @@ def _bf16_gemm_checked(layout: str, a: object, b: object, out: torch.Tensor | No
     a_rows, b_rows = tma_rows(a_t), tma_rows(b_t)
     copied = a_rows is not a_t or b_rows is not b_t
     a_t, b_t = a_rows, b_rows
+    allocated = out is None
     if out is None:
         out = allocate_out(m, n, dtype, device)
     if m == 0 or n == 0:
@@ -180,8 +195,13 @@ def _bf16_gemm_checked(layout: str, a: object, b: object, out: torch.Tensor | No
     plan = get_bf16_plan(device.index, m, n, k, layout, out.dtype, c_dtype, config)
     args = plan.packed_args(a_t, b_t, out, c)
     plan.launch_packed(args)
-    if out_dtype is None and not copied:  # (ready_launches: only the caller's own pointers are remembered)
-        remember(_ready, _metadata_key(layout, a_t, b_t, out, c), plan, args)
+    if not copied:  # (ready_launches: only the caller's own pointers are remembered)
+        if allocated:
+            if len(_fresh) >= CAPACITY:
+                _fresh.clear()
+            _fresh[_fresh_key(layout, a_t, b_t, c, out_dtype)] = FreshOutputs(plan, _pack, out, args)
+        elif out_dtype is None:
+            remember(_ready, _metadata_key(layout, a_t, b_t, out, c), plan, args)
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,31 +83,38 @@ def _fresh_key(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: tor
             out_dtype, num_sms)
 
 
-class _FreshReady:
-    """Launch state of calls that allocate their output: the output's size and the packed arguments per output
-    pointer (the operands' pointers are part of the table's key)."""
+class FreshOutputs:
+    """Launch state of calls that allocate their output (each public GEMM keys its table on the operands): the
+    output's size and the packed arguments per output pointer. `pack(plan, operands, out)` packs a new pointer's
+    arguments (in the order the plan takes them)."""
 
-    __slots__ = ("args", "cols", "device", "dtype", "m", "n", "plan")
+    __slots__ = ("args", "cols", "device", "dtype", "m", "n", "pack", "plan")
     _ARGS_CAPACITY = 16  # output pointers per entry (a steady state reuses one or two blocks)
 
-    def __init__(self, plan: Fp8GemmPlan, out: torch.Tensor, args: Any) -> None:
-        self.plan, self.device, self.dtype = plan, out.device, out.dtype
+    def __init__(self, plan: Any, pack: Callable[[Any, tuple, torch.Tensor], Any], out: torch.Tensor,
+                 args: Any) -> None:
+        self.plan, self.pack, self.device, self.dtype = plan, pack, out.device, out.dtype
         self.m, self.n = out.shape
         self.cols = out.stride(0)  # n, or n padded to 16 bytes
         self.args: dict[int, Any] = {out.data_ptr(): args}
 
-    def run(self, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor) -> torch.Tensor:
+    def run(self, *operands: torch.Tensor | None) -> torch.Tensor:
         out = empty_rows(self.m, self.cols, self.n, self.dtype, self.device)
         args = self.args.get(out.data_ptr())
         if args is None:
             if len(self.args) >= self._ARGS_CAPACITY:
                 self.args.clear()
-            args = self.args[out.data_ptr()] = self.plan.packed_args(a_q, sfa, b_q, sfb, out)
+            args = self.args[out.data_ptr()] = self.pack(self.plan, operands, out)
         self.plan.launch_packed(args)
         return out
 
 
-_fresh: dict[tuple, _FreshReady] = {}  # fp8_gemm_nt without `out`: operand key (+ out_dtype, num_sms) -> state
+def _pack_fp8(plan: Fp8GemmPlan, operands: tuple, out: torch.Tensor) -> Any:
+    a_q, sfa, b_q, sfb = operands
+    return plan.packed_args(a_q, sfa, b_q, sfb, out)
+
+
+_fresh: dict[tuple, FreshOutputs] = {}  # fp8_gemm_nt without `out`: operand key (+ out_dtype, num_sms) -> state
 
 
 def ready_plan(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: torch.Tensor,
@@ -290,7 +298,7 @@ def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Te
         if fresh:
             if len(_fresh) >= CAPACITY:
                 _fresh.clear()
-            _fresh[_fresh_key(a_q, sfa, b_q, sfb, out_dtype, num_sms)] = _FreshReady(plan, out, args)
+            _fresh[_fresh_key(a_q, sfa, b_q, sfb, out_dtype, num_sms)] = FreshOutputs(plan, _pack_fp8, out, args)
         elif out_dtype is None:
             remember(_ready, _metadata_key(a_q, sfa, b_q, sfb, out, num_sms), plan, args)
     return out

@@ -523,3 +523,53 @@ def test_broadcast_operands_are_copied_once(layout: str, seed: int, monkeypatch:
     with pytest.raises(AssertionError, match="planned"):
         bf16_api.bf16_gemm(layout, a, b)
     assert seen and seen[0][0] != 0
+
+
+def test_calls_without_out_launch_from_the_operand_key(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm call that allocates its output launches from a table keyed on the operands (FreshOutputs), not on the
+    output's pointer: the checked path runs once per argument set however the allocator places the new output, each
+    launch gets arguments packed for the output it returns, and another addend, out_dtype or layout is another entry."""
+    checked: list[str] = []
+    packed: list[int] = []
+    launched: list[int] = []
+
+    class Plan:
+        def packed_args(self, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None) -> int:
+            packed.append(d.data_ptr())
+            return d.data_ptr()
+
+        def launch_packed(self, args: int) -> None:
+            launched.append(args)
+
+    real_checked = bf16_api._bf16_gemm_checked
+
+    def counted(layout: str, *args: object) -> torch.Tensor:
+        checked.append(layout)
+        return real_checked(layout, *args)
+
+    monkeypatch.setattr(bf16_api, "_bf16_gemm_checked", counted)
+    monkeypatch.setattr(bf16_api, "backend_for", lambda *tensors, **kw: "sm90")
+    monkeypatch.setattr(bf16_api, "tuned_bf16_config", lambda *args: None)
+    monkeypatch.setattr(bf16_api, "get_bf16_plan", lambda *args: Plan())
+    monkeypatch.setattr(bf16_api, "_fresh", {})
+    monkeypatch.setattr(bf16_api, "_ready", {})
+    a, b = operands("nt", 16, 24, 32)
+    c = torch.randn(16, 24)
+    kept = [deepgemm.bf16_gemm_nt(a, b) for _ in range(5)]  # every output stays alive: five pointers
+    kept += [deepgemm.bf16_gemm_nt(a, b) for _ in range(3)]
+    assert checked == ["nt"]
+    assert launched == [out.data_ptr() for out in kept] and len(set(launched)) == len(kept)
+    assert all(out.shape == (16, 24) and out.dtype == BF16 for out in kept)
+    for call in (lambda: deepgemm.bf16_gemm_nt(a, b, out_dtype=FP32), lambda: deepgemm.bf16_gemm_nt(a, b, c=c)):
+        first, second = call(), call()
+        assert first.dtype == second.dtype == FP32 and launched[-2:] == [first.data_ptr(), second.data_ptr()]
+    assert checked == ["nt", "nt", "nt"]
+    deepgemm.bf16_gemm_tn(a.t().contiguous(), b.t().contiguous())
+    assert checked[-1] == "tn"
+    assert len(bf16_api._fresh) == 4 and set(packed) == set(launched)
+    # The same operands, now requiring grad in grad mode, never take the table: the checked path refuses them here
+    # (the public function differentiates such calls through the custom op instead).
+    a.requires_grad_()
+    with pytest.raises(deepgemm.NotDifferentiableError):
+        bf16_api.bf16_gemm("nt", a, b)
+    assert checked[-1] == "nt" and len(checked) == 5

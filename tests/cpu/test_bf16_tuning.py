@@ -157,6 +157,7 @@ def test_the_api_plans_with_the_tuned_tile(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(bf16_api, "sm_count", lambda index: 132)
     monkeypatch.setattr(bf16_api, "_tuned", TunedLookups())
     monkeypatch.setattr(bf16_api, "_ready", {})
+    monkeypatch.setattr(bf16_api, "_fresh", {})
     a = torch.randn(7168, 256).to(torch.bfloat16)
     b = torch.randn(7168, 2112).to(torch.bfloat16)
     bf16_api.bf16_gemm("tn", a, b)

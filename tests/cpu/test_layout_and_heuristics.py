@@ -13,7 +13,8 @@ import deepgemm
 from deepgemm.kernels.common.hopper import SMEM_CAPACITY
 from deepgemm.kernels.common.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import (choose_fp8_gemm_config, clusters_allowed, dense_wide_tile_share, make_config,
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import (choose_fp8_gemm_config, clusters_allowed,
+                                                            dense_tall_tile_share, dense_wide_tile_share, make_config,
                                                             prefers_two_warpgroups, ranked_candidates)
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import contiguous_tile, masked_tile
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import split_tail_applies
@@ -251,7 +252,8 @@ def test_config_large_compute_bound_shape_uses_block_m_256() -> None:
     (160, 24576, 1536, (128, 128)),  # 23.8 against 25.0 for 128 x 192
     (256, 24576, 1536, (128, 128)),  # 25.2 against 26.9 for 128 x 192 (was a tuned entry)
     (768, 24576, 1536, (128, 128)),  # 55.2 against 57.8 for 128 x 192
-    (768, 7168, 2048, (128, 128)),  # 27.4 against 28.9 for 128 x 192
+    # 128 x 192 there since the K-loop unroll: 24.1 / 24.3 us against 25.3 / 25.3 (two runs, 2026-12-04)
+    (768, 7168, 2048, (128, 192)),
     (4096, 7168, 16384, (256, 128)), (4096, 4096, 7168, (256, 128)), (4096, 7168, 2048, (256, 128)),
 ])
 def test_config_mid_m_picks_measured_fastest_tiles(m: int, n: int, k: int, tile: tuple[int, int]) -> None:
@@ -259,7 +261,7 @@ def test_config_mid_m_picks_measured_fastest_tiles(m: int, n: int, k: int, tile:
     assert (c.block_m, c.block_n) == tile
 
 
-# Dense GEMMs with M >= 512 and K >= 4096 (dev/bench_split.py, interleaved, bitwise equal outputs; docs/performance.md):
+# Dense GEMMs with M >= 512 and K >= 2048 (dev/bench_split.py, interleaved, bitwise equal outputs; docs/performance.md):
 # 128 x 192 measured faster than the fitted model's pick, which DENSE_WIDE_TILE_SHARE corrects; short K and the
 # ten-wave 4096 x 7168 x 16384 keep 256 x 128, as measured; grouped layouts rank without the rule.
 @pytest.mark.parametrize("m,n,k,tile", [
@@ -268,7 +270,7 @@ def test_config_mid_m_picks_measured_fastest_tiles(m: int, n: int, k: int, tile:
     (8192, 7168, 16384, (128, 192)),  # 1609-1654 against 1676-1725
     (16384, 7168, 16384, (128, 192)),  # 3281.9 against 3521.1
     (16384, 5120, 5120, (128, 192)),  # 639.3 against 672.4
-    (4096, 14336, 4096, (128, 192)),  # 359.9 against 370.2
+    (4096, 14336, 4096, (256, 128)),  # since the unroll 336.7 / 337.1 against 341.5 / 344.1 (DENSE_TALL_TILE_SHARE)
     (1024, 14336, 4096, (128, 192)),  # 97.9 against 103.4 for 128 x 128
     (2048, 7168, 7168, (128, 192)),  # 165.7 against 169.5 for 128 x 128
     (32768, 7168, 2048, (256, 128)),  # K = 2048: 764 against 787 for 128 x 192
@@ -310,12 +312,40 @@ def test_decode_tie_rule_is_dense_only() -> None:
 
 def test_dense_wide_tile_rule_is_dense_only() -> None:
     assert dense_wide_tile_share(32768, 7168) < 1 and dense_wide_tile_share(511, 7168) == 1
-    assert dense_wide_tile_share(32768, 4095) == 1
+    assert dense_wide_tile_share(32768, 2048) < 1 and dense_wide_tile_share(32768, 2047) == 1
     plain = choose_fp8_gemm_config(32768, 4096, 7168, 132, wide_tile_share=1.0)
     assert (plain.block_m, plain.block_n) == (256, 128)
     # The grouped tile choices call the model with the rule off (masked ones rank by their own expected time).
     assert masked_tile(1024, 4096, 1, 4096, 7168, 132, 2) == (128, 128)
     assert contiguous_tile(4 * 8192, 4, 4096, 7168, 132, 2) == (128, 192)  # their own measured rule
+
+
+# After the K-loop unroll (2026-12-04, dev/model_ab.py, benchmarks/h200-wide-tile-rules.md): the 128 x 192 share from
+# K = 2048, and 256 x 128 rated with its own share against a first-placed 128 x 192 at M <= 8192. New / old pick, µs.
+@pytest.mark.parametrize("m,n,k,tile", [
+    (4096, 1536, 2048, (128, 192)),  # 24.6 against 25.5 for 128 x 128
+    (12288, 1536, 2048, (128, 192)),  # 60.1 against 64.3 for 128 x 128
+    (6144, 4608, 3584, (128, 192)),  # 146.0 against 151.0 for 256 x 128
+    (4096, 10240, 8192, (256, 128)),  # 482.8 against 502.5 for 128 x 192
+    (8192, 4096, 14336, (256, 128)),  # 662.8 against 693.6
+    (2048, 28672, 8192, (256, 128)),  # 678.1 against 694.1
+    (32768, 8192, 8192, (128, 192)),  # M > 8192: the plain share (256 x 128 ran 1.9% slower there)
+    (640, 10240, 8192, (128, 160)),  # not against 128 x 160: 256 x 128 ran 92.1 -> 96.8
+    (512, 14336, 4096, (128, 160)),  # 50.5 against 52.7 for 256 x 128
+])
+def test_config_wide_and_tall_tile_shares_after_the_unroll(m: int, n: int, k: int, tile: tuple[int, int]) -> None:
+    c = choose_fp8_gemm_config(m, n, k, 132)
+    assert (c.block_m, c.block_n) == tile
+
+
+def test_dense_tall_tile_share_scope() -> None:
+    assert dense_tall_tile_share(4096, 8192) < 1 and dense_tall_tile_share(8192, 2048) < 1
+    assert dense_tall_tile_share(8193, 8192) == 1 and dense_tall_tile_share(511, 8192) == 1
+    assert dense_tall_tile_share(4096, 2047) == 1
+    # Grouped callers pass wide_tile_share, which turns both dense shares off.
+    plain = choose_fp8_gemm_config(4096, 10240, 8192, 132, wide_tile_share=1.0)
+    assert [(bm, bn) for _, bm, bn in ranked_candidates(4096, 10240, 8192, 132, wide_tile_share=0.93)][0] == (128, 192)
+    assert (plain.block_m, plain.block_n) != (128, 192)
 
 
 def test_config_block_m_192_only_on_request() -> None:

@@ -104,6 +104,32 @@ def test_bitwise_repeatable(layout: str, seed: int, gpu_guard) -> None:
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_warm_calls_without_out_write_every_new_output(layout: str, seed: int, gpu_guard) -> None:
+    """Calls that allocate their output launch from a table keyed on the operands: repeated while the earlier
+    outputs stay alive (a new pointer each) and again into NaN-poisoned blocks freed back to the allocator, every
+    output is the full GEMM and every call one kernel launch."""
+    a, b = bf16_layout_operands(layout, 136 if layout[0] == "t" else 129, 2056, 72)  # (tn/tt: M % 8 == 0)
+    ref = bf16_gemm_reference(a, b, layout, None, torch.float64)
+    before = gpu_guard.launches(ENTRY)
+    kept = [FUNCTIONS[layout](a, b) for _ in range(4)]
+    torch.cuda.synchronize()
+    assert len({out.data_ptr() for out in kept}) == 4
+    for i, out in enumerate(kept):
+        check_bf16_gemm(out, ref, f"{layout} live output {i}")
+        out.fill_(float("nan"))
+    poisoned = {out.data_ptr() for out in kept}
+    del out
+    kept.clear()
+    again = [FUNCTIONS[layout](a, b) for _ in range(4)]
+    torch.cuda.synchronize()
+    assert gpu_guard.launches(ENTRY) == before + 8
+    assert poisoned & {out.data_ptr() for out in again}, "no poisoned block was handed out again"
+    for i, out in enumerate(again):
+        check_bf16_gemm(out, ref, f"{layout} output {i} in a freed block")
+
+
+@pytest.mark.quick
 def test_empty_dimensions(seed: int, gpu_guard) -> None:
     a, b = bf16_layout_operands("nt", 0, 136, 72)
     assert deepgemm.bf16_gemm_nt(a, b).shape == (0, 136)

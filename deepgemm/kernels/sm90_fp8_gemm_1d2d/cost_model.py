@@ -206,19 +206,36 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
 
 
 # Dense GEMMs with M >= 512 and K >= 4096: 128 x 192 tiles, timed interleaved against the model's pick, ran 0.7-7%
-# faster on all 37 H200 shapes where this rule changes the pick and level on two (the fitted model rated them 1-8%
-# slower); at short K and at 4096x7168x16384 (ten waves against seven of 256 x 128) they ran slower, as rated. So at
-# those sizes a 128 x 192 tile's schedule estimate is scaled by DENSE_WIDE_TILE_SHARE when tiles are ranked (the HBM
-# floor still applies). Fitted on the H200 (132 SMs); the tuner's measured entries take precedence.
+# faster on all 37 H200 shapes where a share on their estimate changed the pick and level on two (the fitted model
+# rated them 1-8% slower); at 4096x7168x16384 (ten waves against seven of 256 x 128) they ran slower, as rated. So a
+# 128 x 192 tile's schedule estimate is scaled by DENSE_WIDE_TILE_SHARE when tiles are ranked (the HBM floor still
+# applies). Re-timed after the K-loop unroll (2026-12-04, dev/model_ab.py, 32 and 36 shapes,
+# benchmarks/h200-wide-tile-rules.md): at 2048 <= K < 4096 the share moved six of seven picks to 128 x 192, 0.4-4.7%
+# faster (one +0.3%), so it applies from K = 2048; measured against 256 x 128 the share was 0.96-0.98 at M <= 8192
+# (0.94-0.96 at M = 32768; 0.93-0.95
+# against 128 x 128), so where the share puts 128 x 192 first at those M, 256 x 128 is rated against it with
+# DENSE_TALL_TILE_SHARE = 0.93 / 0.965 (only against it: rated so against 128 x 160 at M <= 2048, 256 x 128 ran 1-5%
+# slower).
+# Fitted on the H200 (132 SMs); the tuner's measured entries take precedence.
 DENSE_WIDE_TILE = (128, 192)
 DENSE_WIDE_TILE_SHARE = 0.93
 DENSE_WIDE_TILE_MIN_M = 512
-DENSE_WIDE_TILE_MIN_K = 4096
+DENSE_WIDE_TILE_MIN_K = 2048
+DENSE_TALL_TILE = (256, 128)
+DENSE_TALL_TILE_SHARE = 0.964
+DENSE_TALL_TILE_MAX_M = 8192
 
 
 def dense_wide_tile_share(m: int, k: int) -> float:
-    """The factor on a dense 128 x 192 tile's estimate (DENSE_WIDE_TILE_SHARE at M >= 512 and K >= 4096, else 1)."""
+    """The factor on a dense 128 x 192 tile's estimate (DENSE_WIDE_TILE_SHARE at M >= 512 and K >= 2048, else 1)."""
     return DENSE_WIDE_TILE_SHARE if m >= DENSE_WIDE_TILE_MIN_M and k >= DENSE_WIDE_TILE_MIN_K else 1.0
+
+
+def dense_tall_tile_share(m: int, k: int) -> float:
+    """The factor on a dense 256 x 128 tile's estimate when it is ranked against a first-placed 128 x 192
+    (DENSE_TALL_TILE_SHARE where the 128 x 192 share applies and M <= DENSE_TALL_TILE_MAX_M, else 1)."""
+    applies = dense_wide_tile_share(m, k) != 1.0 and m <= DENSE_TALL_TILE_MAX_M
+    return DENSE_TALL_TILE_SHARE if applies else 1.0
 
 
 # Decode sizes with two 64-row M-blocks (64 < M <= 128): where a 128-row tile and a 64-row tile tie in the model (the
@@ -242,8 +259,9 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
                       wide_tile_share: float | None = None,
                       dense_ties: bool = True) -> list[tuple[float, int, int]]:
     """(ranking seconds, block_m, block_n) for every feasible tile, fastest first: the model's estimate, except that a
-    128 x 192 tile's schedule estimate is multiplied by wide_tile_share (None: the dense rule, dense_wide_tile_share;
-    grouped layouts pass 1, so theirs is the plain estimate). The tuner ranks its candidates this way too.
+    128 x 192 tile's schedule estimate is multiplied by wide_tile_share (None: the dense rules, dense_wide_tile_share,
+    and 256 x 128 rated with dense_tall_tile_share when 128 x 192 came first; grouped layouts pass 1, so theirs is the
+    plain estimate). The tuner ranks its candidates this way too.
 
     Ties (several tiles at the HBM floor) go to the faster tile schedule, then to fewer tiles, then to the smaller
     block_m (the larger one where prefers_two_warpgroups and `dense_ties`; grouped layouts pass False). `tail`: see
@@ -263,6 +281,16 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
         tie = -block_m if wider_first else block_m
         ranked.append((seconds, schedule, tiles, tie, block_n, block_m))
     ranked.sort()
+    tall_share = dense_tall_tile_share(m, k) if wide_tile_share is None else 1.0
+    if tall_share != 1.0 and ranked and (ranked[0][5], ranked[0][4]) == DENSE_WIDE_TILE:
+        # 256 x 128 against the 128 x 192 the share put first: rated with its own share (see DENSE_TALL_TILE_SHARE).
+        for i, (_, schedule, tiles, tie, block_n, block_m) in enumerate(ranked):
+            if (block_m, block_n) == DENSE_TALL_TILE:
+                seconds = max(schedule * tall_share, hbm_seconds(m, n, k, out_elem_bytes))
+                if seconds < ranked[0][0]:
+                    ranked.insert(0, (seconds, schedule * tall_share, tiles, tie, block_n, block_m))
+                    del ranked[i + 1]
+                break
     return [(seconds, block_m, block_n) for seconds, _, _, _, block_n, block_m in ranked]
 
 
