@@ -157,7 +157,7 @@ def test_contiguous_block_m_256_compiles_without_spills(kind_name: str) -> None:
 
 
 def test_contiguous_block_m_256_needs_long_expert_segments() -> None:
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import RankingRules, choose_fp8_gemm_config
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import contiguous_allows_block_m_256
 
     assert contiguous_allows_block_m_256(4 * 8192, 4) and contiguous_allows_block_m_256(8 * 4096, 8)
@@ -166,7 +166,8 @@ def test_contiguous_block_m_256_needs_long_expert_segments() -> None:
     assert contiguous_allows_block_m_256(1024, 1) and not contiguous_allows_block_m_256(1024, 2)
     # Where it is allowed the cost model takes it for these MoE shapes, as for dense M = 4096.
     for n, k in ((4096, 7168), (7168, 2048)):
-        assert choose_fp8_gemm_config(32768, n, k, 132, allow_block_m_256=True, wide_tile_share=1.0).block_m == 256
+        assert choose_fp8_gemm_config(32768, n, k, 132, allow_block_m_256=True,
+                                      rules=RankingRules(tile_shares=False)).block_m == 256
 
 
 def test_contiguous_layouts_take_128x192_tiles_where_they_pay() -> None:

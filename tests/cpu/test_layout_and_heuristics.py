@@ -13,10 +13,12 @@ import deepgemm
 from deepgemm.kernels.common.hopper import SMEM_CAPACITY
 from deepgemm.kernels.common.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import (choose_fp8_gemm_config, clusters_allowed,
-                                                            dense_tall_tile_share, dense_wide_tile_share, make_config,
-                                                            prefers_two_warpgroups, ranked_candidates)
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import contiguous_tile, masked_tile
+from deepgemm.kernels.sm90_fp8_gemm_1d2d import cost_model
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import (DENSE_RULES, RankingRules, choose_fp8_gemm_config,
+                                                            clusters_allowed, dense_tall_tile_share,
+                                                            dense_wide_tile_share, make_config, prefers_two_warpgroups,
+                                                            ranked_candidates)
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import GROUPED_RULES, contiguous_tile, masked_tile
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import split_tail_applies
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import fp8_gemm_smem_bytes
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import dense_last_box_rows
@@ -306,14 +308,15 @@ def test_decode_ties_go_to_two_math_warpgroups(m: int, n: int, k: int, tile: tup
 
 def test_decode_tie_rule_is_dense_only() -> None:
     """Grouped layouts rank without it (not measured there): a masked decode group keeps 64-row tiles."""
-    assert choose_fp8_gemm_config(128, 7168, 2048, 132, dense_ties=False).block_m == 64
+    assert choose_fp8_gemm_config(128, 7168, 2048, 132, rules=RankingRules(decode_ties=False)).block_m == 64
+    assert choose_fp8_gemm_config(128, 7168, 2048, 132, rules=GROUPED_RULES).block_m == 64
     assert masked_tile(64, 128, 1, 7168, 2048, 132, 2) == (64, 128)
 
 
 def test_dense_wide_tile_rule_is_dense_only() -> None:
     assert dense_wide_tile_share(32768, 7168) < 1 and dense_wide_tile_share(511, 7168) == 1
     assert dense_wide_tile_share(32768, 2048) < 1 and dense_wide_tile_share(32768, 2047) == 1
-    plain = choose_fp8_gemm_config(32768, 4096, 7168, 132, wide_tile_share=1.0)
+    plain = choose_fp8_gemm_config(32768, 4096, 7168, 132, rules=RankingRules(tile_shares=False))
     assert (plain.block_m, plain.block_n) == (256, 128)
     # The grouped tile choices call the model with the rule off (masked ones rank by their own expected time).
     assert masked_tile(1024, 4096, 1, 4096, 7168, 132, 2) == (128, 128)
@@ -342,10 +345,18 @@ def test_dense_tall_tile_share_scope() -> None:
     assert dense_tall_tile_share(4096, 8192) < 1 and dense_tall_tile_share(8192, 2048) < 1
     assert dense_tall_tile_share(8193, 8192) == 1 and dense_tall_tile_share(511, 8192) == 1
     assert dense_tall_tile_share(4096, 2047) == 1
-    # Grouped callers pass wide_tile_share, which turns both dense shares off.
-    plain = choose_fp8_gemm_config(4096, 10240, 8192, 132, wide_tile_share=1.0)
-    assert [(bm, bn) for _, bm, bn in ranked_candidates(4096, 10240, 8192, 132, wide_tile_share=0.93)][0] == (128, 192)
-    assert (plain.block_m, plain.block_n) != (128, 192)
+
+    def first(rules: RankingRules = DENSE_RULES) -> tuple[int, int]:
+        _, block_m, block_n = ranked_candidates(4096, 10240, 8192, 132, rules=rules)[0]
+        return block_m, block_n
+
+    assert first() == (256, 128)
+    with pytest.MonkeyPatch.context() as patch:  # without the 256 x 128 share the 128 x 192 share would pick it
+        patch.setattr(cost_model, "DENSE_TALL_TILE_SHARE", 1.0)
+        assert first() == (128, 192)
+    # Grouped rules turn both dense shares off (the plain estimate: 256 x 128 here, 494 against 529 us).
+    assert first(GROUPED_RULES) == first(RankingRules(tile_shares=False)) == (256, 128)
+    assert GROUPED_RULES.tile_shares is False and GROUPED_RULES.decode_ties is False
 
 
 def test_config_block_m_192_only_on_request() -> None:

@@ -253,22 +253,33 @@ def prefers_two_warpgroups(m: int, k: int) -> bool:
     return 64 < m <= DECODE_MAX_M and k <= DECODE_TWO_WARPGROUP_MAX_K
 
 
+@dataclass(frozen=True)
+class RankingRules:
+    """The measured corrections ranked_candidates applies to the fitted estimate, per GEMM kind: `tail` (see
+    tile_seconds), `tile_shares` (dense_wide_tile_share for 128 x 192, and dense_tall_tile_share for 256 x 128 where
+    128 x 192 comes first) and `decode_ties` (prefers_two_warpgroups). The defaults are the dense GEMM's; grouped
+    layouts pass their own (grouped_heuristics.GROUPED_RULES)."""
+
+    tail: ExposedTail = DENSE_TAIL
+    tile_shares: bool = True
+    decode_ties: bool = True
+
+
+DENSE_RULES = RankingRules()
+
+
 def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
                       allow_block_m_256: bool = True, allow_block_m_192: bool = False,
-                      tail: ExposedTail = DENSE_TAIL,
-                      wide_tile_share: float | None = None,
-                      dense_ties: bool = True) -> list[tuple[float, int, int]]:
-    """(ranking seconds, block_m, block_n) for every feasible tile, fastest first: the model's estimate, except that a
-    128 x 192 tile's schedule estimate is multiplied by wide_tile_share (None: the dense rules, dense_wide_tile_share,
-    and 256 x 128 rated with dense_tall_tile_share when 128 x 192 came first; grouped layouts pass 1, so theirs is the
-    plain estimate). The tuner ranks its candidates this way too.
+                      rules: RankingRules = DENSE_RULES) -> list[tuple[float, int, int]]:
+    """(ranking seconds, block_m, block_n) for every feasible tile, fastest first: the model's estimate with `rules`'
+    corrections (the dense GEMM's by default). The tuner ranks its candidates this way too.
 
     Ties (several tiles at the HBM floor) go to the faster tile schedule, then to fewer tiles, then to the smaller
-    block_m (the larger one where prefers_two_warpgroups and `dense_ties`; grouped layouts pass False). `tail`: see
-    tile_seconds.
+    block_m (the larger one where prefers_two_warpgroups and rules.decode_ties).
     """
-    share = dense_wide_tile_share(m, k) if wide_tile_share is None else wide_tile_share
-    wider_first = dense_ties and prefers_two_warpgroups(m, k)
+    tail = rules.tail
+    share = dense_wide_tile_share(m, k) if rules.tile_shares else 1.0
+    wider_first = rules.decode_ties and prefers_two_warpgroups(m, k)
     ranked = []
     for block_m, block_n in candidate_tiles(m, n, allow_block_m_256, allow_block_m_192):
         if max_stages(block_m, block_n, k, out_elem_bytes) < 2:
@@ -281,7 +292,7 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
         tie = -block_m if wider_first else block_m
         ranked.append((seconds, schedule, tiles, tie, block_n, block_m))
     ranked.sort()
-    tall_share = dense_tall_tile_share(m, k) if wide_tile_share is None else 1.0
+    tall_share = dense_tall_tile_share(m, k) if rules.tile_shares else 1.0
     if tall_share != 1.0 and ranked and (ranked[0][5], ranked[0][4]) == DENSE_WIDE_TILE:
         # 256 x 128 against the 128 x 192 the share put first: rated with its own share (see DENSE_TALL_TILE_SHARE).
         for i, (_, schedule, tiles, tie, block_n, block_m) in enumerate(ranked):
@@ -296,20 +307,16 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
 
 def choose_fp8_gemm_config(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int = 2,
                            allow_block_m_256: bool = True, allow_block_m_192: bool = False,
-                           decode_split: bool = True,
-                           tail: ExposedTail = DENSE_TAIL,
-                           wide_tile_share: float | None = None,
-                           dense_ties: bool = True) -> GemmConfig:
+                           decode_split: bool = True, rules: RankingRules = DENSE_RULES) -> GemmConfig:
     """Pick block sizes and stages for D[m, n] = A[m, k] B[n, k]^T on `num_sms` SMs.
 
     Grouped GEMMs allow block_m 256 only under their own rules (grouped_heuristics). block_m 192 only on request: in
     the mid-M sweep it was never the fastest tile at M >= 512. `decode_split` False: never the
-    split-K decode tile (decode_split_block_n), so the plain pick can be timed against it. wide_tile_share,
-    dense_ties: see ranked_candidates (None / True: the dense rules)."""
+    split-K decode tile (decode_split_block_n), so the plain pick can be timed against it. `rules`: see
+    ranked_candidates."""
     if min(m, n, k) <= 0 or num_sms <= 0:
         raise ValueError(f"choose_fp8_gemm_config needs positive m, n, k, num_sms; got {m}, {n}, {k}, {num_sms}")
-    ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes, allow_block_m_256, allow_block_m_192,
-                               tail, wide_tile_share, dense_ties)
+    ranked = ranked_candidates(m, n, k, num_sms, out_elem_bytes, allow_block_m_256, allow_block_m_192, rules)
     if not ranked:
         raise UnsupportedError(f"no FP8 GEMM tile for m={m} n={n} k={k} fits in shared memory")
     _, block_m, block_n = ranked[0]

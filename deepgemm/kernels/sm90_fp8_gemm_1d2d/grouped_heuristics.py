@@ -6,9 +6,9 @@ from __future__ import annotations
 from deepgemm.errors import UnsupportedError
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import (DECODE_MAX_M, DENSE_WIDE_TILE, HBM_BYTES_PER_S,
                                                             MIN_M_FOR_BLOCK_M_256, PREFILL_EXPOSED_K_BLOCKS,
-                                                            SHORT_K_BLOCKS,
+                                                            SHORT_K_BLOCKS, ExposedTail, RankingRules,
                                                             candidate_tiles, choose_fp8_gemm_config, estimate_seconds,
-                                                            spans_at_most_two_scale_blocks, tile_seconds, ExposedTail)
+                                                            spans_at_most_two_scale_blocks, tile_seconds)
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import max_stages
 from deepgemm.utils import ceil_div
 
@@ -17,6 +17,10 @@ from deepgemm.utils import ceil_div
 # dense model's lower short-K constant comes from removing overlapped stores, which contiguous tiles never had and
 # masked block_m 256, K >= 4096 only, never reached).
 GROUPED_TAIL = ExposedTail(wide=PREFILL_EXPOSED_K_BLOCKS, short_k_256=PREFILL_EXPOSED_K_BLOCKS)
+# The dense model's pick for a grouped layout: its own exposed tail, none of the dense tile shares (each layout has its
+# own measured 128 x 192 rule below; with the dense one on too the two corrections would compound) and no decode tie
+# rule (not measured on grouped layouts).
+GROUPED_RULES = RankingRules(tail=GROUPED_TAIL, tile_shares=False, decode_ties=False)
 
 # Contiguous grouped GEMMs: a 256-row block whose halves belong to two experts runs as two 128-row
 # half tiles (each still loading 256 rows of A), so block_m 256 needs long expert segments. With at
@@ -94,7 +98,7 @@ def masked_tile(expected_m: int, max_m: int, groups: int, n: int, k: int, num_sm
     rows = masked_config_m(expected_m, max_m)
     if min(expected_m, max_m) <= MASKED_DECODE_MAX_EXPECTED_M:
         base = choose_fp8_gemm_config(rows, n * groups, k, num_sms, out_elem_bytes, allow_block_m_256=allow_256,
-                                      tail=GROUPED_TAIL, wide_tile_share=1.0, dense_ties=False)
+                                      rules=GROUPED_RULES)
         if base.block_m == 256:
             return 256, base.block_n
         return base.block_m, max_block_n_for(n, min(base.block_n, MASKED_DECODE_MAX_BLOCK_N))
@@ -165,12 +169,10 @@ def contiguous_tile(m_total: int, groups: int, n: int, k: int, num_sms: int, out
     """(block_m, block_n) for a contiguous MoE layout of m_total rows in `groups` expert segments: the model's pick
     (block_m 256 only for long segments) or 128 x 192 tiles where their measured advantage makes them faster."""
     m = max(m_total, 1)
-    # The dense 128 x 192 rule stays off here (wide_tile_share=1): this layout's own measured rule below decides
-    # between the plain pick and 128 x 192 (with it on, the same picks result on a 3600-shape grid, but the two
-    # corrections would compound).
+    # The dense 128 x 192 rule stays off here (GROUPED_RULES): this layout's own measured rule below decides between
+    # the plain pick and 128 x 192 (with it on, the same picks result on a 3600-shape grid).
     base = choose_fp8_gemm_config(m, n, k, num_sms, out_elem_bytes,
-                                  allow_block_m_256=contiguous_allows_block_m_256(m_total, groups),
-                                  tail=GROUPED_TAIL, wide_tile_share=1.0, dense_ties=False)
+                                  allow_block_m_256=contiguous_allows_block_m_256(m_total, groups), rules=GROUPED_RULES)
     block_m, block_n = CONTIGUOUS_WIDE_TILE
     if m > DECODE_MAX_M and n >= block_n and max_stages(block_m, block_n, k, out_elem_bytes) >= 3:
         wide = (estimate_seconds(m, n, k, block_m, block_n, num_sms, out_elem_bytes, GROUPED_TAIL)
