@@ -1,6 +1,8 @@
 """A/B of two cost models: time the config each one picks, on every shape where they differ (one device call).
 
-  model_ab.py --dump PICKS.json      write this tree's picks for the shape grid (run it in each tree, no GPU)
+  model_ab.py --dump PICKS.json [--wide]   write this tree's picks for the shape grid (run it in each tree, no GPU);
+                                     --wide: WIDE_M x every (N, K) of the grid and the llm-prefill / deepseek-v3
+                                     suites (405 shapes)
   model_ab.py --compile OLD.json NEW.json   build both sides' kernels into DEEPGEMM_CACHE_DIR (no GPU)
   model_ab.py OLD.json NEW.json      time both picks where they differ, interleaved (bench_split's time_configs: CUDA
                                      graph, L2 flushed, median of 30) and print a Markdown table
@@ -31,14 +33,26 @@ OTHER_M = [256, 1024, 4096]
 SMS = 132
 
 
+WIDE_M = [256, 384, 512, 640, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 32768]
+
+
 def grid() -> list[tuple[int, int, int]]:
     return [(m, n, k) for n, k in DEEPSEEK_NK for m in DEEPSEEK_M] + [(m, n, k) for n, k in OTHER_NK for m in OTHER_M]
 
 
-def dump(path: str) -> None:
+def wide_grid() -> list[tuple[int, int, int]]:
+    """WIDE_M over every (N, K) of grid() and of the llm-prefill and deepseek-v3 suites."""
+    from deepgemm.bench.suites import suite_shapes
+
+    shapes = set(grid()) | set(suite_shapes("llm-prefill")) | set(suite_shapes("deepseek-v3"))
+    return [(m, n, k) for n, k in sorted({(n, k) for _, n, k in shapes}) for m in WIDE_M]
+
+
+def dump(path: str, wide: bool = False) -> None:
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config
 
-    picks = {f"{m}x{n}x{k}": dataclasses.asdict(choose_fp8_gemm_config(m, n, k, SMS)) for m, n, k in grid()}
+    shapes = wide_grid() if wide else grid()
+    picks = {f"{m}x{n}x{k}": dataclasses.asdict(choose_fp8_gemm_config(m, n, k, SMS)) for m, n, k in shapes}
     Path(path).write_text(json.dumps(picks, indent=1))
 
 
@@ -55,11 +69,12 @@ def differing(old_path: str, new_path: str) -> list[tuple[tuple[int, int, int], 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dump", metavar="PICKS.json")
+    parser.add_argument("--wide", action="store_true", help="with --dump: the 405-shape grid (wide_grid)")
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("picks", nargs="*")
     args = parser.parse_args()
     if args.dump:
-        dump(args.dump)
+        dump(args.dump, args.wide)
         return
     cells = differing(*args.picks)
     if args.compile:

@@ -560,10 +560,18 @@ def test_calls_without_out_launch_from_the_operand_key(seed: int, monkeypatch: p
     assert checked == ["nt"]
     assert launched == [out.data_ptr() for out in kept] and len(set(launched)) == len(kept)
     assert all(out.shape == (16, 24) and out.dtype == BF16 for out in kept)
+    # Outputs freed back to the allocator: a pointer seen before launches its stored arguments (nothing packed), a new
+    # one packs once.
+    kept.clear()
+    for _ in range(4):
+        seen, count = set(packed), len(packed)
+        out = deepgemm.bf16_gemm_nt(a, b)
+        assert launched[-1] == out.data_ptr() and len(packed) == count + (out.data_ptr() not in seen)
+        del out
     for call in (lambda: deepgemm.bf16_gemm_nt(a, b, out_dtype=FP32), lambda: deepgemm.bf16_gemm_nt(a, b, c=c)):
         first, second = call(), call()
         assert first.dtype == second.dtype == FP32 and launched[-2:] == [first.data_ptr(), second.data_ptr()]
-    assert checked == ["nt", "nt", "nt"]
+    assert checked == ["nt", "nt", "nt"] and len(launched) == 16
     deepgemm.bf16_gemm_tn(a.t().contiguous(), b.t().contiguous())
     assert checked[-1] == "tn"
     assert len(bf16_api._fresh) == 4 and set(packed) == set(launched)

@@ -210,12 +210,12 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
 # rated them 1-8% slower); at 4096x7168x16384 (ten waves against seven of 256 x 128) they ran slower, as rated. So a
 # 128 x 192 tile's schedule estimate is scaled by DENSE_WIDE_TILE_SHARE when tiles are ranked (the HBM floor still
 # applies). Re-timed after the K-loop unroll (2026-12-04, dev/model_ab.py, 32 and 36 shapes,
-# benchmarks/h200-wide-tile-rules.md): at 2048 <= K < 4096 the share moved six of seven picks to 128 x 192, 0.4-4.7%
-# faster (one +0.3%), so it applies from K = 2048; measured against 256 x 128 the share was 0.96-0.98 at M <= 8192
+# benchmarks/h200-wide-tile-rules.md): at 2048 <= K < 4096 the share moved seven picks to 128 x 192, six of them
+# 0.4-4.7% faster and one +0.3%, so it applies from K = 2048; measured against 256 x 128 the share was 0.96-0.98 at M <= 8192
 # (0.94-0.96 at M = 32768; 0.93-0.95
 # against 128 x 128), so where the share puts 128 x 192 first at those M, 256 x 128 is rated against it with
-# DENSE_TALL_TILE_SHARE = 0.93 / 0.965 (only against it: rated so against 128 x 160 at M <= 2048, 256 x 128 ran 1-5%
-# slower).
+# DENSE_TALL_TILE_SHARE = 0.93 / 0.965 (only against it: rated so against 128 x 160 at M <= 2048, 256 x 128 ran
+# 0.1-5% slower).
 # Fitted on the H200 (132 SMs); the tuner's measured entries take precedence.
 DENSE_WIDE_TILE = (128, 192)
 DENSE_WIDE_TILE_SHARE = 0.93
