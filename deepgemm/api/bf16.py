@@ -12,7 +12,7 @@ from deepgemm.api.backend import backend_for
 from deepgemm.api.gemm import FreshOutputs, PrecompileInfo, allocate_out, check_num_sms
 from deepgemm.api.layout import tma_rows
 from deepgemm.api.tuned import TunedLookups
-from deepgemm.api.ready_launches import CAPACITY, remember
+from deepgemm.api.ready_launches import keep, remember
 from deepgemm.api.validation import (
     refuse_grad_for,
     require_aligned,
@@ -197,9 +197,7 @@ def _bf16_gemm_checked(layout: str, a: object, b: object, out: torch.Tensor | No
     plan.launch_packed(args)
     if not copied:  # (ready_launches: only the caller's own pointers are remembered)
         if allocated:
-            if len(_fresh) >= CAPACITY:
-                _fresh.clear()
-            _fresh[_fresh_key(layout, a_t, b_t, c, out_dtype)] = FreshOutputs(plan, _pack, out, args)
+            keep(_fresh, _fresh_key(layout, a_t, b_t, c, out_dtype), FreshOutputs(plan, _pack, out, args))
         elif out_dtype is None:
             remember(_ready, _metadata_key(layout, a_t, b_t, out, c), plan, args)
     return out

@@ -12,7 +12,7 @@ import torch
 from deepgemm.api.backend import backend_for
 from deepgemm.api.layout import tma_rows, to_mn_major_tma_aligned
 from deepgemm.api.tuned import TunedLookups
-from deepgemm.api.ready_launches import CAPACITY, remember
+from deepgemm.api.ready_launches import keep, remember
 from deepgemm.api.validation import (
     require_aligned,
     require_dtype,
@@ -296,9 +296,7 @@ def _fp8_gemm_nt_checked(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Te
     plan.launch_packed(args)
     if sfa_tma is sfa and sfb_rows is sfb and not copied:
         if fresh:
-            if len(_fresh) >= CAPACITY:
-                _fresh.clear()
-            _fresh[_fresh_key(a_q, sfa, b_q, sfb, out_dtype, num_sms)] = FreshOutputs(plan, _pack_fp8, out, args)
+            keep(_fresh, _fresh_key(a_q, sfa, b_q, sfb, out_dtype, num_sms), FreshOutputs(plan, _pack_fp8, out, args))
         elif out_dtype is None:
             remember(_ready, _metadata_key(a_q, sfa, b_q, sfb, out, num_sms), plan, args)
     return out

@@ -12,7 +12,12 @@ from typing import Any
 CAPACITY = 4096  # entries per table; a full table is dropped (entries are cheap to rebuild)
 
 
-def remember(table: dict[tuple, Any], key: tuple, plan: Any, args: Any) -> None:
+def keep(table: dict[tuple, Any], key: tuple, value: Any) -> None:
+    """Store `value` under `key`; a full table is dropped first."""
     if len(table) >= CAPACITY:
         table.clear()
-    table[key] = (plan, args)
+    table[key] = value
+
+
+def remember(table: dict[tuple, Any], key: tuple, plan: Any, args: Any) -> None:
+    keep(table, key, (plan, args))

@@ -211,11 +211,10 @@ def make_config(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int
 # 128 x 192 tile's schedule estimate is scaled by DENSE_WIDE_TILE_SHARE when tiles are ranked (the HBM floor still
 # applies). Re-timed after the K-loop unroll (2026-12-04, dev/model_ab.py, 32 and 36 shapes,
 # benchmarks/h200-wide-tile-rules.md): at 2048 <= K < 4096 the share moved seven picks to 128 x 192, six of them
-# 0.4-4.7% faster and one +0.3%, so it applies from K = 2048; measured against 256 x 128 the share was 0.96-0.98 at M <= 8192
-# (0.94-0.96 at M = 32768; 0.93-0.95
-# against 128 x 128), so where the share puts 128 x 192 first at those M, 256 x 128 is rated against it with
-# DENSE_TALL_TILE_SHARE = 0.93 / 0.965 (only against it: rated so against 128 x 160 at M <= 2048, 256 x 128 ran
-# 0.1-5% slower).
+# 0.4-4.7% faster and one +0.3%, so it applies from K = 2048. Measured against 256 x 128 the share was 0.96-0.98 at
+# M <= 8192 (0.94-0.96 at M = 32768; 0.93-0.95 against 128 x 128), so where the share puts 128 x 192 first at those M,
+# 256 x 128 is rated against it with DENSE_TALL_TILE_SHARE = 0.93 / 0.965 (only against it: rated so against
+# 128 x 160 at M <= 2048, 256 x 128 ran 0.1-5% slower).
 # Fitted on the H200 (132 SMs); the tuner's measured entries take precedence.
 DENSE_WIDE_TILE = (128, 192)
 DENSE_WIDE_TILE_SHARE = 0.93
@@ -280,6 +279,7 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
     tail = rules.tail
     share = dense_wide_tile_share(m, k) if rules.tile_shares else 1.0
     wider_first = rules.decode_ties and prefers_two_warpgroups(m, k)
+    hbm = hbm_seconds(m, n, k, out_elem_bytes)
     ranked = []
     for block_m, block_n in candidate_tiles(m, n, allow_block_m_256, allow_block_m_192):
         if max_stages(block_m, block_n, k, out_elem_bytes) < 2:
@@ -287,7 +287,7 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
         schedule = tile_schedule_seconds(m, n, k, block_m, block_n, num_sms, tail)
         if (block_m, block_n) == DENSE_WIDE_TILE:
             schedule *= share
-        seconds = max(schedule, hbm_seconds(m, n, k, out_elem_bytes))
+        seconds = max(schedule, hbm)
         tiles = ceil_div(m, block_m) * ceil_div(n, block_n)
         tie = -block_m if wider_first else block_m
         ranked.append((seconds, schedule, tiles, tie, block_n, block_m))
@@ -295,13 +295,12 @@ def ranked_candidates(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int 
     tall_share = dense_tall_tile_share(m, k) if rules.tile_shares else 1.0
     if tall_share != 1.0 and ranked and (ranked[0][5], ranked[0][4]) == DENSE_WIDE_TILE:
         # 256 x 128 against the 128 x 192 the share put first: rated with its own share (see DENSE_TALL_TILE_SHARE).
-        for i, (_, schedule, tiles, tie, block_n, block_m) in enumerate(ranked):
-            if (block_m, block_n) == DENSE_TALL_TILE:
-                seconds = max(schedule * tall_share, hbm_seconds(m, n, k, out_elem_bytes))
-                if seconds < ranked[0][0]:
-                    ranked.insert(0, (seconds, schedule * tall_share, tiles, tie, block_n, block_m))
-                    del ranked[i + 1]
-                break
+        tall = next((entry for entry in ranked if (entry[5], entry[4]) == DENSE_TALL_TILE), None)
+        if tall is not None:
+            schedule = tall[1] * tall_share
+            if max(schedule, hbm) < ranked[0][0]:
+                ranked.remove(tall)
+                ranked.insert(0, (max(schedule, hbm), schedule, *tall[2:]))
     return [(seconds, block_m, block_n) for seconds, _, _, _, block_n, block_m in ranked]
 
 
