@@ -3,7 +3,8 @@
   python dev/dense_tile_ab.py [MxNxK ...] [--tiles 64x192,128x128u,64x16us16,...] [--clusters] [--compile-only]
 
 Builds per shape: the model's pick; each `--tiles` tile (BMxBN, suffix `u` / `p`: one / two accumulators, then
-`sN`: N stages; else the deepest pipeline that fits; no split); with `--clusters` the pick's A multicast
+`sN`: N stages, else the deepest pipeline that fits; then `c`: A multicast over 2-CTA clusters along N; then `g`: one
+CTA per SM instead of the balanced grid; no split); with `--clusters` the pick's A multicast
 (cluster_n = 2, where N-blocks pair up; with and without balanced_grid) and B multicast (cluster_m = 2) builds.
 Default shapes: the twelve M <= 128 DeepSeek-V3 shapes, or with `--clusters` the six M = 4096 ones. One fresh input
 per shape, timed interleaved (CUDA graph, L2 flushed, median of 30); every build is checked against float64
@@ -29,31 +30,43 @@ PREFILL_SHAPES = ["4096x2112x7168", "4096x24576x1536", "4096x32768x512", "4096x7
                   "4096x7168x2048"]
 
 
-def parse_tile(text: str) -> tuple[int, int, bool | None, int | None]:
-    """'64x192' -> (64, 192, None: make_config's accumulators, None: deepest pipeline); '128x128u' -> one accumulator;
-    '64x128p' -> two; a trailing 's16' fixes the stage count ('64x16us16')."""
-    match = re.fullmatch(r"(\d+)x(\d+)([up]?)(?:s(\d+))?", text)
+Tile = tuple[int, int, bool | None, int | None, bool, bool]
+
+
+def parse_tile(text: str) -> Tile:
+    """'64x192' -> (64, 192, None: make_config's accumulators, None: deepest pipeline, False: no cluster);
+    '128x128u' -> one accumulator; '64x128p' -> two; 's16' fixes the stage count ('64x16us16'); 'c' runs it as A
+    multicast over 2-CTA clusters along N ('64x96c'); a trailing 'g' launches one CTA per SM (no balanced grid)."""
+    match = re.fullmatch(r"(\d+)x(\d+)([up]?)(?:s(\d+))?(c?)(g?)", text)
     if match is None:
-        raise SystemExit(f"bad tile {text!r}: BMxBN[u|p][sSTAGES]")
-    bm, bn, acc, stages = match.groups()
-    return int(bm), int(bn), {"u": False, "p": True}.get(acc), int(stages) if stages else None
+        raise SystemExit(f"bad tile {text!r}: BMxBN[u|p][sSTAGES][c][g]")
+    bm, bn, acc, stages, cluster, full_grid = match.groups()
+    return (int(bm), int(bn), {"u": False, "p": True}.get(acc), int(stages) if stages else None, cluster == "c",
+            full_grid == "g")
 
 
-def builds_for(shape: str, tiles: list[tuple[int, int, bool | None, int | None]], clusters: bool, sms: int) -> list:
+def builds_for(shape: str, tiles: list[Tile], clusters: bool, sms: int) -> list:
     """(name, config) of each build timed for `shape`."""
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config, make_config, max_stages
 
     m, n, k = (int(v) for v in shape.split("x"))
     model = choose_fp8_gemm_config(m, n, k, sms)
     builds = [("model", model)]
-    for bm, bn, pipelined, stages in tiles:
+    for bm, bn, pipelined, stages, cluster, full_grid in tiles:
         if max_stages(bm, bn, k, 2) < max(2, stages or 0) or (bm > 64 and m <= 64):
             continue
+        if cluster and -(-n // bn) % 2 != 0:
+            continue  # A multicast pairs N-blocks
         config = make_config(m, n, k, bm, bn, sms, num_stages=stages)
         if pipelined is not None:
             config = dataclasses.replace(config, pipelined=pipelined)
+        if cluster:
+            config = dataclasses.replace(config, cluster_n=2, split_tail=False, stream_tail=False)
+        if full_grid:
+            config = dataclasses.replace(config, balanced_grid=False)
         if config != model:
-            name = f"{bm}x{bn}{'' if pipelined is None else 'up'[pipelined]}{'' if stages is None else f's{stages}'}"
+            name = (f"{bm}x{bn}{'' if pipelined is None else 'up'[pipelined]}{'' if stages is None else f's{stages}'}"
+                    f"{'c' if cluster else ''}{'g' if full_grid else ''}")
             builds.append((name, config))
     plain = not (model.split_tail or model.stream_tail)
     if clusters and -(-n // model.block_n) % 2 == 0 and plain:
@@ -77,6 +90,8 @@ def main() -> None:
     parser.add_argument("--clusters", action="store_true", help="the pick's A and B multicast builds too")
     parser.add_argument("--compile-only", action="store_true", help="build and print resources (no GPU needed)")
     parser.add_argument("--sms", type=int, default=None, help="SM count (default: the GPU's, else 132)")
+    parser.add_argument("--trees", default="", help="comma-separated packages of other trees (dev/rename_package.sh, "
+                        "on PYTHONPATH): each build is also timed from each of them, as BUILD@PACKAGE")
     args = parser.parse_args()
 
     import torch
@@ -100,10 +115,22 @@ def main() -> None:
         for spec, kernel in zip(ordered, compiled):
             print(spec.label(), kernel.resources)
         return
-    time_shapes(plans, sms)
+    time_shapes(plans, sms, [t for t in args.trees.split(",") if t])
 
 
-def time_shapes(plans: dict, sms: int) -> None:
+def tree_plan(package: str, m: int, n: int, k: int, config):  # noqa: ANN001, ANN201 - another tree's GemmConfig / plan
+    """`config`'s build from another tree's package (its own GemmConfig class, the same fields)."""
+    import importlib
+
+    import torch
+
+    plan_module = importlib.import_module(f"{package}.kernels.sm90_fp8_gemm_1d2d.plan")
+    config_module = importlib.import_module(f"{package}.kernels.sm90_fp8_gemm_1d2d.config")
+    other = config_module.GemmConfig(**dataclasses.asdict(config))
+    return plan_module.get_plan(0, m, n, k, torch.bfloat16, config=other)
+
+
+def time_shapes(plans: dict, sms: int, trees: list[str]) -> None:
     import torch
 
     import deepgemm
@@ -120,9 +147,11 @@ def time_shapes(plans: dict, sms: int) -> None:
         a, b = random_operands(m, n, k, "cuda", seed=11)
         ref = reference_fp64(a, b)
         rows, fns, baseline = [], [], None
-        for name, config in builds:
+        runs = builds + [(f"{name}@{tree}", config, tree) for tree in trees for name, config in builds]
+        for name, config, *tree in runs:
             try:
-                plan = get_plan(0, m, n, k, torch.bfloat16, config=config)
+                plan = (tree_plan(tree[0], m, n, k, config) if tree
+                        else get_plan(0, m, n, k, torch.bfloat16, config=config))
             except (ValueError, RuntimeError) as exc:
                 print(f"| {shape} | {name} | {config.label()} | - | - | - | - | - | - | - | {type(exc).__name__}: {exc} |")
                 continue

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench moe repeat breadth grouped kgrouped bf16grouped ncu ncugrouped split bf16split clusters tiles ab nn route block racecheck bf16 all
+# Steps: install smoke tests sanitize host sass bench moe repeat breadth grouped kgrouped bf16grouped ncu ncusource ncugrouped split bf16split clusters tiles ab nn route block racecheck bf16 all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times another tree, carried as .ab/deepgemm_old (dev/rename_package.sh), interleaved with this one (dev/ab_trees.py).
@@ -142,6 +142,23 @@ if has ncu; then
       echo "ncu $tag $who:"; grep -E "Duration|SM Frequency|stalled|pipe_|bank_conflicts|wavefronts|inst_executed|sectors|dram__bytes|cycles_active|Grid Size|Registers Per|Shared Memory Config|Dynamic Shared|Cluster Size" "$OUT/ncu_${tag}_$who.txt" | awk '{print $1, $NF}' | head -40
     done
   done
+fi
+# ncusource: per-instruction stall sampling (`--set full`, source page as CSV) of NCU_SHAPES (one shape) for our build
+# (NCU_TILE forces the tile, dev/dense_tile_ab.py's suffixes) and DeepGEMM HEAD, plus the L2 traffic split (SM reads,
+# hits, misses, fabric); $OUT/{ours,peer}_source.csv, summarized by dev/ncu_source.py.
+if has ncusource; then
+  l2=gpu__time_duration.sum,sm__cycles_active.avg,smsp__inst_executed.sum,lts__t_sectors.sum,lts__t_requests.sum,lts__t_sectors_srcunit_tex.sum,lts__t_sectors_srcunit_tex_lookup_hit.sum,lts__t_sectors_srcunit_tex_lookup_miss.sum,lts__t_sectors_srcunit_ltcfabric.sum,dram__bytes_read.sum
+  shape=$(echo ${NCU_SHAPES:-512x4096x7168} | cut -d' ' -f1 | tr x ' ')
+  for who in ours peer; do
+    ( if [ $who = peer ]; then [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh; args=--peer; else args=${NCU_TILE:+--tile $NCU_TILE}; fi
+      ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --set full --import-source no -f -o /tmp/ncu_$who \
+        python3 dev/profile_shape.py $shape $args >/tmp/ncu_$who.log 2>&1
+      ncu -i /tmp/ncu_$who.ncu-rep --page source --csv --print-source sass >"$OUT/${who}_source.csv" 2>&1
+      echo "ncu $who ($shape):"
+      ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --metrics $l2 python3 dev/profile_shape.py $shape $args 2>&1 \
+        | grep -E "^\s+(gpu__|sm__|smsp__|lts__|dram__)" | awk '{print $1, $NF}' )
+  done
+  python3 dev/ncu_source.py "$OUT/ours_source.csv" "$OUT/peer_source.csv" --top 12
 fi
 # ncugrouped: ncu over `dev/grouped_tile_ab.py --profile $NCU_GROUPED_ARGS` (every fp8_gemm kernel it launches, ours and
 # DeepGEMM HEAD's, in the order it prints; DG_PRINT_CONFIGS=1 shows DeepGEMM's config), the same metrics as ncu.

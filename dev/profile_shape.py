@@ -1,11 +1,13 @@
 """Run one FP8 GEMM shape a few times (for ncu). Usage: profile_shape.py M N K [--peer | --tile BMxBN]
 
---tile BMxBN runs that tile (deepest pipeline, no split) instead of the cost model's pick; --peer runs DeepGEMM
+--tile BMxBN runs that tile (deepest pipeline, no split; dev/dense_tile_ab.py's suffixes: `u` / `p` accumulators,
+`sN` stages, `c` A multicast, `g` one CTA per SM) instead of the cost model's pick; --peer runs DeepGEMM
 HEAD's deep_gemm.fp8_gemm_nt on the same operands instead (scales converted once by its own transform beforehand, so
 its GEMM is the only kernel launched per call)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -34,9 +36,14 @@ def main() -> None:
         from deepgemm.kernels.common.device import sm_count
         from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
         from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
+        from dev.dense_tile_ab import parse_tile
 
-        block_m, block_n = (int(v) for v in sys.argv[sys.argv.index("--tile") + 1].split("x"))
-        plan = get_plan(0, m, n, k, torch.bfloat16, config=make_config(m, n, k, block_m, block_n, sm_count(0)))
+        block_m, block_n, pipelined, stages, cluster, full_grid = parse_tile(sys.argv[sys.argv.index("--tile") + 1])
+        config = make_config(m, n, k, block_m, block_n, sm_count(0), num_stages=stages, cluster_n=2 if cluster else 1,
+                             balanced_grid=False if full_grid else None)
+        if pipelined is not None:
+            config = dataclasses.replace(config, pipelined=pipelined)
+        plan = get_plan(0, m, n, k, torch.bfloat16, config=config)
         for _ in range(3):
             plan.launch(a[0], a[1], b[0], b[1], out)
     else:
