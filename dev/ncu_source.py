@@ -39,7 +39,9 @@ def load(path: Path) -> list[Instruction]:
     """The instructions of the first kernel in `path` (the row after the kernel-name line is the header)."""
     with path.open(newline="") as handle:
         rows = list(csv.reader(handle))
-    header_at = next(i for i, row in enumerate(rows) if SAMPLES in row)
+    header_at = next((i for i, row in enumerate(rows) if SAMPLES in row), None)
+    if header_at is None:
+        raise SystemExit(f"{path}: no source page with '{SAMPLES}' (did ncu fail? the file starts: {rows[:2]})")
     header = rows[header_at]
     column = {name: i for i, name in enumerate(header)}
     reasons = [name for name in header if name.startswith("stall_") and "Not Issued" not in name]
