@@ -21,6 +21,7 @@ import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -30,44 +31,58 @@ PREFILL_SHAPES = ["4096x2112x7168", "4096x24576x1536", "4096x32768x512", "4096x7
                   "4096x7168x2048"]
 
 
-Tile = tuple[int, int, bool | None, int | None, bool, bool]
+class Tile(NamedTuple):
+    """One `--tiles` entry: the tile, its accumulators (None: make_config's), its stages (None: the deepest pipeline
+    that fits), A multicast over 2-CTA clusters along N, and one CTA per SM instead of the balanced grid."""
+
+    block_m: int
+    block_n: int
+    pipelined: bool | None
+    stages: int | None
+    cluster: bool
+    full_grid: bool
+
+    @property
+    def name(self) -> str:
+        accumulators = "" if self.pipelined is None else "up"[self.pipelined]
+        stages = "" if self.stages is None else f"s{self.stages}"
+        return f"{self.block_m}x{self.block_n}{accumulators}{stages}{'c' * self.cluster}{'g' * self.full_grid}"
+
+    def config(self, m: int, n: int, k: int, sms: int):  # noqa: ANN201 - a GemmConfig
+        from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+
+        config = make_config(m, n, k, self.block_m, self.block_n, sms, num_stages=self.stages,
+                             cluster_n=2 if self.cluster else 1, balanced_grid=False if self.full_grid else None)
+        return config if self.pipelined is None else dataclasses.replace(config, pipelined=self.pipelined)
 
 
 def parse_tile(text: str) -> Tile:
-    """'64x192' -> (64, 192, None: make_config's accumulators, None: deepest pipeline, False: no cluster);
-    '128x128u' -> one accumulator; '64x128p' -> two; 's16' fixes the stage count ('64x16us16'); 'c' runs it as A
-    multicast over 2-CTA clusters along N ('64x96c'); a trailing 'g' launches one CTA per SM (no balanced grid)."""
+    """'64x192' -> 64 x 192 as make_config builds it; '128x128u' -> one accumulator; '64x128p' -> two; 's16' fixes
+    the stage count ('64x16us16'); 'c' runs it as A multicast over 2-CTA clusters along N ('64x96c'); a trailing 'g'
+    launches one CTA per SM (no balanced grid)."""
     match = re.fullmatch(r"(\d+)x(\d+)([up]?)(?:s(\d+))?(c?)(g?)", text)
     if match is None:
         raise SystemExit(f"bad tile {text!r}: BMxBN[u|p][sSTAGES][c][g]")
     bm, bn, acc, stages, cluster, full_grid = match.groups()
-    return (int(bm), int(bn), {"u": False, "p": True}.get(acc), int(stages) if stages else None, cluster == "c",
-            full_grid == "g")
+    return Tile(int(bm), int(bn), {"u": False, "p": True}.get(acc), int(stages) if stages else None, cluster == "c",
+                full_grid == "g")
 
 
 def builds_for(shape: str, tiles: list[Tile], clusters: bool, sms: int) -> list:
     """(name, config) of each build timed for `shape`."""
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config, make_config, max_stages
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import choose_fp8_gemm_config, max_stages
 
     m, n, k = (int(v) for v in shape.split("x"))
     model = choose_fp8_gemm_config(m, n, k, sms)
     builds = [("model", model)]
-    for bm, bn, pipelined, stages, cluster, full_grid in tiles:
-        if max_stages(bm, bn, k, 2) < max(2, stages or 0) or (bm > 64 and m <= 64):
+    for tile in tiles:
+        if max_stages(tile.block_m, tile.block_n, k, 2) < max(2, tile.stages or 0) or (tile.block_m > 64 and m <= 64):
             continue
-        if cluster and -(-n // bn) % 2 != 0:
+        if tile.cluster and -(-n // tile.block_n) % 2 != 0:
             continue  # A multicast pairs N-blocks
-        config = make_config(m, n, k, bm, bn, sms, num_stages=stages)
-        if pipelined is not None:
-            config = dataclasses.replace(config, pipelined=pipelined)
-        if cluster:
-            config = dataclasses.replace(config, cluster_n=2, split_tail=False, stream_tail=False)
-        if full_grid:
-            config = dataclasses.replace(config, balanced_grid=False)
+        config = tile.config(m, n, k, sms)
         if config != model:
-            name = (f"{bm}x{bn}{'' if pipelined is None else 'up'[pipelined]}{'' if stages is None else f's{stages}'}"
-                    f"{'c' if cluster else ''}{'g' if full_grid else ''}")
-            builds.append((name, config))
+            builds.append((tile.name, config))
     plain = not (model.split_tail or model.stream_tail)
     if clusters and -(-n // model.block_n) % 2 == 0 and plain:
         builds.append(("A multicast", dataclasses.replace(model, cluster_n=2)))

@@ -7,7 +7,6 @@ its GEMM is the only kernel launched per call)."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -34,15 +33,10 @@ def main() -> None:
             module.fp8_gemm_nt((a[0], sfa), (b[0], sfb), out)
     elif "--tile" in sys.argv[4:]:
         from deepgemm.kernels.common.device import sm_count
-        from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
         from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
         from dev.dense_tile_ab import parse_tile
 
-        block_m, block_n, pipelined, stages, cluster, full_grid = parse_tile(sys.argv[sys.argv.index("--tile") + 1])
-        config = make_config(m, n, k, block_m, block_n, sm_count(0), num_stages=stages, cluster_n=2 if cluster else 1,
-                             balanced_grid=False if full_grid else None)
-        if pipelined is not None:
-            config = dataclasses.replace(config, pipelined=pipelined)
+        config = parse_tile(sys.argv[sys.argv.index("--tile") + 1]).config(m, n, k, sm_count(0))
         plan = get_plan(0, m, n, k, torch.bfloat16, config=config)
         for _ in range(3):
             plan.launch(a[0], a[1], b[0], b[1], out)
