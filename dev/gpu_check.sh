@@ -4,7 +4,8 @@
 # Steps: install smoke tests sanitize host sass bench moe repeat breadth grouped kgrouped bf16grouped ncu ncusource ncugrouped split bf16split clusters tiles ab nn route block racecheck bf16 all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
-# ab times another tree, carried as .ab/deepgemm_old (dev/rename_package.sh), interleaved with this one (dev/ab_trees.py).
+# ab times other trees, carried under .ab (dev/rename_package.sh; AB_TREES names them, default deepgemm_old), interleaved
+# with this one (dev/ab_trees.py).
 # Where .peers/use_deepgemm.sh is carried, DeepGEMM HEAD is made importable first, so bench times it too.
 # grouped / kgrouped run the grouped tests and dev/bench_grouped.py / dev/bench_kgrouped.py; ncu profiles NCU_SHAPES
 # (dev/profile_shape.py; NCU_TILE=BMxBN forces our tile) with the stall reasons; split tests and times the split
@@ -92,8 +93,11 @@ fi
 if has racecheck; then
   bash dev/racecheck_ab.sh
 fi
+# ab: the packages of AB_TREES (default deepgemm_old; several are timed together), carried under .ab, with AB_ARGS
+# (e.g. "--m 512,1024 --more") passed on.
 if has ab; then
-  timeout 300 env PYTHONPATH=$PWD:$PWD/.ab python3 dev/ab_trees.py deepgemm_old 2>&1 | tee "$OUT/ab_trees.md"
+  timeout "${AB_TIMEOUT:-300}" env PYTHONPATH=$PWD:$PWD/.ab python3 dev/ab_trees.py ${AB_TREES:-deepgemm_old} ${AB_ARGS:-} 2>&1 \
+    | tee "$OUT/ab_trees.md"
 fi
 if has bench; then
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
@@ -145,12 +149,14 @@ if has ncu; then
 fi
 # ncusource: per-instruction stall sampling (`--set full`, source page as CSV) of NCU_SHAPES (one shape) for our build
 # (NCU_TILE forces the tile, dev/dense_tile_ab.py's suffixes) and DeepGEMM HEAD, plus the L2 traffic split (SM reads,
-# hits, misses, fabric); $OUT/{ours,peer}_source.csv, summarized by dev/ncu_source.py.
+# hits, misses, fabric); $OUT/{ours,peer}_source.csv, summarized by dev/ncu_source.py. NCU_PACKAGE=NAME adds another
+# tree's build of the same tile (carried under .ab, dev/rename_package.sh) as $OUT/tree_source.csv.
 if has ncusource; then
   l2=gpu__time_duration.sum,sm__cycles_active.avg,smsp__inst_executed.sum,lts__t_sectors.sum,lts__t_requests.sum,lts__t_sectors_srcunit_tex.sum,lts__t_sectors_srcunit_tex_lookup_hit.sum,lts__t_sectors_srcunit_tex_lookup_miss.sum,lts__t_sectors_srcunit_ltcfabric.sum,dram__bytes_read.sum
   shape=$(echo ${NCU_SHAPES:-512x4096x7168} | cut -d' ' -f1 | tr x ' ')
-  for who in ours peer; do
+  for who in ours peer ${NCU_PACKAGE:+tree}; do
     ( if [ $who = peer ]; then [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh; args=--peer; else args=${NCU_TILE:+--tile $NCU_TILE}; fi
+      if [ $who = tree ]; then export PYTHONPATH=$PYTHONPATH:$PWD/.ab; args="$args --package $NCU_PACKAGE"; fi
       ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --set full --import-source no -f -o /tmp/ncu_$who \
         python3 dev/profile_shape.py $shape $args >/tmp/ncu_$who.log 2>&1
       ncu -i /tmp/ncu_$who.ncu-rep --page source --csv --print-source sass >"$OUT/${who}_source.csv" 2>&1
@@ -158,7 +164,7 @@ if has ncusource; then
       ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --metrics $l2 python3 dev/profile_shape.py $shape $args 2>&1 \
         | grep -E "^\s+(gpu__|sm__|smsp__|lts__|dram__)" | awk '{print $1, $NF}' )
   done
-  python3 dev/ncu_source.py "$OUT/ours_source.csv" "$OUT/peer_source.csv" --top 12
+  python3 dev/ncu_source.py "$OUT/ours_source.csv" "$OUT/peer_source.csv" ${NCU_PACKAGE:+"$OUT/tree_source.csv"} --top 12
 fi
 # ncugrouped: ncu over `dev/grouped_tile_ab.py --profile $NCU_GROUPED_ARGS` (every fp8_gemm kernel it launches, ours and
 # DeepGEMM HEAD's, in the order it prints; DG_PRINT_CONFIGS=1 shows DeepGEMM's config), the same metrics as ncu.

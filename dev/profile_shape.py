@@ -1,12 +1,14 @@
-"""Run one FP8 GEMM shape a few times (for ncu). Usage: profile_shape.py M N K [--peer | --tile BMxBN]
+"""Run one FP8 GEMM shape a few times (for ncu). Usage: profile_shape.py M N K [--peer | --tile BMxBN] [--package NAME]
 
 --tile BMxBN runs that tile (deepest pipeline, no split; dev/dense_tile_ab.py's suffixes: `u` / `p` accumulators,
 `sN` stages, `c` A multicast, `g` one CTA per SM) instead of the cost model's pick; --peer runs DeepGEMM
 HEAD's deep_gemm.fp8_gemm_nt on the same operands instead (scales converted once by its own transform beforehand, so
-its GEMM is the only kernel launched per call)."""
+its GEMM is the only kernel launched per call). --package NAME runs another tree's package instead of this one
+(renamed by dev/rename_package.sh, on PYTHONPATH), its cost model's pick or the --tile build."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from tests.helpers import random_operands  # noqa: E402
 
 def main() -> None:
     m, n, k = (int(v) for v in sys.argv[1:4])
+    package = sys.argv[sys.argv.index("--package") + 1] if "--package" in sys.argv[4:] else None
     a, b = random_operands(m, n, k, "cuda", seed=0)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     if "--peer" in sys.argv[4:]:
@@ -37,12 +40,18 @@ def main() -> None:
         from dev.dense_tile_ab import parse_tile
 
         config = parse_tile(sys.argv[sys.argv.index("--tile") + 1]).config(m, n, k, sm_count(0))
-        plan = get_plan(0, m, n, k, torch.bfloat16, config=config)
+        if package is None:
+            plan = get_plan(0, m, n, k, torch.bfloat16, config=config)
+        else:
+            from dev.dense_tile_ab import tree_plan
+
+            plan = tree_plan(package, m, n, k, config)
         for _ in range(3):
             plan.launch(a[0], a[1], b[0], b[1], out)
     else:
+        tree = deepgemm if package is None else importlib.import_module(package)
         for _ in range(3):
-            deepgemm.fp8_gemm_nt(a, b, out)
+            tree.fp8_gemm_nt(a, b, out)
     torch.cuda.synchronize()
 
 
