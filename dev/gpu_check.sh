@@ -105,7 +105,8 @@ if has bench; then
   grep -E "deepgemm |deepseek|blockwise|geometric|rror|left out" "$OUT/bench.log"
 fi
 # repeat: the dense and MoE suites REPEAT times (default 2), JSON only ($OUT/bench_<i>.json, moe_<i>.json: few files, as
-# a device call returns at most eight), the summary lines printed, then the per-run ratio tables (dev/runs_table.py).
+# a device call returns at most eight), the summary lines printed, then the per-run ratio tables (dev/runs_table.py, printed
+# only: with install.log and gpu.txt, REPEAT=3 fills the eight files a call returns).
 if has repeat; then
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
     for i in $(seq 1 "${REPEAT:-2}"); do
@@ -115,8 +116,8 @@ if has repeat; then
         echo "$name: $(grep -E "^summary|rror" /tmp/$name.log | cut -c1-150)"
       done
     done
-    python3 dev/runs_table.py "$OUT"/bench_*.json | tee "$OUT/runs_dense.md"
-    python3 dev/runs_table.py "$OUT"/moe_*.json | tee "$OUT/runs_moe.md" )
+    python3 dev/runs_table.py "$OUT"/bench_*.json
+    python3 dev/runs_table.py "$OUT"/moe_*.json )
 fi
 # moe / breadth: `deepgemm bench --suite deepseek-v3-moe` (grouped cases, DeepGEMM interleaved) and `--suite
 # llm-prefill` (48 dense prefill shapes), results under $OUT.
