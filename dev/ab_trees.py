@@ -5,7 +5,9 @@
                                         several packages (variants) are timed together; --only keeps the cases
                                         whose label contains one of the substrings; --m adds dense
                                         cases at these M for the suite's (N, K); --more adds the
-                                        k-grouped FP8 / BF16 Wgrad cases, BF16 contiguous and dense BF16 (NT, TN)
+                                        k-grouped FP8 / BF16 Wgrad cases, BF16 contiguous and dense BF16 (NT, TN);
+                                        every tree's FP8 kernels are compiled first, all cores at once
+                                        (--compile-only: only that, no GPU needed)
 
 The 18 DeepSeek-V3 dense shapes and the grouped (contiguous, masked) cases of dev/bench_grouped.py: every tree's
 public calls on the same operands, outputs compared bitwise on the rows the call defines (against this tree's),
@@ -50,37 +52,38 @@ def main() -> None:
     parser.add_argument("--only", type=lambda text: text.split(","), default=None)
     parser.add_argument("--m", type=lambda text: [int(m) for m in text.split(",")], default=[])
     parser.add_argument("--more", action="store_true")
+    parser.add_argument("--compile-only", action="store_true", help="only compile every tree's kernels (no GPU needed)")
     args = parser.parse_args()
-    names, only, extra_m, more = args.packages, args.only, args.m, args.more
+    names, only, extra_m, more, compile_only = args.packages, args.only, args.m, args.more, args.compile_only
     trees = [deepgemm] + [importlib.import_module(name) for name in names]
     print(f"this tree: {Path(deepgemm.__file__).parent}; others: {', '.join(names)}")
-    print(f"| case | this µs | {' | '.join(f'{n} µs' for n in names)} | {' | '.join(f'{n} / this' for n in names)} | "
-          f"this TFLOPS | same output |")
-    print("|---|" + "---|" * (2 * len(names) + 3))
 
     def keep(label: str) -> bool:
         return only is None or any(sub in label for sub in only)
 
     shapes = list(suite_shapes("deepseek-v3"))
     shapes += [(m, n, k) for m in extra_m for n, k in dict.fromkeys((n, k) for _, n, k in shapes)]
+    shapes = [(m, n, k) for m, n, k in shapes if keep(f"{m}x{n}x{k}")]
+    contiguous, masked = issue5_cases()
+    contiguous = [case for case in contiguous if keep(case.label)]
+    masked = [case for case in masked if keep(case.label)]
+    precompile(trees, shapes, contiguous, masked)
+    if compile_only:
+        return
+    print(f"| case | this µs | {' | '.join(f'{n} µs' for n in names)} | {' | '.join(f'{n} / this' for n in names)} | "
+          f"this TFLOPS | same output |")
+    print("|---|" + "---|" * (2 * len(names) + 3))
     for m, n, k in shapes:
-        if not keep(f"{m}x{n}x{k}"):
-            continue
         a, b = random_operands(m, n, k, "cuda")
         outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in trees]
         calls = [lambda t=t, o=o: t.fp8_gemm_nt(a, b, o) for t, o in zip(trees, outs)]
         print(row(f"{m}x{n}x{k}", calls, outs, None, 2 * m * n * k), flush=True)
-    contiguous, masked = issue5_cases()
     for case in contiguous:
-        if not keep(case.label):
-            continue
         a, b, m_indices = contiguous_inputs(case)
         outs = [torch.empty(m_indices.numel(), case.n, dtype=torch.bfloat16, device="cuda") for _ in trees]
         calls = [lambda t=t, o=o: t.m_grouped_fp8_gemm_nt_contiguous(a, b, o, m_indices) for t, o in zip(trees, outs)]
         print(row(case.label, calls, outs, None, 2 * sum(case.counts) * case.n * case.k), flush=True)
     for case in masked:
-        if not keep(case.label):
-            continue
         a, b, masked_m = masked_inputs(case)
         outs = [torch.empty(case.groups, case.max_m, case.n, dtype=torch.bfloat16, device="cuda") for _ in trees]
         valid = torch.arange(case.max_m, device="cuda")[None, :] < masked_m[:, None]
@@ -90,6 +93,26 @@ def main() -> None:
 
     if more:
         more_cases(trees, keep)
+
+
+def precompile(trees: list, shapes: list, contiguous: list, masked: list) -> None:  # noqa: ANN001 - modules, cases
+    """Every tree's FP8 kernels of the dense and grouped cases, compiled before any timing, all cores at a time
+    (the cases would otherwise compile one kernel at a time on their first call)."""
+    import time
+
+    start = time.perf_counter()
+    counts = []
+    for tree in trees:
+        api = importlib.import_module(f"{tree.__name__}.api.precompile")
+        target = api.local_target()
+        specs = [api.dense_kernel(m, n, k, torch.bfloat16, target) for m, n, k in shapes]
+        specs += [api.contiguous_kernel(len(case.m_indices()), case.groups, case.n, case.k, torch.bfloat16, target)
+                  for case in contiguous]
+        specs += [api.masked_kernel(case.expected, case.max_m, case.groups, case.n, case.k, torch.bfloat16, target)
+                  for case in masked]
+        summary = api.compile_sources(api.unique_sources(specs))
+        counts.append(f"{tree.__name__} {summary.kernels} ({summary.compiled} compiled)")
+    print(f"precompiled in {time.perf_counter() - start:.1f} s: {', '.join(counts)}", flush=True)
 
 
 def more_cases(trees: list, keep) -> None:  # noqa: ANN001 - modules, a label filter
