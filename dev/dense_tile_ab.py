@@ -2,9 +2,10 @@
 
   python dev/dense_tile_ab.py [MxNxK ...] [--tiles 64x192,128x128u,64x16us16,...] [--clusters] [--compile-only]
 
-Builds per shape: the model's pick; each `--tiles` tile (BMxBN, suffix `u` / `p`: one / two accumulators, then
-`sN`: N stages, else the deepest pipeline that fits; then `c`: A multicast over 2-CTA clusters along N; then `g`: one
-CTA per SM instead of the balanced grid; no split); with `--clusters` the pick's A multicast
+Builds per shape: the model's pick; each `--tiles` tile (BMxBN, suffix `u` / `p`: one / two accumulators, then `k`:
+chunked epilogue stores (block_m 256: 8 KB staging per warpgroup, room for a stage more), then `sN`: N stages, else the
+deepest pipeline that fits; then `c`: A multicast over 2-CTA clusters along N; then `g`: one CTA per SM instead of the
+balanced grid; no split); with `--clusters` the pick's A multicast
 (cluster_n = 2, where N-blocks pair up; with and without balanced_grid) and B multicast (cluster_m = 2) builds.
 Default shapes: the twelve M <= 128 DeepSeek-V3 shapes, or with `--clusters` the six M = 4096 ones. One fresh input
 per shape, timed interleaved (CUDA graph, L2 flushed, median of 30); every build is checked against float64
@@ -32,12 +33,14 @@ PREFILL_SHAPES = ["4096x2112x7168", "4096x24576x1536", "4096x32768x512", "4096x7
 
 
 class Tile(NamedTuple):
-    """One `--tiles` entry: the tile, its accumulators (None: make_config's), its stages (None: the deepest pipeline
-    that fits), A multicast over 2-CTA clusters along N, and one CTA per SM instead of the balanced grid."""
+    """One `--tiles` entry: the tile, its accumulators (None: make_config's), chunked epilogue stores, its stages
+    (None: the deepest pipeline that fits), A multicast over 2-CTA clusters along N, and one CTA per SM instead of
+    the balanced grid."""
 
     block_m: int
     block_n: int
     pipelined: bool | None
+    chunked: bool
     stages: int | None
     cluster: bool
     full_grid: bool
@@ -46,26 +49,30 @@ class Tile(NamedTuple):
     def name(self) -> str:
         accumulators = "" if self.pipelined is None else "up"[self.pipelined]
         stages = "" if self.stages is None else f"s{self.stages}"
-        return f"{self.block_m}x{self.block_n}{accumulators}{stages}{'c' * self.cluster}{'g' * self.full_grid}"
+        return (f"{self.block_m}x{self.block_n}{accumulators}{'k' * self.chunked}{stages}{'c' * self.cluster}"
+                f"{'g' * self.full_grid}")
 
     def config(self, m: int, n: int, k: int, sms: int):  # noqa: ANN201 - a GemmConfig
         from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
 
         config = make_config(m, n, k, self.block_m, self.block_n, sms, num_stages=self.stages,
-                             cluster_n=2 if self.cluster else 1, balanced_grid=False if self.full_grid else None)
+                             chunked_store=True if self.chunked else None, cluster_n=2 if self.cluster else 1,
+                             balanced_grid=False if self.full_grid else None)
         return config if self.pipelined is None else dataclasses.replace(config, pipelined=self.pipelined)
 
 
 def parse_tile(text: str) -> Tile:
-    """'64x192' -> 64 x 192 as make_config builds it; '128x128u' -> one accumulator; '64x128p' -> two; 's16' fixes
-    the stage count ('64x16us16'); 'c' runs it as A multicast over 2-CTA clusters along N ('64x96c'); a trailing 'g'
-    launches one CTA per SM (no balanced grid)."""
-    match = re.fullmatch(r"(\d+)x(\d+)([up]?)(?:s(\d+))?(c?)(g?)", text)
+    """'64x192' -> 64 x 192 as make_config builds it; '128x128u' -> one accumulator; '64x128p' -> two; 'k' stores
+    the epilogue in chunks ('256x128ks4', block_m 256); 's16' fixes the stage count ('64x16us16'); 'c' runs it as A
+    multicast over 2-CTA clusters along N ('64x96c'); a trailing 'g' launches one CTA per SM (no balanced grid)."""
+    match = re.fullmatch(r"(\d+)x(\d+)([up]?)(k?)(?:s(\d+))?(c?)(g?)", text)
     if match is None:
-        raise SystemExit(f"bad tile {text!r}: BMxBN[u|p][sSTAGES][c][g]")
-    bm, bn, acc, stages, cluster, full_grid = match.groups()
-    return Tile(int(bm), int(bn), {"u": False, "p": True}.get(acc), int(stages) if stages else None, cluster == "c",
-                full_grid == "g")
+        raise SystemExit(f"bad tile {text!r}: BMxBN[u|p][k][sSTAGES][c][g]")
+    bm, bn, acc, chunked, stages, cluster, full_grid = match.groups()
+    if chunked and int(bm) != 256:
+        raise SystemExit(f"bad tile {text!r}: chunked stores ('k') are a block_m 256 layout")
+    return Tile(int(bm), int(bn), {"u": False, "p": True}.get(acc), chunked == "k", int(stages) if stages else None,
+                cluster == "c", full_grid == "g")
 
 
 def builds_for(shape: str, tiles: list[Tile], clusters: bool, sms: int) -> list:
@@ -76,7 +83,8 @@ def builds_for(shape: str, tiles: list[Tile], clusters: bool, sms: int) -> list:
     model = choose_fp8_gemm_config(m, n, k, sms)
     builds = [("model", model)]
     for tile in tiles:
-        if max_stages(tile.block_m, tile.block_n, k, 2) < max(2, tile.stages or 0) or (tile.block_m > 64 and m <= 64):
+        deepest = max_stages(tile.block_m, tile.block_n, k, 2, True if tile.chunked else None)
+        if deepest < max(2, tile.stages or 0) or (tile.block_m > 64 and m <= 64):
             continue
         if tile.cluster and -(-n // tile.block_n) % 2 != 0:
             continue  # A multicast pairs N-blocks
