@@ -209,9 +209,10 @@ if has clusters; then
     timeout 200 python3 dev/dense_tile_ab.py --clusters 2>&1 | tee "$OUT/cluster_ab.md" )
 fi
 # tiles: dev/dense_tile_ab.py $TILE_ARGS (default: the twelve M <= 128 DeepSeek-V3 shapes on a spread of tiles), the
-# model's pick and DeepGEMM HEAD interleaved; DG_PRINT_CONFIGS=1 shows DeepGEMM's config per shape.
+# model's pick and DeepGEMM HEAD interleaved; DG_PRINT_CONFIGS=1 shows DeepGEMM's config per shape; `--trees` finds the
+# packages carried under .ab.
 if has tiles; then
-  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh && export PYTHONPATH=$PWD:$PYTHONPATH
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh && export PYTHONPATH=$PWD:$PWD/.ab:$PYTHONPATH
     spread=64x16,64x32,64x64,64x96,64x128,64x128u,64x160,64x192,128x64,128x96,128x128,128x192
     DG_PRINT_CONFIGS=1 timeout "${TILE_TIMEOUT:-300}" python3 dev/dense_tile_ab.py ${TILE_ARGS:---tiles $spread} 2>&1 \
       | tee "$OUT/tiles.md" )
