@@ -143,26 +143,43 @@ def main() -> None:
     time_shapes(plans, sms, trees)
 
 
+def tree_config(package: str, config):  # noqa: ANN001, ANN201 - this tree's GemmConfig -> the other tree's
+    """`config` as another tree's package's GemmConfig (its own class, the same fields)."""
+    import importlib
+
+    config_module = importlib.import_module(f"{package}.kernels.sm90_fp8_gemm_1d2d.config")
+    return config_module.GemmConfig(**dataclasses.asdict(config))
+
+
 def tree_build(package: str, spec):  # noqa: ANN001, ANN201 - a spec of this tree -> (compile, the other tree's spec)
     """The other tree's compile function and its spec of `spec`'s build (compiled ahead, all cores at once)."""
     import importlib
 
     spec_module = importlib.import_module(f"{package}.kernels.sm90_fp8_gemm_1d2d.spec")
-    config_module = importlib.import_module(f"{package}.kernels.sm90_fp8_gemm_1d2d.config")
-    other = config_module.GemmConfig(**dataclasses.asdict(spec.config))
+    other = tree_config(package, spec.config)
     return spec_module.compile_spec, spec_module.Fp8GemmSpec(n=spec.n, k=spec.k, out_dtype=spec.out_dtype, config=other)
 
 
 def tree_plan(package: str, m: int, n: int, k: int, config):  # noqa: ANN001, ANN201 - another tree's GemmConfig / plan
-    """`config`'s build from another tree's package (its own GemmConfig class, the same fields)."""
+    """`config`'s build from another tree's package."""
     import importlib
 
     import torch
 
     plan_module = importlib.import_module(f"{package}.kernels.sm90_fp8_gemm_1d2d.plan")
-    config_module = importlib.import_module(f"{package}.kernels.sm90_fp8_gemm_1d2d.config")
-    other = config_module.GemmConfig(**dataclasses.asdict(config))
-    return plan_module.get_plan(0, m, n, k, torch.bfloat16, config=other)
+    return plan_module.get_plan(0, m, n, k, torch.bfloat16, config=tree_config(package, config))
+
+
+def peer_call(a, b, out):  # noqa: ANN001, ANN201 - our operands, a [M, N] output -> a launch of DeepGEMM HEAD
+    """DeepGEMM HEAD's fp8_gemm_nt on our operands into `out`, its scales converted once beforehand (so a call launches
+    its GEMM alone)."""
+    from deepgemm.bench import deepseek
+
+    (m, k), n = a[0].shape, b[0].shape[0]
+    sfa, _ = deepseek.scales(a[1], m, k, is_sfa=True)
+    sfb, _ = deepseek.scales(b[1], n, k, is_sfa=False)
+    gemm = deepseek.load().fp8_gemm_nt
+    return lambda: gemm((a[0], sfa), (b[0], sfb), out)
 
 
 def time_shapes(plans: dict, sms: int, trees: list[str]) -> None:
@@ -174,7 +191,7 @@ def time_shapes(plans: dict, sms: int, trees: list[str]) -> None:
     from deepgemm.tuning.timing import bench_gpu_interleaved
     from tests.helpers import random_operands, reference_fp64
 
-    peer = None if deepseek.missing() else deepseek.load()
+    has_peer = deepseek.missing() is None
     print("| shape | build | config | grid | est µs | µs | TFLOPS | GB/s | vs model | vs DeepGEMM | check |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for shape, builds in plans.items():
@@ -198,17 +215,16 @@ def time_shapes(plans: dict, sms: int, trees: list[str]) -> None:
             check = f"{deepgemm.calc_diff(out, ref):.1e} {same}"
             rows.append((name, config.label(), plan.grid, f"{estimate_us(m, n, k, config):.1f}", check))
             fns.append(lambda plan=plan, out=out: plan.launch(a[0], a[1], b[0], b[1], out))
-        if peer is not None:
-            sfa, _ = deepseek.scales(a[1], m, k, is_sfa=True)
-            sfb, _ = deepseek.scales(b[1], n, k, is_sfa=False)
+        if has_peer:
             peer_out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            peer.fp8_gemm_nt((a[0], sfa), (b[0], sfb), peer_out)
+            run_peer = peer_call(a, b, peer_out)
+            run_peer()
             torch.cuda.synchronize()
             rows.append(("DeepGEMM HEAD", deepseek.version(), "-", "-", f"{deepgemm.calc_diff(peer_out, ref):.1e}"))
-            fns.append(lambda: peer.fp8_gemm_nt((a[0], sfa), (b[0], sfb), peer_out))
+            fns.append(run_peer)
         timings = bench_gpu_interleaved(fns, iters=30, warmup=5)
         base_us = timings[0].median_us
-        peer_us = timings[-1].median_us if peer is not None else None
+        peer_us = timings[-1].median_us if has_peer else None
         gbytes = (m * k + n * k + 2 * m * n) / 1e9
         for (name, label, grid, est, check), t in zip(rows, timings):
             us = t.median_us

@@ -26,14 +26,12 @@ def main() -> None:
     a, b = random_operands(m, n, k, "cuda", seed=0)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     if "--peer" in sys.argv[4:]:
-        from deepgemm.bench import deepseek
+        from dev.dense_tile_ab import peer_call
 
-        sfa, _ = deepseek.scales(a[1], m, k, is_sfa=True)
-        sfb, _ = deepseek.scales(b[1], n, k, is_sfa=False)
-        module = deepseek.load()
+        run_peer = peer_call(a, b, out)
         torch.cuda.synchronize()
         for _ in range(3):
-            module.fp8_gemm_nt((a[0], sfa), (b[0], sfb), out)
+            run_peer()
     elif "--tile" in sys.argv[4:]:
         from deepgemm.kernels.common.device import sm_count
         from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
