@@ -62,6 +62,13 @@ def empty_rows(m: int, cols: int, n: int, dtype: torch.dtype, device: torch.devi
     return storage if cols == n else storage[:, :n]
 
 
+def empty_rows_like(like: torch.Tensor, m: int, cols: int, n: int) -> torch.Tensor:
+    """empty_rows with `like`'s dtype and device: launch-ready paths keep an empty tensor of the output's dtype
+    and device, since `new_empty` parses two ints where torch.empty also parses dtype and device (~0.3 us)."""
+    storage = like.new_empty(m, cols)
+    return storage if cols == n else storage[:, :n]
+
+
 _grad_enabled = torch.is_grad_enabled
 _ready: dict[tuple, tuple] = {}  # deepgemm.api.ready_launches: metadata key -> (plan, packed kernel arguments)
 
@@ -88,18 +95,19 @@ class FreshOutputs:
     output's size and the packed arguments per output pointer. `pack(plan, operands, out)` packs a new pointer's
     arguments (in the order the plan takes them)."""
 
-    __slots__ = ("args", "cols", "device", "dtype", "m", "n", "pack", "plan")
+    __slots__ = ("args", "cols", "like", "m", "n", "pack", "plan")
     _ARGS_CAPACITY = 16  # output pointers per entry (a steady state reuses one or two blocks)
 
     def __init__(self, plan: Any, pack: Callable[[Any, tuple, torch.Tensor], Any], out: torch.Tensor,
                  args: Any) -> None:
-        self.plan, self.pack, self.device, self.dtype = plan, pack, out.device, out.dtype
+        self.plan, self.pack = plan, pack
+        self.like = out.new_empty(0)  # the output's dtype and device (empty_rows_like)
         self.m, self.n = out.shape
         self.cols = out.stride(0)  # n, or n padded to 16 bytes
         self.args: dict[int, Any] = {out.data_ptr(): args}
 
     def run(self, *operands: torch.Tensor | None) -> torch.Tensor:
-        out = empty_rows(self.m, self.cols, self.n, self.dtype, self.device)
+        out = empty_rows_like(self.like, self.m, self.cols, self.n)
         args = self.args.get(out.data_ptr())
         if args is None:
             if len(self.args) >= self._ARGS_CAPACITY:

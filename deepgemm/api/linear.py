@@ -72,7 +72,7 @@ class _Ready:
     k: int
     n: int
     out_cols: int  # the output's row length in elements (n, or n padded to 16 bytes)
-    out_dtype: torch.dtype
+    out_like: torch.Tensor  # an empty tensor of the output's dtype and device (gemm_api.empty_rows_like)
     sf_offset: int  # bytes from the temporary block's start to the scales (the quantized x comes first)
     temp_bytes: int
     plan: Fp8GemmPlan
@@ -93,7 +93,7 @@ class _Ready:
 
     def _launch(self, x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, temp: torch.Tensor,
                 stream: int) -> torch.Tensor:
-        out = gemm_api.empty_rows(self.m, self.out_cols, self.n, self.out_dtype, self.device)
+        out = gemm_api.empty_rows_like(self.out_like, self.m, self.out_cols, self.n)
         key = (stream, temp.data_ptr(), out.data_ptr())
         launch = self.launches.get(key)
         if launch is None:
@@ -191,5 +191,5 @@ def _remember(x: torch.Tensor, q: torch.Tensor, sf: torch.Tensor, weight: torch.
     if len(_ready) >= _CAPACITY:
         _ready.clear()
     _ready[_key(x, weight, scale_inv, out.dtype, num_sms)] = _Ready(
-        device=x.device, device_index=x.device.index, m=m, k=k, n=n, out_cols=out.stride(0), out_dtype=out.dtype,
+        device=x.device, device_index=x.device.index, m=m, k=k, n=n, out_cols=out.stride(0), out_like=out.new_empty(0),
         sf_offset=sf_offset, temp_bytes=temp_bytes, plan=plan)

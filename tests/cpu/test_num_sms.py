@@ -221,6 +221,23 @@ def test_the_launch_ready_entry_is_per_num_sms(kernel_path: list[tuple[Fp8GemmPl
                                                  ("args", H200_SMS)]
 
 
+@pytest.mark.parametrize(("out_dtype", "row"), [(BF16, 24), (torch.float32, 20)])
+def test_warm_allocating_calls_return_fresh_padded_outputs(kernel_path: list[tuple[Fp8GemmPlan, object]],
+                                                           monkeypatch: pytest.MonkeyPatch, out_dtype: torch.dtype,
+                                                           row: int) -> None:
+    """A warm call without `out` (FreshOutputs) allocates a new [M, N] output of the requested dtype on the operands'
+    device each time, over rows padded to 16 bytes (N = 18: 24 BF16 or 20 FP32 elements), as the checked call did."""
+    monkeypatch.setattr(gemm_api, "_fresh", {})
+    a, b = random_operands(64, 18, 256, "cpu", seed=8)
+    first = deepgemm.fp8_gemm_nt(a, b, out_dtype=out_dtype)
+    monkeypatch.setattr(gemm_api, "check_fp8_gemm_nt", lambda *args: pytest.fail("a warm call was validated"))
+    kept = [deepgemm.fp8_gemm_nt(a, b, out_dtype=out_dtype) for _ in range(3)]
+    for out in [first, *kept]:
+        assert (out.shape, out.stride(), out.dtype, out.device) == ((64, 18), (row, 1), out_dtype, a[0].device)
+        assert not out.requires_grad
+    assert len({out.data_ptr() for out in [first, *kept]}) == 4 and len(kernel_path) == 4
+
+
 def test_values_equal_to_a_remembered_int_do_not_take_the_fast_path(
         kernel_path: list[tuple[Fp8GemmPlan, object]]) -> None:
     """True == 1 and 66.0 == 66 hash alike: a remembered num_sms=1 / 66 entry must not serve them."""
