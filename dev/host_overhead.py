@@ -196,6 +196,7 @@ def breakdown(a, b, out) -> None:
         if launch(raw_address, function, args.address, None) != 0:
             raise SystemExit("ctypes cuLaunchKernelEx failed")
         parts["ctypes launch"] = lambda: launch(raw_address, function, args.address, None)
+        parts.update(driver_launch_parts(libcuda, launch, raw, function, args.address))
     # 500 calls: launches faster than the GPU runs the kernels must not fill the launch queue.
     print("breakdown_us " + " | ".join(f"{name} {per_call_us(fn, calls=500):.2f}" for name, fn in parts.items()))
     print("breakdown_us_gpu_busy " + " | ".join(f"{name} {busy_gpu_per_call_us(fn):.2f}" for name, fn in parts.items()))
@@ -203,3 +204,43 @@ def breakdown(a, b, out) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# Two empty kernels: three scalar parameters, and ten 128-byte aligned structs (the size of a GEMM's parameter block
+# of TMA descriptors), to see what the parameter block's size costs the driver per launch.
+_EMPTY_KERNELS = r"""
+struct alignas(64) Blob { unsigned long long words[16]; };
+extern "C" __global__ void small_params(int* p, int n, float x) {}
+extern "C" __global__ void large_params(const __grid_constant__ Blob b0, const __grid_constant__ Blob b1,
+    const __grid_constant__ Blob b2, const __grid_constant__ Blob b3, const __grid_constant__ Blob b4,
+    const __grid_constant__ Blob b5, const __grid_constant__ Blob b6, const __grid_constant__ Blob b7,
+    const __grid_constant__ Blob b8, const __grid_constant__ Blob b9, int* p, int n) {}
+"""
+
+
+def driver_launch_parts(libcuda, launch_ex, raw, function: int, args_address: int) -> dict:  # noqa: ANN001
+    """Launch variants straight into libcuda (ctypes): our kernel through cuLaunchKernel (no launch attributes)
+    instead of cuLaunchKernelEx, and the two empty kernels through cuLaunchKernelEx, one CTA each."""
+    import ctypes
+
+    from deepgemm.jit.compiler import KernelSource
+    from deepgemm.kernels.common.loader import load_kernel
+
+    launch = libcuda.cuLaunchKernel
+    launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    launch.restype = ctypes.c_int
+    grid, block = raw.grid[0], raw.block[0]
+    parts = {"ctypes cuLaunchKernel": lambda: launch(function, grid, 1, 1, block, 1, 1, raw.smem, raw.stream,
+                                                     args_address, None)}
+    small_values = (ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_float(0.0))
+    large_values = tuple((ctypes.c_uint64 * 16)() for _ in range(10)) + (ctypes.c_void_p(0), ctypes.c_int(0))
+    for entry, values in (("small_params", small_values), ("large_params", large_values)):
+        kernel = load_kernel(KernelSource(_EMPTY_KERNELS, entry, f"host probe {entry}"), 0)
+        pointers = (ctypes.c_void_p * len(values))(*(ctypes.addressof(value) for value in values))
+        config = type(raw)((1, 1, 1), (32, 1, 1), 0, raw.stream, None, 0)
+        config_address, kernel_function = ctypes.addressof(config), int(kernel.kernel)
+        if launch_ex(config_address, kernel_function, ctypes.addressof(pointers), None) != 0:
+            raise SystemExit(f"ctypes cuLaunchKernelEx of {entry} failed")
+        parts[f"empty kernel, {entry}"] = (lambda c=config_address, f=kernel_function, p=pointers, keep=(values, config):
+                                           launch_ex(c, f, ctypes.addressof(p), None))
+    return parts
