@@ -4,6 +4,7 @@ from deepgemm.api.backend import backend_for, supported
 from deepgemm.api.gemm import precompile_fp8_gemm_nt
 from deepgemm.api.grouped import get_m_alignment_for_contiguous_layout
 from deepgemm.api.grouped_layout import check_grouped_layout
+from deepgemm.api.launch import get_pdl, set_pdl
 from deepgemm.api.layout import to_mn_major_tma_aligned
 from deepgemm.api.quant import dequantize_per_block, dequantize_per_token_group
 from deepgemm.nn import convert, precompile_model
@@ -62,6 +63,7 @@ __all__ = [
     "dequantize_per_token_group",
     "fp8_gemm_nt",
     "get_m_alignment_for_contiguous_layout",
+    "get_pdl",
     "k_grouped_bf16_gemm_tn_contiguous",
     "k_grouped_fp8_gemm_tn_contiguous",
     "m_grouped_bf16_gemm_nt_contiguous",
@@ -74,6 +76,7 @@ __all__ = [
     "precompile_model",
     "quantize_per_block",
     "quantize_per_token_group",
+    "set_pdl",
     "silu_mul_quantize_per_token_group",
     "supported",
     "to_mn_major_tma_aligned",

@@ -65,7 +65,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                                                   "shard_fp8_checkpoint", "shard_bounds", "chunk_bounds"),
     "Errors": ("DeepGemmError", "CompileError", "CacheError", "LockTimeoutError", "GraphCaptureError",
                "UnsupportedError", "NotDifferentiableError", "GroupedLayoutError"),
-    "Utilities": ("backend_for", "supported", "calc_diff"),
+    "Utilities": ("backend_for", "supported", "set_pdl", "get_pdl", "calc_diff"),
 }
 GEMM_SECTIONS = ("Dense GEMM", "M-grouped GEMM (MoE)", "K-grouped GEMM (MoE weight gradient)")
 

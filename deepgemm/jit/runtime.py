@@ -66,6 +66,95 @@ def refuse_during_capture(what: str, device_index: int | None = None) -> None:
         )
 
 
+# A kernel's launch configs: (plain, programmatic). The programmatic one carries the programmatic-stream-
+# serialization attribute (programmatic dependent launch): the kernel may start while the previous kernel in its
+# stream drains. Every kernel of ours waits on `griddepcontrol.wait` before its first global access, so that only
+# overlaps its prologue (barrier setup, descriptor prefetch) with the previous kernel's tail.
+LaunchConfigs = tuple[Any, Any]
+
+
+class _Pdl:
+    __slots__ = ("enabled",)
+
+    def __init__(self) -> None:
+        self.enabled = False
+
+
+_pdl = _Pdl()
+
+
+def set_pdl(enabled: bool) -> None:
+    """Launch deepgemm's kernels with programmatic dependent launch (PDL) from now on, or plainly (the default).
+
+    With PDL a kernel of ours may start while the kernel before it in the stream is still finishing: it sets up
+    its shared-memory barriers and prefetches its TMA descriptors, then waits (`griddepcontrol.wait`) until that
+    kernel has completed and its writes are visible, before it reads or writes global memory. Results are the
+    same either way; what PDL saves is the gap between consecutive kernels (launch latency and prologue, a few µs
+    at decode sizes, e.g. between the activation quantizer and its GEMM). After that wait each kernel of ours also
+    lets a PDL-launched successor start early (`griddepcontrol.launch_dependents`); such a successor must itself
+    wait before reading our output, as PDL requires of every kernel launched with it.
+
+    The setting is process-wide and read at every launch: a CUDA graph captured while it is on keeps the
+    programmatic edges between consecutive kernel nodes.
+
+    Args:
+        enabled: True to launch with the programmatic-stream-serialization attribute, False to launch plainly.
+
+    Raises:
+        TypeError: `enabled` is not a bool.
+
+    Example::
+
+        deepgemm.set_pdl(True)
+        a = deepgemm.quantize_per_token_group(x)   # the GEMM's launch overlaps the quantizer's tail
+        y = deepgemm.fp8_gemm_nt(a, b)
+    """
+    if type(enabled) is not bool:
+        raise TypeError(f"set_pdl: 'enabled' must be a bool, got {type(enabled).__name__}")
+    _pdl.enabled = enabled
+
+
+def get_pdl() -> bool:
+    """Whether deepgemm's kernels launch with programmatic dependent launch (see set_pdl; False by default).
+
+    Raises:
+        Nothing.
+
+    Example::
+
+        if not deepgemm.get_pdl():
+            deepgemm.set_pdl(True)
+    """
+    return _pdl.enabled
+
+
+def build_launch_config(stream: int, grid: tuple[int, int], block: int, dynamic_smem_bytes: int, cluster: int,
+                        programmatic: bool) -> Any:
+    """A CUlaunchConfig: a 1D block, a 2D grid, `cluster` CTAs per cluster along x, and the programmatic-stream-
+    serialization attribute when `programmatic`."""
+    cu = driver()
+    config = cu.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid[0], grid[1], 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+    config.sharedMemBytes = dynamic_smem_bytes
+    config.hStream = cu.CUstream(stream)
+    attributes = []
+    if cluster > 1:
+        attribute = cu.CUlaunchAttribute()
+        attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attribute.value.clusterDim.x, attribute.value.clusterDim.y, attribute.value.clusterDim.z = cluster, 1, 1
+        attributes.append(attribute)
+    if programmatic:
+        attribute = cu.CUlaunchAttribute()
+        attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmaticStreamSerializationAllowed = 1
+        attributes.append(attribute)
+    if attributes:
+        config.attrs = attributes
+    config.numAttrs = len(attributes)
+    return config
+
+
 _primary_contexts: dict[int, Any] = {}
 
 
@@ -92,7 +181,7 @@ class LoadedKernel:
         self._launch_ex = cu.cuLaunchKernelEx
         self._success = cu.CUresult.CUDA_SUCCESS
         self._lock = threading.Lock()
-        self._launch_configs: dict[tuple[int, int, tuple[int, int], int, int], Any] = {}
+        self._launch_configs: dict[tuple[int, int, tuple[int, int], int, int], LaunchConfigs] = {}
         self._ready_devices: set[int] = set()
 
     def _prepare_device(self, device_index: int) -> None:
@@ -115,15 +204,7 @@ class LoadedKernel:
         with self._lock:
             if device_index not in self._ready_devices:
                 self._prepare_device(device_index)
-        config = cu.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = cluster, 1, 1
-        config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
-        config.sharedMemBytes = self.dynamic_smem_bytes
-        attribute = cu.CUlaunchAttribute()
-        attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attribute.value.clusterDim.x, attribute.value.clusterDim.y, attribute.value.clusterDim.z = cluster, 1, 1
-        config.attrs = [attribute]
-        config.numAttrs = 1
+        config = build_launch_config(0, (cluster, 1), block, self.dynamic_smem_bytes, cluster, False)
         # cuKernelGetFunction resolves against the current context: make the device's primary context
         # (the one torch uses) current, so this also works before the caller has touched CUDA.
         check(cu.cuCtxPushCurrent(_primary_context(device_index)), "cuCtxPushCurrent")
@@ -133,38 +214,30 @@ class LoadedKernel:
         finally:
             cu.cuCtxPopCurrent()  # not checked: an error here must not hide the one being raised
 
-    def launch_config(self, device_index: int, stream: int, grid: int, block: int, cluster: int = 1) -> Any:
-        """A CUlaunchConfig per (device, stream, grid, block, cluster), built once and never mutated."""
+    def launch_config(self, device_index: int, stream: int, grid: int, block: int, cluster: int = 1) -> LaunchConfigs:
+        """The launch configs per (device, stream, grid, block, cluster), built once and never mutated."""
         return self.launch_config_2d(device_index, stream, (grid, 1), block, cluster)
 
-    def launch_config_2d(self, device_index: int, stream: int, grid: tuple[int, int], block: int, cluster: int = 1) -> Any:
+    def launch_config_2d(self, device_index: int, stream: int, grid: tuple[int, int], block: int,
+                         cluster: int = 1) -> LaunchConfigs:
         key = (device_index, stream, grid, block, cluster)
-        config = self._launch_configs.get(key)
-        if config is not None:
-            return config
+        configs = self._launch_configs.get(key)
+        if configs is not None:
+            return configs
         with self._lock:
             if len(self._launch_configs) >= 4096:
                 self._launch_configs.clear()
             if device_index not in self._ready_devices:
                 self._prepare_device(device_index)
-            cu = driver()
-            config = cu.CUlaunchConfig()
-            config.gridDimX, config.gridDimY, config.gridDimZ = grid[0], grid[1], 1
-            config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
-            config.sharedMemBytes = self.dynamic_smem_bytes
-            config.hStream = cu.CUstream(stream)
-            if cluster > 1:
-                attribute = cu.CUlaunchAttribute()
-                attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-                attribute.value.clusterDim.x, attribute.value.clusterDim.y, attribute.value.clusterDim.z = cluster, 1, 1
-                config.attrs = [attribute]
-                config.numAttrs = 1
-            else:
-                config.numAttrs = 0
-            self._launch_configs[key] = config
-        return config
+            smem = self.dynamic_smem_bytes
+            configs = (build_launch_config(stream, grid, block, smem, cluster, False),
+                       build_launch_config(stream, grid, block, smem, cluster, True))
+            self._launch_configs[key] = configs
+        return configs
 
-    def launch(self, config: Any, args_address: int, device_index: int | None = None) -> None:
+    def launch(self, configs: LaunchConfigs, args_address: int, device_index: int | None = None) -> None:
+        """Launch with `configs`' programmatic form while set_pdl(True) holds, else its plain form."""
+        config = configs[_pdl.enabled]
         err, = self._launch_ex(config, self.kernel, args_address, 0)
         if err != self._success:
             if err == driver().CUresult.CUDA_ERROR_INVALID_CONTEXT and device_index is not None:

@@ -24,7 +24,7 @@ from deepgemm.kernels.common.kind import GemmKind
 from deepgemm.kernels.sm90_bf16_gemm.plan import Bf16Geometry, bf16_spec, grouped_spec
 from deepgemm.kernels.sm90_bf16_gemm.spec import LAYOUTS, Bf16GemmSpec, b_mn_major, compile_spec, render_source
 from deepgemm.utils import ceil_div
-from tests.cpu.test_kernel_builds import nvdisasm
+from tests.cpu.test_kernel_builds import assert_waits_for_previous_grid, nvdisasm
 from tests.helpers import assert_clean_build
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -178,6 +178,11 @@ def test_wgmma_not_serialized_in_sass(builds: dict[str, Build], name: str) -> No
     assert mma_lines, f"{name}: no HGMMA in the SASS"
     assert 2 * group_ends <= len(mma_lines), (
         f"{name}: {group_ends} of {len(mma_lines)} HGMMA end a wgmma group: ptxas serialized the MMAs")
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_global_accesses_wait_for_the_previous_grid(builds: dict[str, Build], name: str) -> None:
+    assert_waits_for_previous_grid(name, builds[name].cubin)
 
 
 def test_builds_cover_the_template_space(builds: dict[str, Build]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -138,7 +139,7 @@ def _explicit(request) -> Build:
 def _quantize(request) -> Build:
     name, make_source, dtype, size = request
     compiled = compile_kernel(make_source(dtype, size))
-    return Build(name, None, compiled.resources, compiled.log, {})
+    return Build(name, None, compiled.resources, compiled.log, {}, Path(compiled.cubin_path))
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +202,28 @@ def test_wgmma_not_serialized_in_sass(builds: dict[str, Build], name: str) -> No
     waits = sass.count("WARPGROUP.DEPBAR")
     assert mmas > 0, f"{name}: no QGMMA in the SASS"
     assert 2 * waits <= mmas, f"{name}: {waits} wgmma waits for {mmas} QGMMA: ptxas serialized the MMAs"
+
+
+# SASS instructions that read or write global memory: plain, atomic and reduction accesses, TMA and bulk copies.
+GLOBAL_ACCESS = re.compile(r"\b(LDG|STG|LDGSTS|ATOM|ATOMG|RED|UTMALDG|UTMASTG|UTMAREDG|UBLKCP|UBLKRED)\b")
+
+
+def assert_waits_for_previous_grid(name: str, cubin: Path) -> None:
+    """Programmatic dependent launch (set_pdl) lets a kernel start while the previous one in its stream drains: the
+    kernel must wait for it (griddepcontrol.wait, SASS ACQBULK) before its first global-memory access in program
+    order, and lets its own dependents launch (griddepcontrol.launch_dependents, PREEXIT)."""
+    sass = subprocess.run([nvdisasm(), str(cubin)], capture_output=True, text=True, check=True).stdout
+    code = [line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", line)]
+    waits = [i for i, line in enumerate(code) if "ACQBULK" in line]
+    accesses = [i for i, line in enumerate(code) if GLOBAL_ACCESS.search(line)]
+    assert len(waits) == 1 and accesses, f"{name}: {len(waits)} ACQBULK, {len(accesses)} global accesses"
+    assert waits[0] < accesses[0], f"{name}: a global access before the grid dependency wait:\n{code[accesses[0]]}"
+    assert any("PREEXIT" in line for line in code), f"{name}: no launch_dependents"
+
+
+@pytest.mark.parametrize("name", ALL_IDS)
+def test_global_accesses_wait_for_the_previous_grid(builds: dict[str, Build], name: str) -> None:
+    assert_waits_for_previous_grid(name, builds[name].cubin)
 
 
 def test_narrow_last_block_is_a_config_field() -> None:

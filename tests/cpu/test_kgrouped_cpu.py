@@ -82,13 +82,16 @@ def test_empty_groups_and_numpy_ks() -> None:
 @pytest.mark.parametrize("m,n", [(7168, 4096), (4100, 2056), (100, 36), (129, 7)])
 def test_kernel_builds_for_sm90a_without_spills(m: int, n: int) -> None:
     from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec, compile_spec, kgrouped_smem_bytes
+    from tests.cpu.test_kernel_builds import assert_waits_for_previous_grid
 
     spec = KGroupedSpec.for_shape(m, n)
     assert spec.block_n % 16 == 0 and spec.block_n >= min(n, 128)
     assert spec.smem_bytes <= 232_448 < kgrouped_smem_bytes(spec.block_n, spec.num_stages + 1) or spec.num_stages == 16
-    resources = compile_spec(spec).resources
+    compiled = compile_spec(spec)
+    resources = compiled.resources
     assert resources is not None
     assert (resources.spill_stores, resources.spill_loads, resources.stack_frame) == (0, 0, 0)
+    assert_waits_for_previous_grid(f"k-grouped {m}x{n}", compiled.cubin_path)
 
 
 def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

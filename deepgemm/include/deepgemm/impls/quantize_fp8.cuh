@@ -97,6 +97,7 @@ struct QuantizePerTokenGroup {
 
     DG_DEVICE static void run(const void* x, u64 x_row_stride, u8* q, u64 q_row_stride, float* sf, u32 sf_stride, u32 m,
                               u32 k, u32 vectorized) {
+        ptx::programmatic_launch_sync();
         if (vectorized) {
             run_vectorized(x, x_row_stride, q, q_row_stride, sf, sf_stride, m, k);
         } else {
@@ -208,6 +209,7 @@ struct QuantizePerBlock {
 
     DG_DEVICE static void run(const void* w, u64 w_row_stride, u8* q, u64 q_row_stride, float* sf, u32 n, u32 k) {
         __shared__ float warp_amax[kNumWarps];
+        ptx::programmatic_launch_sync();
         const u32 warp = threadIdx.x / 32;
         const u32 lane = threadIdx.x % 32;
         const u32 row0 = blockIdx.x * kBlock + warp * kRowsPerWarp;

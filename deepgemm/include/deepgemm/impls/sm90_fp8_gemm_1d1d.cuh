@@ -203,6 +203,7 @@ struct Sm90Fp8GemmKGrouped1D1D {
             ring.init(kNumMathThreads / 32);
         }
         __syncthreads();
+        ptx::programmatic_launch_sync();  // the previous kernel's writes are visible from here on
         if (threadIdx.x < 128) {
             ptx::setmaxnreg_dec<kProducerRegisters>();
             if (threadIdx.x == 0) {

@@ -257,6 +257,7 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
         } else {
             ptx::cluster_sync();  // both CTAs' barriers exist before any multicast or remote arrive
         }
+        ptx::programmatic_launch_sync();  // the previous kernel's writes are visible from here on
 
         if (threadIdx.x < 128) {
             ptx::setmaxnreg_dec<kProducerRegisters>();
