@@ -237,6 +237,16 @@ def test_loader_recompiles_a_cubin_deleted_behind_the_memo(loader: Any, compiles
     assert loader.load_kernel(KERNEL, 0) is kernel  # the loaded module stays valid
 
 
+def test_loader_keeps_each_entry_of_a_source_apart(loader: Any) -> None:
+    """One source may define several kernels: each entry loads its own kernel (the memo is keyed on the entry too)."""
+    code = ('extern "C" __global__ void first_entry(int* p) { *p = 1; }\n'
+            'extern "C" __global__ void second_entry(int* p) { *p = 2; }\n')
+    first = loader.load_kernel(KernelSource(code, "first_entry"), 0)
+    second = loader.load_kernel(KernelSource(code, "second_entry"), 0)
+    assert (first.entry, second.entry) == ("first_entry", "second_entry")
+    assert loader.load_kernel(KernelSource(code, "first_entry"), 0) is first
+
+
 def test_loader_reports_a_vanished_cubin_as_cache_error(
     loader: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

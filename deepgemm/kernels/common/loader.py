@@ -15,8 +15,9 @@ from deepgemm.jit import compiler
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
 from deepgemm.jit.runtime import LoadedKernel, refuse_during_capture
 
-_loaded: dict[tuple[str, int], LoadedKernel] = {}
-_key_locks: dict[tuple[str, int], threading.Lock] = {}
+# Keyed by source, entry (one source may define several kernels) and dynamic shared memory.
+_loaded: dict[tuple[str, str, int], LoadedKernel] = {}
+_key_locks: dict[tuple[str, str, int], threading.Lock] = {}
 _key_locks_guard = threading.Lock()
 
 
@@ -30,14 +31,14 @@ def load_kernel(source: KernelSource, dynamic_smem_bytes: int, device_index: int
     """The loaded kernel of `source`, compiled and loaded on a miss. `device_index`: the device of the tensors it is
     for; a miss while that device's (or the current device's) stream is capturing a CUDA graph raises
     GraphCaptureError."""
-    key = (source.code, dynamic_smem_bytes)
+    key = (source.code, source.entry, dynamic_smem_bytes)
     kernel = _loaded.get(key)
     if kernel is not None:
         return kernel
     return _load(source, dynamic_smem_bytes, key, device_index)
 
 
-def _load(source: KernelSource, dynamic_smem_bytes: int, key: tuple[str, int],
+def _load(source: KernelSource, dynamic_smem_bytes: int, key: tuple[str, str, int],
           device_index: int | None = None) -> LoadedKernel:
     refuse_during_capture(source.label or source.entry, device_index)
     with _key_locks_guard:
