@@ -86,16 +86,17 @@ _pdl = _Pdl()
 def set_pdl(enabled: bool) -> None:
     """Launch deepgemm's kernels with programmatic dependent launch (PDL) from now on, or plainly (the default).
 
-    With PDL a kernel of ours may start while the kernel before it in the stream is still finishing: it sets up
-    its shared-memory barriers and prefetches its TMA descriptors, then waits (`griddepcontrol.wait`) until that
-    kernel has completed and its writes are visible, before it reads or writes global memory. Results are the
-    same either way; what PDL saves is the gap between consecutive kernels (launch latency and prologue, a few µs
-    at decode sizes, e.g. between the activation quantizer and its GEMM). After that wait each kernel of ours also
-    lets a PDL-launched successor start early (`griddepcontrol.launch_dependents`); such a successor must itself
-    wait before reading our output, as PDL requires of every kernel launched with it.
+    With PDL a kernel of ours may start while the kernel before it in the stream is still finishing: the GEMMs set
+    up their shared-memory barriers and prefetch their TMA descriptors, then every kernel waits
+    (`griddepcontrol.wait`) until that kernel has completed and its writes are visible, before it reads or writes
+    global memory. Results are the same either way; what PDL can save is the gap between consecutive kernels
+    (their launch latency, and the GEMMs' prologue), e.g. between the activation quantizer and its GEMM. Our kernels
+    also let a PDL-launched successor start early (`griddepcontrol.launch_dependents`: the quantizers right after
+    their wait, the GEMMs once each CTA has issued its last load); such a successor must itself wait before reading
+    our output, as PDL requires of every kernel launched with it.
 
-    The setting is process-wide and read at every launch: a CUDA graph captured while it is on keeps the
-    programmatic edges between consecutive kernel nodes.
+    The setting is process-wide and read at every launch, the tuner's timing launches included; a CUDA graph
+    captured while it is on keeps the programmatic edges between consecutive kernel nodes (CUDA 12.3 or newer).
 
     Args:
         enabled: True to launch with the programmatic-stream-serialization attribute, False to launch plainly.

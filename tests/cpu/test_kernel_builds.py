@@ -204,14 +204,17 @@ def test_wgmma_not_serialized_in_sass(builds: dict[str, Build], name: str) -> No
     assert 2 * waits <= mmas, f"{name}: {waits} wgmma waits for {mmas} QGMMA: ptxas serialized the MMAs"
 
 
-# SASS instructions that read or write global memory: plain, atomic and reduction accesses, TMA and bulk copies.
-GLOBAL_ACCESS = re.compile(r"\b(LDG|STG|LDGSTS|ATOM|ATOMG|RED|UTMALDG|UTMASTG|UTMAREDG|UBLKCP|UBLKRED)\b")
+# SASS instructions that may read or write global memory: global, generic, atomic and reduction accesses, TMA and
+# bulk copies.
+GLOBAL_ACCESS = re.compile(r"\b(LDG|STG|LD|ST|LDGSTS|ATOM|ATOMG|RED|UTMALDG|UTMASTG|UTMAREDG|UBLKCP|UBLKRED)\b")
 
 
 def assert_waits_for_previous_grid(name: str, cubin: Path) -> None:
     """Programmatic dependent launch (set_pdl) lets a kernel start while the previous one in its stream drains: the
     kernel must wait for it (griddepcontrol.wait, SASS ACQBULK) before its first global-memory access in program
-    order, and lets its own dependents launch (griddepcontrol.launch_dependents, PREEXIT)."""
+    order, and lets its own dependents launch (griddepcontrol.launch_dependents, PREEXIT). (Program order stands
+    for execution order here: the wait follows the prologue's barrier, which every thread passes, and precedes the
+    role branches.)"""
     sass = subprocess.run([nvdisasm(), str(cubin)], capture_output=True, text=True, check=True).stdout
     code = [line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", line)]
     waits = [i for i, line in enumerate(code) if "ACQBULK" in line]

@@ -20,12 +20,12 @@ from deepgemm.jit.compiler import KernelSource
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
 from deepgemm.kernels.common.loader import load_kernel
 from deepgemm.reference import bf16_gemm_reference, m_grouped_masked_reference
-from tests.gpu.checks import masked_operands
+from tests.gpu.checks import kgrouped_references, masked_operands
 from tests.helpers import assert_close_to_reference, check_bf16_gemm, random_operands, reference_abs_fp64, reference_fp64
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick]
 
-DELAY_NS = 300_000  # the writer's hold: far longer than any launch here takes to start
+DELAY_NS = 2_000_000  # the writer's hold: far longer than any launch here takes to start
 WRITER_CTAS = 4  # SMs the writer occupies; the others are free for a dependent that does not wait
 THREADS = 128
 
@@ -91,8 +91,14 @@ def _late_write(src: torch.Tensor, dst: torch.Tensor) -> None:
     _launch_probe("late_writer", src, dst, WRITER_CTAS, DELAY_NS)
 
 
-def _words(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8).view(-1).view(torch.int32)
+def _warm_probes() -> None:
+    """Each probe loaded and its launch configs built on this stream, so nothing but the launch itself happens
+    between the writer's launch and the next one."""
+    stream = current_raw_stream(0)
+    for entry, ctas in (("late_writer", WRITER_CTAS), ("copy_without_wait", 64), ("copy_after_wait", 64)):
+        kernel = _probe(entry)
+        assert kernel.entry == entry
+        kernel.launch_config(0, stream, ctas, THREADS)
 
 
 def test_the_race_window_is_real() -> None:
@@ -102,7 +108,7 @@ def test_the_race_window_is_real() -> None:
     new = torch.arange(1 << 20, dtype=torch.int32, device="cuda") + 1
     for entry, expected in (("copy_without_wait", old), ("copy_after_wait", new)):
         dst, probe = old.clone(), torch.full_like(old, -1)
-        _probe(entry), _probe("late_writer")  # loaded before the timed sequence
+        _warm_probes()
         torch.cuda.synchronize()
         deepgemm.set_pdl(True)
         _late_write(new, dst)
@@ -118,6 +124,7 @@ def _rewrite_then(call, src: torch.Tensor, dst: torch.Tensor) -> None:  # noqa: 
     """`call` warmed (compiled, planned, remembered) with PDL off on dst's old contents, then launched
     programmatically right behind a late writer of src over dst."""
     call()
+    _warm_probes()
     torch.cuda.synchronize()
     deepgemm.set_pdl(True)
     _late_write(src, dst)
@@ -178,6 +185,37 @@ def test_quantizer_reads_the_previous_kernels_output(seed: int) -> None:
     q, sf = results[-1]
     assert torch.equal(q.view(torch.uint8), expected[0].view(torch.uint8)) and torch.equal(sf, expected[1])
     assert not torch.equal(sf, results[0][1])  # the old x's scales differ: the check can fail
+
+
+def test_k_grouped_gemm_reads_the_previous_kernels_output(seed: int) -> None:
+    """The writer replaces A (dY^T, token-major) of the k-grouped FP8 kernel (the 1D1D family)."""
+    m, n, ks = 1024, 2048, [512, 0, 1024, 384]
+    k_total = sum(ks)
+    a = deepgemm.quantize_per_token_group(torch.randn(m, k_total, device="cuda").to(torch.bfloat16))
+    fresh = deepgemm.quantize_per_token_group((torch.randn(m, k_total, device="cuda") * 2).to(torch.bfloat16))
+    b = deepgemm.quantize_per_token_group(torch.randn(n, k_total, device="cuda").to(torch.bfloat16))
+    live = (a[0].clone(), fresh[1])
+    out = torch.full((len(ks), m, n), float("nan"), device="cuda")
+    _rewrite_then(lambda: deepgemm.k_grouped_fp8_gemm_tn_contiguous(live, b, out, ks), fresh[0], live[0])
+    refs, abs_refs = kgrouped_references(fresh, b, ks, None)
+    for group, k in enumerate(ks):
+        if k:
+            assert_close_to_reference(out[group], refs[group], abs_refs[group], max_diff=1e-5)
+        else:
+            assert torch.equal(out[group], torch.zeros_like(out[group]))
+
+
+def test_block_quantizer_reads_the_previous_kernels_output(seed: int) -> None:
+    n, k = 1024, 2048
+    w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+    fresh = (torch.randn(n, k, device="cuda") * 3).to(torch.bfloat16)
+    live = w.clone()
+    results: list[tuple[torch.Tensor, torch.Tensor]] = []
+    _rewrite_then(lambda: results.append(deepgemm.quantize_per_block(live)), fresh, live)
+    expected = deepgemm.quantize_per_block(fresh)
+    q, sf = results[-1]
+    assert torch.equal(q.view(torch.uint8), expected[0].view(torch.uint8)) and torch.equal(sf, expected[1])
+    assert not torch.equal(sf, results[0][1])
 
 
 def test_quantize_then_gemm_chain_is_bitwise_the_plain_launch(seed: int) -> None:

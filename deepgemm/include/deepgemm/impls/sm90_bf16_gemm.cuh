@@ -410,11 +410,12 @@ struct Sm90Bf16Gemm {
             ring.init(kNumMathThreads / 32);
         }
         __syncthreads();
-        ptx::programmatic_launch_sync();  // the previous kernel's writes are visible from here on
+        ptx::grid_dependency_wait();  // the previous kernel's writes are visible from here on
         if (threadIdx.x < 128) {
             ptx::setmaxnreg_dec<kProducerRegisters>();
             if (threadIdx.x == 0) {
                 producer(ring, tma_a, tma_b, problem.tiles);
+                ptx::launch_dependents();  // this CTA's loads are all issued: a dependent may start its prologue
             }
         } else {
             ptx::setmaxnreg_inc<kMathRegisters>();

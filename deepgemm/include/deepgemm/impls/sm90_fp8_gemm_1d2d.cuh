@@ -257,12 +257,13 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
         } else {
             ptx::cluster_sync();  // both CTAs' barriers exist before any multicast or remote arrive
         }
-        ptx::programmatic_launch_sync();  // the previous kernel's writes are visible from here on
+        ptx::grid_dependency_wait();  // the previous kernel's writes are visible from here on
 
         if (threadIdx.x < 128) {
             ptx::setmaxnreg_dec<kProducerRegisters>();
             if (threadIdx.x == 0) {
                 Producer::run(ring, tma_a, tma_b, tma_sfa, tma_a_last, tma_sfa_last, tma_b_last, problem, cta_rank);
+                ptx::launch_dependents();  // this CTA's loads are all issued: a dependent may start its prologue
             } else if (kTileLoader && threadIdx.x / 32 == 1) {
                 Loader::run(tile_slots, sfb, problem, cta_rank, threadIdx.x % 32);
             }

@@ -52,18 +52,20 @@ DG_DEVICE float4 ld_global_cg_v4(const float* ptr) {
 // Programmatic dependent launch. A kernel launched with the programmatic-stream-serialization attribute may
 // start before the previous kernel in its stream has finished: grid_dependency_wait blocks until every grid this
 // one depends on has completed and its writes are visible (at once when there is none, e.g. a plain launch).
-// Every kernel of ours calls it before its first global-memory access.
+// Every kernel of ours calls it before its first global-memory access. The GEMMs let their dependents launch
+// once each CTA's producer has issued its last load (a dependent then takes SMs only in the tail, not the SMs a
+// capped grid leaves free for other streams); the quantizers, short and not persistent, right after the wait.
 DG_DEVICE void grid_dependency_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
-// Lets the grids that depend on this one launch once every CTA of this grid has called it or exited (their own
-// grid_dependency_wait still holds them until this grid completes). No effect on a plain launch.
+// Lets the grids that depend on this one launch once every CTA of this grid has called it (any one thread) or
+// exited; their own grid_dependency_wait still holds them until this grid completes. No effect on a plain launch.
 DG_DEVICE void launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// A kernel's first step after its prologue: wait for the grids it depends on, then let its dependents launch.
+// The quantizers' first step: wait for the grids they depend on, then let their dependents launch.
 DG_DEVICE void programmatic_launch_sync() {
     grid_dependency_wait();
     launch_dependents();
