@@ -4,8 +4,10 @@
 
 Each CSV is `ncu -i REPORT --page source --csv --print-source sass` (gpu_check `ncusource` writes them). Prints per
 kernel: the warp-stall samples by reason and by opcode, the instructions with the most samples (with the reasons that
-hold more than 15% of their samples), and every mbarrier try-wait with the samples on it and on the branch that spins
-on it: where the math warps wait for TMA data or tile slots, and where the producer waits for free stages.
+hold more than 15% of their samples), every mbarrier try-wait with the samples on it and on the branch that spins
+on it (where the math warps wait for TMA data or tile slots, and where the producer waits for free stages), and the
+samples in the loops (instructions executed at least a quarter as often as the hottest one) against those outside
+them (prologue, tile setup, epilogue, exit): two kernels with the same loop samples differ outside them.
 """
 
 from __future__ import annotations
@@ -87,6 +89,14 @@ def summarize(path: Path, top: int) -> None:
     for inst in sorted(instructions, key=lambda inst: -inst.samples)[:top]:
         main = ", ".join(f"{name} {count}" for name, count in inst.stalls.items() if count > 0.15 * inst.samples)
         print(f"| {share(inst.samples)} | {inst.index} | {inst.executed} | `{inst.source[:70]}` | {main} |")
+    hottest = max((inst.executed for inst in instructions), default=0)
+    for name, region in (("in loops", [i for i in instructions if 4 * i.executed >= hottest]),
+                         ("outside loops", [i for i in instructions if 4 * i.executed < hottest])):
+        held: Counter[str] = Counter()
+        for inst in region:
+            held.update(inst.stalls)
+        count = sum(inst.samples for inst in region)
+        print(f"{name}: {count} samples ({share(count)}), " + ", ".join(f"{reason} {n}" for reason, n in held.most_common(6)))
     print("barrier waits (try-wait + its retry branch):")
     for samples, inst in barrier_waits(instructions):
         if samples:
