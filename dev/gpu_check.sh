@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench moe repeat breadth grouped kgrouped bf16grouped ncu ncusource ncugrouped split bf16split clusters tiles placement ab nn route block racecheck bf16 all
+# Steps: install smoke tests sanitize host sass bench moe repeat breadth grouped kgrouped bf16grouped ncu ncusource ncugrouped split bf16split clusters tiles placement floor ab nn route block racecheck bf16 all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times other trees, carried under .ab (dev/rename_package.sh; AB_TREES names them, default deepgemm_old), interleaved
@@ -213,6 +213,11 @@ fi
 if has placement; then
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh && export PYTHONPATH=$PWD:$PYTHONPATH
     timeout "${PLACEMENT_TIMEOUT:-300}" python3 dev/placement_ab.py ${PLACEMENT_ARGS:-} 2>&1 | tee "$OUT/placement.md" )
+fi
+# floor: what the bench's method measures for (almost) no work: empty kernels, a tiny torch op, copies, decode GEMMs
+# (dev/harness_floor.py $FLOOR_ARGS).
+if has floor; then
+  timeout "${FLOOR_TIMEOUT:-200}" python3 dev/harness_floor.py ${FLOOR_ARGS:-} 2>&1 | tee "$OUT/floor.md"
 fi
 # tiles: dev/dense_tile_ab.py $TILE_ARGS (default: the twelve M <= 128 DeepSeek-V3 shapes on a spread of tiles), the
 # model's pick and DeepGEMM HEAD interleaved; DG_PRINT_CONFIGS=1 shows DeepGEMM's config per shape; `--trees` finds the
