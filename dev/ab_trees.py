@@ -12,7 +12,8 @@
 The 18 DeepSeek-V3 dense shapes and the grouped (contiguous, masked) cases of dev/bench_grouped.py: every tree's
 public calls on the same operands, outputs compared bitwise on the rows the call defines (against this tree's),
 then timed interleaved sample by sample (CUDA-graph replay, L2 flushed, median of 30). Prints a Markdown table:
-µs per tree and each other tree's time over this tree's.
+µs per tree and each other tree's time over this tree's; then per tree and case class (dense M <= 128, dense M >= 256,
+contiguous, masked, the --more cases) the geometric mean, min and max of those ratios and whether every output matched.
 """
 
 from __future__ import annotations
@@ -35,15 +36,52 @@ from dev.bench_kgrouped import fp8_operands, group_tokens  # noqa: E402
 from tests.helpers import random_operands  # noqa: E402
 
 
+# (case class, other trees' time / this tree's, whether each one's output is bitwise this tree's) per timed row, for
+# the summary.
+RESULTS: list[tuple[str, list[float], list[bool]]] = []
+
+
+def case_class(label: str) -> str:
+    """The summary's classes: dense decode (M <= 128), dense M >= 256, contiguous, masked, the rest (--more)."""
+    if label.startswith("contiguous") or label.startswith("masked"):
+        return label.split()[0]
+    head = label.split("x")[0]
+    if head.isdigit():
+        return "dense M <= 128" if int(head) <= 128 else "dense M >= 256"
+    return "more"
+
+
 def row(label: str, calls: list, outs: list[torch.Tensor], valid: torch.Tensor | None, flops: int) -> str:  # noqa: ANN001
     for call in calls:
         call()
     torch.cuda.synchronize()
     same = [torch.equal(out[valid], outs[0][valid]) if valid is not None else torch.equal(out, outs[0]) for out in outs[1:]]
     times = [t.median_us for t in bench_gpu_interleaved(calls)]
+    RESULTS.append((case_class(label), [t / times[0] for t in times[1:]], same))
     cells = [f"{t:.1f}" for t in times] + [f"{t / times[0]:.3f}" for t in times[1:]]
     return (f"| {label} | {' | '.join(cells)} | {flops / times[0] / 1e6:.0f} | "
             f"{'yes' if all(same) else 'NO'} |")
+
+
+def summary(names: list[str]) -> None:
+    """Per other tree and case class: geometric mean, min and max of its time over this tree's (below 1: faster),
+    and whether every output was bitwise this tree's."""
+    import math
+
+    classes = list(dict.fromkeys(cls for cls, _, _ in RESULTS))
+    print()
+    print("| tree | class | cases | geomean other / this | min | max | outputs |")
+    print("|---|---|---|---|---|---|---|")
+    for i, name in enumerate(names):
+        for cls in classes + ["all"]:
+            picked = [(r[i], same[i]) for c, r, same in RESULTS if cls in ("all", c)]
+            if not picked:
+                continue
+            ratios = [ratio for ratio, _ in picked]
+            geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+            outputs = "bitwise" if all(same for _, same in picked) else "DIFFER"
+            print(f"| {name} | {cls} | {len(ratios)} | {geomean:.3f} | {min(ratios):.3f} | {max(ratios):.3f} | "
+                  f"{outputs} |")
 
 
 def main() -> None:
@@ -93,6 +131,7 @@ def main() -> None:
 
     if more:
         more_cases(trees, keep)
+    summary(names)
 
 
 def precompile(trees: list, shapes: list, contiguous: list, masked: list) -> None:  # noqa: ANN001 - modules, cases

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench moe repeat breadth grouped kgrouped bf16grouped ncu ncusource ncugrouped split bf16split clusters tiles placement pdl ab nn route block racecheck bf16 all
+# Steps: install smoke tests sanitize host sass bench moe repeat breadth grouped kgrouped bf16grouped ncu ncusource ncugrouped split bf16split clusters tiles placement pdl floor ab nn route block racecheck bf16 all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times other trees, carried under .ab (dev/rename_package.sh; AB_TREES names them, default deepgemm_old), interleaved
@@ -153,7 +153,8 @@ fi
 # ncusource: per-instruction stall sampling (`--set full`, source page as CSV) of NCU_SHAPES (one shape) for our build
 # (NCU_TILE forces the tile, dev/dense_tile_ab.py's suffixes) and DeepGEMM HEAD, plus the L2 traffic split (SM reads,
 # hits, misses, fabric); $OUT/{ours,peer}_source.csv, summarized by dev/ncu_source.py. NCU_PACKAGE=NAME adds another
-# tree's build of the same tile (carried under .ab, dev/rename_package.sh) as $OUT/tree_source.csv.
+# tree's build of the same tile (carried under .ab, dev/rename_package.sh) as $OUT/tree_source.csv. The L2 metrics are
+# also taken for ours and DeepGEMM's in one process on the same tensors.
 if has ncusource; then
   l2=gpu__time_duration.sum,sm__cycles_active.avg,smsp__inst_executed.sum,lts__t_sectors.sum,lts__t_requests.sum,lts__t_sectors_srcunit_tex.sum,lts__t_sectors_srcunit_tex_lookup_hit.sum,lts__t_sectors_srcunit_tex_lookup_miss.sum,lts__t_sectors_srcunit_ltcfabric.sum,dram__bytes_read.sum
   shape=$(echo ${NCU_SHAPES:-512x4096x7168} | cut -d' ' -f1 | tr x ' ')
@@ -167,6 +168,14 @@ if has ncusource; then
       ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --metrics $l2 python3 dev/profile_shape.py $shape $args 2>&1 \
         | grep -E "^\s+(gpu__|sm__|smsp__|lts__|dram__)" | awk '{print $1, $NF}' )
   done
+  # The same metrics for ours and DeepGEMM's in one process on the same tensors (launches 3 and 4 of
+  # `profile_shape.py --both`: ours, then DeepGEMM's), so placement cannot tell the L2 counters apart.
+  echo "ncu ours then peer, one process ($shape):"
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    ncu --clock-control none -k regex:fp8_gemm --launch-skip 2 --launch-count 2 --metrics $l2 \
+      python3 dev/profile_shape.py $shape --both ${NCU_TILE:+--tile $NCU_TILE} 2>&1 \
+      | grep -v "==PROF==" | grep -E "fp8_gemm.*\(|^\s+(gpu__|sm__|smsp__|lts__|dram__)" \
+      | awk '/fp8_gemm/ {print substr($0, 1, 70); next} {print $1, $NF}' )
   python3 dev/ncu_source.py "$OUT/ours_source.csv" "$OUT/peer_source.csv" ${NCU_PACKAGE:+"$OUT/tree_source.csv"} --top 12
 fi
 # ncugrouped: ncu over `dev/grouped_tile_ab.py --profile $NCU_GROUPED_ARGS` (every fp8_gemm kernel it launches, ours and
@@ -218,6 +227,11 @@ fi
 # and on, interleaved (dev/pdl_ab.py $PDL_ARGS).
 if has pdl; then
   timeout "${PDL_TIMEOUT:-300}" python3 dev/pdl_ab.py ${PDL_ARGS:-} 2>&1 | tee "$OUT/pdl.md"
+fi
+# floor: what the bench's method measures for (almost) no work: empty kernels, a tiny torch op, copies, decode GEMMs
+# (dev/harness_floor.py $FLOOR_ARGS).
+if has floor; then
+  timeout "${FLOOR_TIMEOUT:-200}" python3 dev/harness_floor.py ${FLOOR_ARGS:-} 2>&1 | tee "$OUT/floor.md"
 fi
 # tiles: dev/dense_tile_ab.py $TILE_ARGS (default: the twelve M <= 128 DeepSeek-V3 shapes on a spread of tiles), the
 # model's pick and DeepGEMM HEAD interleaved; DG_PRINT_CONFIGS=1 shows DeepGEMM's config per shape; `--trees` finds the
