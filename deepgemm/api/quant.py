@@ -37,6 +37,29 @@ MAX_GRID_Y = 65535
 _TOKEN_GROUP_WARPS_PER_CTA = 8  # the per-token-group kernel's 256-thread CTAs: at worst one group per warp
 
 
+# Inputs of the per-token-group quantizers that passed validation and took the kernel path without a copy, by
+# (shape, strides, dtype, device index, group size, silu_mul): a warm call with the same metadata goes straight to the
+# kernel (the checks, the stride test and the backend lookup cost ~2 us of Python per call).
+_kernel_ready: set[tuple] = set()
+_KERNEL_READY_CAPACITY = 4096
+_grad_enabled = torch.is_grad_enabled
+
+
+def _kernel_ready_key(x: object, group_size: object, silu_mul: bool) -> tuple | None:
+    """The warm-path key of a call, or None where the checked path must run (a tensor subclass, a group size that is
+    not a plain int)."""
+    if type(x) is not torch.Tensor or type(group_size) is not int:
+        return None
+    return (x.shape, x.stride(), x.dtype, x.get_device(), group_size, silu_mul)
+
+
+def _remember_kernel_ready(key: tuple | None) -> None:
+    if key is not None:
+        if len(_kernel_ready) >= _KERNEL_READY_CAPACITY:
+            _kernel_ready.clear()
+        _kernel_ready.add(key)
+
+
 def empty_token_group_scales(m: int, groups: int, device: torch.device) -> torch.Tensor:
     """[M, G] float32 scales as an M-major view with strides (1, align(M, 4)): the layout both paths return."""
     storage = torch.zeros((groups, tma_aligned_rows(m)), dtype=torch.float32, device=device)
@@ -112,9 +135,14 @@ def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[to
         q, sf = deepgemm.quantize_per_token_group(x)       # e4m3 [4096, 7168], float32 [4096, 56]
         assert sf.stride() == (1, 4096)                    # M-major
     """
-    x = check_quantize_input(x, "x", group_size, "group_size", GROUP_SIZES, "quantize_per_token_group")
-    x = _unit_column_stride(x)
+    key = _kernel_ready_key(x, group_size, False)
+    if key in _kernel_ready and not (_grad_enabled() and x.requires_grad):
+        return quantize_per_token_group_cuda(x, group_size)
+    checked = check_quantize_input(x, "x", group_size, "group_size", GROUP_SIZES, "quantize_per_token_group")
+    x = _unit_column_stride(checked)
     if backend_for(x) == "sm90":
+        if x is checked:
+            _remember_kernel_ready(key)
         return quantize_per_token_group_cuda(x, group_size)
     q, sf = quantize_per_token_group_reference(x, group_size)
     return q, _as_mn_major(sf)
@@ -157,8 +185,14 @@ def silu_mul_quantize_per_token_group(x: torch.Tensor, group_size: int = 128) ->
         gate_up = torch.randn(4096, 2 * 768, device="cuda", dtype=torch.bfloat16)  # an MoE gate_up output
         q, sf = deepgemm.silu_mul_quantize_per_token_group(gate_up)             # e4m3 [4096, 768], [4096, 6]
     """
-    x = _unit_column_stride(check_silu_mul_input(x, group_size))
+    key = _kernel_ready_key(x, group_size, True)
+    if key in _kernel_ready and not (_grad_enabled() and x.requires_grad):
+        return quantize_per_token_group_cuda(x, group_size, silu_mul=True)
+    checked = check_silu_mul_input(x, group_size)
+    x = _unit_column_stride(checked)
     if backend_for(x) == "sm90":
+        if x is checked:
+            _remember_kernel_ready(key)
         return quantize_per_token_group_cuda(x, group_size, silu_mul=True)
     q, sf = quantize_per_token_group_reference(silu_mul_reference(x), group_size)
     return q, _as_mn_major(sf)

@@ -311,3 +311,55 @@ def test_silu_mul_quantize_checks_its_input(seed: int) -> None:
     for shape in ((0, 256), (3, 0)):
         q, sf = deepgemm.silu_mul_quantize_per_token_group(torch.empty(shape))
         assert q.shape == (shape[0], shape[1] // 2) and sf.shape == (shape[0], -(-(shape[1] // 2) // 128))
+
+
+def test_warm_token_group_calls_skip_the_checks(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """A call whose input metadata (shape, strides, dtype, device, group size) already passed the checks on the kernel
+    path goes straight to the kernel; new metadata, an input that needs a copy, a grad-requiring input in grad mode and
+    the gated variant (keyed apart) take the checked path, so every error is still raised."""
+    from deepgemm.api import quant as api
+    from deepgemm.reference import quantize_per_token_group_reference, silu_mul_reference
+
+    launched: list[tuple[tuple[int, ...], int, bool]] = []
+
+    def kernel(x: torch.Tensor, group_size: int, silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        launched.append((tuple(x.shape), group_size, silu_mul))
+        q, sf = quantize_per_token_group_reference(silu_mul_reference(x) if silu_mul else x, group_size)
+        return q, api._as_mn_major(sf)
+
+    checked: list[str] = []
+    real_check, real_silu_check = api.check_quantize_input, api.check_silu_mul_input
+
+    def counted(*args: object) -> torch.Tensor:
+        checked.append("plain")
+        return real_check(*args)  # type: ignore[arg-type]
+
+    def counted_silu(*args: object) -> torch.Tensor:
+        checked.append("silu")
+        return real_silu_check(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(api, "_kernel_ready", set())
+    monkeypatch.setattr(api, "backend_for", lambda *tensors, **kw: "sm90")
+    monkeypatch.setattr(api, "quantize_per_token_group_cuda", kernel)
+    monkeypatch.setattr(api, "check_quantize_input", counted)
+    monkeypatch.setattr(api, "check_silu_mul_input", counted_silu)
+    x = torch.randn(16, 512).to(torch.bfloat16)
+    first = deepgemm.quantize_per_token_group(x)
+    again = deepgemm.quantize_per_token_group(x.clone())  # another tensor, the same metadata
+    assert checked == ["plain"] and len(launched) == 2
+    assert torch.equal(first[1], again[1]) and again[1].stride() == (1, 16)
+    deepgemm.quantize_per_token_group(x, 64)  # another group size
+    deepgemm.quantize_per_token_group(x[:8])  # another shape
+    strided = torch.randn(512, 16).to(torch.bfloat16).t()  # column stride 16: copied first, never remembered
+    deepgemm.quantize_per_token_group(strided)
+    deepgemm.quantize_per_token_group(strided)
+    assert checked == ["plain"] * 5 and len(launched) == 6
+    deepgemm.silu_mul_quantize_per_token_group(x)
+    deepgemm.silu_mul_quantize_per_token_group(x)
+    assert checked[5:] == ["silu", "plain"] and launched[-1] == ((16, 512), 128, True)  # (its check calls the plain one)
+    leaf = x.float().requires_grad_()
+    deepgemm.quantize_per_token_group(leaf.detach())  # warm for float32 [16, 512]
+    with pytest.raises(deepgemm.NotDifferentiableError):
+        deepgemm.quantize_per_token_group(leaf)
+    with pytest.raises(ValueError, match="'group_size' must be one of"):  # (True == 1 as a key; never the warm path)
+        deepgemm.quantize_per_token_group(x, True)  # type: ignore[arg-type]
