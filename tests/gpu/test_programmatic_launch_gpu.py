@@ -9,6 +9,9 @@ the window is real on this GPU (a copy kernel without the wait reads the old wor
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -25,7 +28,7 @@ from tests.helpers import assert_close_to_reference, check_bf16_gemm, random_ope
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick]
 
-DELAY_NS = 2_000_000  # the writer's hold: far longer than any launch here takes to start
+DELAY_NS = 20_000_000  # the writer's hold: far longer than any launch here takes to start
 WRITER_CTAS = 4  # SMs the writer occupies; the others are free for a dependent that does not wait
 THREADS = 128
 
@@ -92,44 +95,74 @@ def _late_write(src: torch.Tensor, dst: torch.Tensor) -> None:
 
 
 def _warm_probes() -> None:
-    """Each probe loaded and its launch configs built on this stream, so nothing but the launch itself happens
-    between the writer's launch and the next one."""
-    stream = current_raw_stream(0)
+    """Each probe loaded and launched once, plainly, on one word (a lazily loaded module may synchronize the context
+    at its first launch), with its launch configs built on the current stream: from here on nothing but launches
+    happens between the writer's launch and the next one."""
+    word, spare = torch.zeros(1, dtype=torch.int32, device="cuda"), torch.zeros(1, dtype=torch.int32, device="cuda")
     for entry, ctas in (("late_writer", WRITER_CTAS), ("copy_without_wait", 64), ("copy_after_wait", 64)):
-        kernel = _probe(entry)
-        assert kernel.entry == entry
-        kernel.launch_config(0, stream, ctas, THREADS)
+        assert _probe(entry).entry == entry
+        _launch_probe(entry, word, spare, ctas)
+    torch.cuda.synchronize()
 
 
-def test_the_race_window_is_real() -> None:
+@contextlib.contextmanager
+def _programmatic_window() -> Iterator[None]:
+    """PDL on and the garbage collector off for a writer's launch and the launches behind it; afterwards, a check that
+    the host issued them within half the writer's hold (else the window may have closed before they started)."""
+    gc.disable()
+    deepgemm.set_pdl(True)
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        elapsed = time.perf_counter() - start
+        deepgemm.set_pdl(False)
+        gc.enable()
+    assert elapsed < DELAY_NS / 2e9, f"the launches took {elapsed * 1e3:.1f} ms of host time, past half the hold"
+
+
+@contextlib.contextmanager
+def _on_stream(which: str) -> Iterator[None]:
+    """Run on the default stream or on a side stream that first waits for the work queued so far."""
+    if which == "default":
+        yield
+        return
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        yield
+    torch.cuda.current_stream().wait_stream(side)
+
+
+@pytest.mark.parametrize("stream", ["side", "default"])
+def test_the_race_window_is_real(stream: str) -> None:
     """Launched programmatically after the writer, a copy without the wait reads the old words; with the wait, the new
-    ones. (Without this, the tests below could pass against a kernel that never waits.)"""
+    ones. (Without this, the tests below could pass against a kernel that never waits.) On a side stream, where the
+    other race tests run, and on the default stream."""
     old = torch.zeros(1 << 20, dtype=torch.int32, device="cuda")
     new = torch.arange(1 << 20, dtype=torch.int32, device="cuda") + 1
     for entry, expected in (("copy_without_wait", old), ("copy_after_wait", new)):
         dst, probe = old.clone(), torch.full_like(old, -1)
-        _warm_probes()
-        torch.cuda.synchronize()
-        deepgemm.set_pdl(True)
-        _late_write(new, dst)
-        _launch_probe(entry, dst, probe, 64)
-        deepgemm.set_pdl(False)
+        with _on_stream(stream):
+            _warm_probes()
+            with _programmatic_window():
+                _late_write(new, dst)
+                _launch_probe(entry, dst, probe, 64)
         torch.cuda.synchronize()
         assert torch.equal(dst, new), "the writer did not finish its copy"
         stale = (probe == old).float().mean().item()
-        assert torch.equal(probe, expected), f"{entry}: {stale:.1%} of the words read before the writer's copy"
+        assert torch.equal(probe, expected), f"{entry} ({stream} stream): {stale:.1%} of the words read before the copy"
 
 
 def _rewrite_then(call, src: torch.Tensor, dst: torch.Tensor) -> None:  # noqa: ANN001
-    """`call` warmed (compiled, planned, remembered) with PDL off on dst's old contents, then launched
-    programmatically right behind a late writer of src over dst."""
-    call()
-    _warm_probes()
-    torch.cuda.synchronize()
-    deepgemm.set_pdl(True)
-    _late_write(src, dst)
-    call()
-    deepgemm.set_pdl(False)
+    """On a side stream: `call` warmed (compiled, planned, its launch configs built) with PDL off on dst's old
+    contents, then launched programmatically right behind a late writer of src over dst."""
+    with _on_stream("side"):
+        call()
+        _warm_probes()
+        with _programmatic_window():
+            _late_write(src, dst)
+            call()
     torch.cuda.synchronize()
 
 
@@ -247,20 +280,31 @@ def test_quantize_then_gemm_chain_is_bitwise_the_plain_launch(seed: int) -> None
 
 
 def test_every_launch_reads_the_switch(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
-    """A warm public call launches through LoadedKernel.launch with its cached (plain, programmatic) pair and the
-    switch as it stands at that launch (no plan or cached config keeps the old mode)."""
+    """A warm public call hands the driver the programmatic launch config exactly while the switch is on (read per
+    launch: no plan or cached config keeps the old mode)."""
     seen: list[tuple[bool, bool]] = []
     real = LoadedKernel.launch
 
     def spy(self: LoadedKernel, configs, args_address: int, device_index: int | None = None) -> None:  # noqa: ANN001
-        seen.append((deepgemm.get_pdl(), len(configs) == 2 and configs[0] is not configs[1]))
-        real(self, configs, args_address, device_index)
+        real_ex = self._launch_ex
 
-    monkeypatch.setattr(LoadedKernel, "launch", spy)
+        def record(config, kernel, args, extra):  # noqa: ANN001, ANN202
+            seen.append((deepgemm.get_pdl(), config is configs[1] and configs[1] is not configs[0]))
+            return real_ex(config, kernel, args, extra)
+
+        self._launch_ex = record
+        try:
+            real(self, configs, args_address, device_index)
+        finally:
+            self._launch_ex = real_ex
+
     a, b = random_operands(128, 512, 512, "cuda", seed)
     out = torch.empty(128, 512, dtype=torch.bfloat16, device="cuda")
-    for enabled in (False, True, False, True):
-        deepgemm.set_pdl(enabled)
-        deepgemm.fp8_gemm_nt(a, b, out)
+    deepgemm.fp8_gemm_nt(a, b, out)  # warm
+    with monkeypatch.context() as patch:
+        patch.setattr(LoadedKernel, "launch", spy)
+        for enabled in (False, True, False, True):
+            deepgemm.set_pdl(enabled)
+            deepgemm.fp8_gemm_nt(a, b, out)
     torch.cuda.synchronize()
-    assert seen[-4:] == [(False, True), (True, True), (False, True), (True, True)]
+    assert seen == [(False, False), (True, True), (False, False), (True, True)]

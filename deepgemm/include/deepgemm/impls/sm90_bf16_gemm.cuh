@@ -415,7 +415,7 @@ struct Sm90Bf16Gemm {
             ptx::setmaxnreg_dec<kProducerRegisters>();
             if (threadIdx.x == 0) {
                 producer(ring, tma_a, tma_b, problem.tiles);
-                ptx::launch_dependents();  // this CTA's loads are all issued: a dependent may start its prologue
+                ptx::launch_dependents();  // this CTA's TMA loads are issued: a dependent may start its prologue
             }
         } else {
             ptx::setmaxnreg_inc<kMathRegisters>();

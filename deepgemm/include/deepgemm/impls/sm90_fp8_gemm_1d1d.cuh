@@ -208,7 +208,7 @@ struct Sm90Fp8GemmKGrouped1D1D {
             ptx::setmaxnreg_dec<kProducerRegisters>();
             if (threadIdx.x == 0) {
                 producer(ring, tma_a, tma_b, tma_sfa, tma_sfb, problem);
-                ptx::launch_dependents();  // this CTA's loads are all issued: a dependent may start its prologue
+                ptx::launch_dependents();  // this CTA's TMA loads are issued: a dependent may start its prologue
             }
         } else {
             ptx::setmaxnreg_inc<kMathRegisters>();

@@ -263,7 +263,7 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
             ptx::setmaxnreg_dec<kProducerRegisters>();
             if (threadIdx.x == 0) {
                 Producer::run(ring, tma_a, tma_b, tma_sfa, tma_a_last, tma_sfa_last, tma_b_last, problem, cta_rank);
-                ptx::launch_dependents();  // this CTA's loads are all issued: a dependent may start its prologue
+                ptx::launch_dependents();  // this CTA's TMA loads are issued: a dependent may start its prologue
             } else if (kTileLoader && threadIdx.x / 32 == 1) {
                 Loader::run(tile_slots, sfb, problem, cta_rank, threadIdx.x % 32);
             }

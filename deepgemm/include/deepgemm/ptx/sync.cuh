@@ -53,8 +53,8 @@ DG_DEVICE float4 ld_global_cg_v4(const float* ptr) {
 // start before the previous kernel in its stream has finished: grid_dependency_wait blocks until every grid this
 // one depends on has completed and its writes are visible (at once when there is none, e.g. a plain launch).
 // Every kernel of ours calls it before its first global-memory access. The GEMMs let their dependents launch
-// once each CTA's producer has issued its last load (a dependent then takes SMs only in the tail, not the SMs a
-// capped grid leaves free for other streams); the quantizers, short and not persistent, right after the wait.
+// once each CTA's producer has issued its last TMA load, so a dependent launches only in the grid's tail (from then
+// on it may take any free SM, and wait there); the quantizers, short and not persistent, right after the wait.
 DG_DEVICE void grid_dependency_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 }
