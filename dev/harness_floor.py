@@ -18,7 +18,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.helpers, dev.*
 
 DEFAULT_SHAPES = ["1x256x7168", "64x2112x7168", "64x7168x2048", "64x4096x7168"]
-_EMPTY = 'extern "C" __global__ void harness_empty(int* p) {}\n'
 
 
 def main() -> None:
@@ -29,15 +28,18 @@ def main() -> None:
     import torch
 
     import deepgemm
-    from deepgemm.jit.args import U64, PackedArgs
+    import ctypes
+
+    from deepgemm.jit.args import U32, U64, PackedArgs
     from deepgemm.jit.compiler import KernelSource
     from deepgemm.jit.runtime import current_raw_stream, launch_on_device
     from deepgemm.kernels.common.loader import load_kernel
     from deepgemm.tuning.timing import bench_gpu
+    from dev.host_overhead import EMPTY_KERNELS
     from tests.helpers import random_operands
 
-    empty = load_kernel(KernelSource(_EMPTY, "harness_empty", "harness probe"), 0, 0)
-    empty_args = PackedArgs([U64(0)])
+    empty = load_kernel(KernelSource(EMPTY_KERNELS, "small_params", "host probe small_params"), 0, 0)
+    empty_args = PackedArgs([U64(0), U32(0), ctypes.c_float(0.0)])
 
     def launch_empty(ctas: int):  # noqa: ANN202
         def run() -> None:

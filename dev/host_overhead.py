@@ -202,13 +202,10 @@ def breakdown(a, b, out) -> None:
     print("breakdown_us_gpu_busy " + " | ".join(f"{name} {busy_gpu_per_call_us(fn):.2f}" for name, fn in parts.items()))
 
 
-if __name__ == "__main__":
-    main()
-
 
 # Two empty kernels: three scalar parameters, and ten 128-byte aligned structs (the size of a GEMM's parameter block
 # of TMA descriptors), to see what the parameter block's size costs the driver per launch.
-_EMPTY_KERNELS = r"""
+EMPTY_KERNELS = r"""
 struct alignas(64) Blob { unsigned long long words[16]; };
 extern "C" __global__ void small_params(int* p, int n, float x) {}
 extern "C" __global__ void large_params(const __grid_constant__ Blob b0, const __grid_constant__ Blob b1,
@@ -235,7 +232,7 @@ def driver_launch_parts(libcuda, launch_ex, raw, function: int, args_address: in
     small_values = (ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_float(0.0))
     large_values = tuple((ctypes.c_uint64 * 16)() for _ in range(10)) + (ctypes.c_void_p(0), ctypes.c_int(0))
     for entry, values in (("small_params", small_values), ("large_params", large_values)):
-        kernel = load_kernel(KernelSource(_EMPTY_KERNELS, entry, f"host probe {entry}"), 0)
+        kernel = load_kernel(KernelSource(EMPTY_KERNELS, entry, f"host probe {entry}"), 0)
         pointers = (ctypes.c_void_p * len(values))(*(ctypes.addressof(value) for value in values))
         config = type(raw)((1, 1, 1), (32, 1, 1), 0, raw.stream, None, 0)
         config_address, kernel_function = ctypes.addressof(config), int(kernel.kernel)
@@ -244,3 +241,7 @@ def driver_launch_parts(libcuda, launch_ex, raw, function: int, args_address: in
         parts[f"empty kernel, {entry}"] = (lambda c=config_address, f=kernel_function, p=pointers, keep=(values, config):
                                            launch_ex(c, f, ctypes.addressof(p), None))
     return parts
+
+
+if __name__ == "__main__":
+    main()

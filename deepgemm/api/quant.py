@@ -135,16 +135,25 @@ def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[to
         q, sf = deepgemm.quantize_per_token_group(x)       # e4m3 [4096, 7168], float32 [4096, 56]
         assert sf.stride() == (1, 4096)                    # M-major
     """
-    key = _kernel_ready_key(x, group_size, False)
+    return _token_group(x, group_size, False)
+
+
+def _token_group(x: torch.Tensor, group_size: int, silu_mul: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both per-token-group quantizers: a warm input (its metadata passed the checks on the kernel path before) goes
+    straight to the kernel; otherwise the checks, then the kernel or the reference path."""
+    key = _kernel_ready_key(x, group_size, silu_mul)
     if key in _kernel_ready and not (_grad_enabled() and x.requires_grad):
-        return quantize_per_token_group_cuda(x, group_size)
-    checked = check_quantize_input(x, "x", group_size, "group_size", GROUP_SIZES, "quantize_per_token_group")
+        return quantize_per_token_group_cuda(x, group_size, silu_mul=silu_mul)
+    if silu_mul:
+        checked = check_silu_mul_input(x, group_size)
+    else:
+        checked = check_quantize_input(x, "x", group_size, "group_size", GROUP_SIZES, "quantize_per_token_group")
     x = _unit_column_stride(checked)
     if backend_for(x) == "sm90":
         if x is checked:
             _remember_kernel_ready(key)
-        return quantize_per_token_group_cuda(x, group_size)
-    q, sf = quantize_per_token_group_reference(x, group_size)
+        return quantize_per_token_group_cuda(x, group_size, silu_mul=silu_mul)
+    q, sf = quantize_per_token_group_reference(silu_mul_reference(x) if silu_mul else x, group_size)
     return q, _as_mn_major(sf)
 
 
@@ -185,17 +194,7 @@ def silu_mul_quantize_per_token_group(x: torch.Tensor, group_size: int = 128) ->
         gate_up = torch.randn(4096, 2 * 768, device="cuda", dtype=torch.bfloat16)  # an MoE gate_up output
         q, sf = deepgemm.silu_mul_quantize_per_token_group(gate_up)             # e4m3 [4096, 768], [4096, 6]
     """
-    key = _kernel_ready_key(x, group_size, True)
-    if key in _kernel_ready and not (_grad_enabled() and x.requires_grad):
-        return quantize_per_token_group_cuda(x, group_size, silu_mul=True)
-    checked = check_silu_mul_input(x, group_size)
-    x = _unit_column_stride(checked)
-    if backend_for(x) == "sm90":
-        if x is checked:
-            _remember_kernel_ready(key)
-        return quantize_per_token_group_cuda(x, group_size, silu_mul=True)
-    q, sf = quantize_per_token_group_reference(silu_mul_reference(x), group_size)
-    return q, _as_mn_major(sf)
+    return _token_group(x, group_size, True)
 
 
 def quantize_per_block(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
