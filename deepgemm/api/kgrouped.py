@@ -5,7 +5,8 @@ from __future__ import annotations
 import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import torch
@@ -131,6 +132,9 @@ def _validate_ks(ks: object, where: str, why: str) -> tuple[int, ...]:
         ks = ks.tolist()
     if isinstance(ks, (str, bytes)) or not isinstance(ks, Iterable):
         raise TypeError(f"{where}: 'ks' must be a sequence of ints (tokens per group), got {type(ks).__name__}")
+    if isinstance(ks, (AbstractSet, Mapping)):  # their iteration order is not the groups' order
+        raise TypeError(f"{where}: 'ks' must be an ordered sequence of ints (tokens per group, group 0 first), got "
+                        f"{type(ks).__name__}")
     values = []
     for g, value in enumerate(ks):
         try:
