@@ -130,6 +130,29 @@ def test_convert_replaces_what_fp8_serves_and_explains_the_rest(seed: int) -> No
         convert(_Block(), dtype=torch.float16)
 
 
+def test_convert_leaves_float64_layers_and_is_all_or_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float64 layer is left with its reason (it used to reach the quantizer, which raised TypeError after the
+    layers before it had been replaced); an error while quantizing leaves every layer as it was."""
+    model = nn.Sequential(nn.Linear(4096, 2048, dtype=torch.bfloat16), nn.Linear(2048, 4096, dtype=torch.float64))
+    report = convert(model)
+    assert [layer.name for layer in report.replaced] == ["0"]
+    assert [(layer.name, "float64" in layer.reason) for layer in report.left] == [("1", True)]
+    assert isinstance(model[0], Fp8Linear) and type(model[1]) is nn.Linear
+
+    model = nn.Sequential(nn.Linear(4096, 2048, dtype=torch.bfloat16), nn.Linear(2048, 4096, dtype=torch.bfloat16))
+    real = Fp8Linear.from_linear
+
+    def fail_on_second(module: nn.Linear, **kwargs: object) -> Fp8Linear:
+        if module is model[1]:
+            raise deepgemm.CompileError("quantizer failed")
+        return real(module, **kwargs)
+
+    monkeypatch.setattr(Fp8Linear, "from_linear", fail_on_second)
+    with pytest.raises(deepgemm.CompileError):
+        convert(model)
+    assert type(model[0]) is nn.Linear and type(model[1]) is nn.Linear
+
+
 def test_converted_model_compiles_fullgraph_with_dynamic_tokens(seed: int) -> None:
     torch._dynamo.reset()
     model = nn.Sequential(nn.Linear(512, 1024, dtype=torch.bfloat16), nn.SiLU(),
