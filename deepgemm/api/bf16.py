@@ -77,6 +77,8 @@ def check_bf16_gemm(layout: str, a: object, b: object, out: torch.Tensor | None,
     """Every rule that needs only metadata (shared by the eager path and the custom ops' fake kernels).
     `differentiable`: the functional op, whose autograd formula owns the inputs' gradients, asks; other paths refuse
     inputs that require grad. Returns (A, B, output dtype, device)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"bf16_gemm: 'layout' must be one of {LAYOUTS}, got {layout!r}")
     where = f"bf16_gemm_{layout}"
     a_t = require_tensor(a, "a", where)
     b_t = require_tensor(b, "b", where)
@@ -171,8 +173,6 @@ def bf16_gemm(layout: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor |
 
 def _bf16_gemm_checked(layout: str, a: object, b: object, out: torch.Tensor | None, c: torch.Tensor | None,
                        out_dtype: torch.dtype | None) -> torch.Tensor:
-    if layout not in LAYOUTS:
-        raise ValueError(f"bf16_gemm: 'layout' must be one of {LAYOUTS}, got {layout!r}")
     a_t, b_t, dtype, device = check_bf16_gemm(layout, a, b, out, c, out_dtype)
     check_bf16_gemm_memory(layout, a_t, b_t, out, c)
     m, n, k, _ = problem_shape(layout, a_t, b_t)

@@ -7,12 +7,13 @@ from collections.abc import Sequence
 import torch
 
 from deepgemm.api import kgrouped as api
-from deepgemm.ops.library import compiling, define
+from deepgemm.ops.library import compiling, define, require_ranks
 
 _Pair = tuple[torch.Tensor, torch.Tensor]
 
 
 def _new_out(a: torch.Tensor, b: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
+    require_ranks("k_grouped_fp8_gemm_tn_contiguous", ("a[0]", a, 2), ("b[0]", b, 2))
     return torch.empty((len(ks), a.shape[0], b.shape[0]), dtype=torch.float32, device=a.device)
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from deepgemm.api.validation import require_rank, require_tensor
+
 NAMESPACE = "deepgemm"
 LIBRARY = torch.library.Library(NAMESPACE, "DEF")  # kept alive for the process: dropping it unregisters the ops
 
@@ -40,6 +42,13 @@ def empty_out(shape: tuple[int, ...], dtype: torch.dtype | None, like: torch.Ten
     if dtype not in OUT_DTYPES:
         raise TypeError(f"'out_dtype' must be torch.bfloat16 or torch.float32, got {dtype}")
     return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def require_ranks(where: str, *operands: tuple[str, object, int]) -> None:
+    """The ranks of the (name, tensor, rank) operands a functional op computes its output's shape from, checked
+    before that shape is (a wrong rank raises the public function's ValueError, not an IndexError)."""
+    for name, tensor, rank in operands:
+        require_rank(require_tensor(tensor, name, where), name, where, rank)
 
 
 def refuse_validate_when_compiling(where: str) -> None:

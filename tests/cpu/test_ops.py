@@ -9,7 +9,7 @@ import torch._dynamo
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import deepgemm
-from tests.helpers import GraphRecorder, random_operands
+from tests.helpers import GraphRecorder, assert_wrong_ranks_raise_typed, random_operands
 from tests.op_cases import OP_NAMES, fp8_aware_allclose, op_cases
 
 
@@ -81,6 +81,18 @@ def test_fake_kernels_apply_the_argument_rules() -> None:
             torch.ops.deepgemm.fp8_gemm_nt(a, sfa, b, sfb)
         with pytest.raises(ValueError, match="'group_size'"):
             torch.ops.deepgemm.quantize_per_token_group(torch.empty(4, 256), 100)
+        x = torch.empty(64, 64, dtype=torch.bfloat16)
+        for layout in ("xx", "ntx", "q"):  # the fake kernel traced 'xx' as 'tt' and indexed 'q' out of range
+            with pytest.raises(ValueError, match="'layout'"):
+                torch.ops.deepgemm.bf16_gemm(x, x, layout)
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_wrong_ranks_raise_the_public_errors(name: str, seed: int) -> None:
+    """A functional op computes its output's shape from its operands: a wrong rank used to raise IndexError there
+    (real and fake kernel) before the checks ran."""
+    op = getattr(torch.ops.deepgemm, name).default
+    assert assert_wrong_ranks_raise_typed(op, op_cases("cpu", seed)[name]) > 0
 
 
 def _quantize_gemm_silu(x: torch.Tensor, w: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
