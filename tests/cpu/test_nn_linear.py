@@ -87,6 +87,26 @@ def test_constructor_and_forward_errors() -> None:
         layer(torch.randn(2, 512))
     with pytest.raises(deepgemm.NotDifferentiableError):
         layer(torch.randn(2, 1024, requires_grad=True))
+    with pytest.raises(ValueError, match="no dimensions"):
+        layer(torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("in_features", [1024, 100])  # 100: in_features % 16 != 0 routes to a BF16 matmul
+def test_both_routes_refuse_the_same_inputs(in_features: int) -> None:
+    """The routed path cast any input to the layer's dtype and recorded a graph for one that requires grad; it now
+    raises what the FP8 path's quantizer raises."""
+    layer = Fp8Linear(in_features, 512)
+    assert layer.route == ("fp8" if in_features == 1024 else "bf16")
+    for dtype in (torch.int32, torch.float64):
+        with pytest.raises(TypeError, match="'x' must have dtype"):
+            layer(torch.ones(2, in_features, dtype=dtype))
+    with pytest.raises(deepgemm.NotDifferentiableError):
+        layer(torch.randn(2, in_features, requires_grad=True))
+    with pytest.raises(ValueError, match="share a device"):
+        layer(torch.randn(2, in_features, device="meta"))
+    with torch.no_grad():
+        assert layer(torch.randn(2, in_features, requires_grad=True)).shape == (2, 512)
+    assert layer(torch.randn(3, in_features, dtype=torch.float16)).dtype == torch.bfloat16
 
 
 class _Block(nn.Module):
