@@ -117,6 +117,7 @@ def _check_operands(a: object, b: object, out: object, where: str, a_rank: int
                          "TMA units)")
     require_stacked_strides(b_t, "b", where)
     require_row_count(groups * n, "'b' (G * N)", where)
+    require_row_count(k, "'a' (K)", where)
     return a_t, b_t, out_t
 
 

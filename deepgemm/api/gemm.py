@@ -257,6 +257,7 @@ def check_fp8_gemm_nt(a: object, b: object, out: torch.Tensor | None, out_dtype:
         require_no_self_overlap(out, "out", _WHERE)
     require_row_count(m, "'a[0]' (M)", _WHERE)
     require_row_count(n, "'b[0]' (N)", _WHERE)
+    require_row_count(k, "'a[0]' (K)", _WHERE)
     check_num_sms(num_sms, _WHERE, device)
     refuse_grad(_WHERE, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out})
     return a_q, sfa, b_q, sfb, dtype, device

@@ -283,6 +283,7 @@ def check_contiguous(a: object, b: object, out: object, grouping: object, *, psu
     require_no_self_overlap(out_t, "out", where)
     require_row_count(m_total, "'a[0]' (M_total)", where)
     require_row_count(groups * n, "'b[0]' (G * N)", where)
+    require_row_count(k, "'a[0]' (K)", where)
     refuse_grad(where, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out_t})
     return a_q, sfa, b_q, sfb, out_t
 
@@ -477,6 +478,7 @@ def check_masked(a: object, b: object, out: object, masked_m: object, expected_m
         raise ValueError(f"{where}: 'masked_m' must be contiguous")
     require_row_count(groups * max_m, "'a[0]' (G * max_m)", where)
     require_row_count(groups * n, "'b[0]' (G * N)", where)
+    require_row_count(k, "'a[0]' (K)", where)
     refuse_grad(where, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out_t})
     return a_q, sfa, b_q, sfb, out_t
 

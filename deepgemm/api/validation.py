@@ -69,7 +69,7 @@ MAX_ROWS = 2**31 - 1  # TMA coordinates and the kernels' row indices are 32-bit 
 
 def require_row_count(rows: int, what: str, where: str) -> None:
     if rows > MAX_ROWS:
-        raise ValueError(f"{where}: {what} = {rows} rows exceeds the kernels' 32-bit row index limit ({MAX_ROWS})")
+        raise ValueError(f"{where}: {what} = {rows} exceeds the kernels' 32-bit index limit ({MAX_ROWS})")
 
 
 FP8_NOT_DIFFERENTIABLE = ("FP8 GEMMs and quantizers are not differentiable yet; call under torch.no_grad() or "

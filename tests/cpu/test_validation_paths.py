@@ -282,6 +282,38 @@ def test_row_limits_are_checked_on_every_path() -> None:
         deepgemm.fp8_gemm_nt(small, big)
 
 
+def test_k_limit_is_checked_by_every_m_and_n_major_gemm() -> None:
+    """K past the 32-bit coordinates: bf16_gemm_* and the k-grouped GEMMs refused it, fp8_gemm_nt and the M-grouped
+    GEMMs accepted it (meta tensors stand in for the multi-GB operands; these are the rules the fake kernels run)."""
+    from deepgemm.api import bf16 as dense_bf16, bf16_grouped, grouped
+
+    k = 2**31 + 128
+    kg, meta, bf16, i32 = k // 128, torch.device("meta"), torch.bfloat16, torch.int32
+
+    def e(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.empty(*shape, dtype=dtype, device=meta)
+
+    calls = {
+        "fp8_gemm_nt": lambda: deepgemm.fp8_gemm_nt((e(1, k, dtype=FP8), e(1, kg)), (e(8, k, dtype=FP8), e(1, kg))),
+        "bf16_gemm_nt": lambda: dense_bf16.check_bf16_gemm("nt", e(1, k, dtype=bf16), e(8, k, dtype=bf16), None,
+                                                           None, None),
+        "fp8 contiguous": lambda: grouped.check_contiguous(
+            (e(128, k, dtype=FP8), e(128, kg)), (e(1, 8, k, dtype=FP8), e(1, 1, kg)), e(128, 8, dtype=bf16),
+            e(128, dtype=i32), psum_form=False),
+        "fp8 masked": lambda: grouped.check_masked(
+            (e(1, 64, k, dtype=FP8), e(1, 64, kg)), (e(1, 8, k, dtype=FP8), e(1, 1, kg)), e(1, 64, 8, dtype=bf16),
+            e(1, dtype=i32), 64),
+        "bf16 contiguous": lambda: bf16_grouped.check_bf16_contiguous(
+            e(128, k, dtype=bf16), e(1, 8, k, dtype=bf16), e(128, 8, dtype=bf16), e(128, dtype=i32), psum_form=False),
+        "bf16 masked": lambda: bf16_grouped.check_bf16_masked(
+            e(1, 64, k, dtype=bf16), e(1, 8, k, dtype=bf16), e(1, 64, 8, dtype=bf16), e(1, dtype=i32), 64),
+    }
+    for label, call in calls.items():
+        with pytest.raises(ValueError, match=r"\(K\) = 2147483776 exceeds the kernels' 32-bit"):
+            call()
+            pytest.fail(f"{label} accepted K = {k}")
+
+
 # ---------------------------------------------------------------- the fake kernels apply the same metadata rules
 
 
