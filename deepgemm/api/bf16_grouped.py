@@ -250,6 +250,8 @@ def _run_contiguous(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, groupin
         return out
     if k == 0 or groups == 0:
         return out.zero_()
+    if a.is_meta:  # no values: the output's metadata is the result
+        return out
     if backend_for(a) == "reference":
         if psum_form:
             m_indices, lookup = m_indices_from_psum(grouping, m_total, CONTIGUOUS_M_ALIGNMENT), CONTIGUOUS_M_ALIGNMENT
@@ -351,6 +353,8 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, out: torch.T
     (groups, max_m, k), n = a_t.shape, b_t.shape[1]
     if groups == 0 or max_m == 0 or n == 0:
         return out_t
+    if a_t.is_meta:  # no values: the output's metadata is the result
+        return out_t
     if backend_for(a_t) == "reference":
         result = m_grouped_bf16_masked_reference(a_t, b_t, masked_t)
         rows = torch.arange(max_m, device=out_t.device)[None, :] < masked_t.to(out_t.device)[:, None]
@@ -445,6 +449,8 @@ def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, out: tor
     require_no_overlap(_KGROUPED_WHERE, "out", out_t, (("a", a_t), ("b", b_t), ("c", None if in_place else c_t)))
     (k_total, m), n, groups = a_t.shape, b_t.shape[1], len(sizes)
     if groups == 0 or m == 0 or n == 0:
+        return out_t
+    if a_t.is_meta:  # no values: the output's metadata is the result
         return out_t
     if backend_for(a_t) == "reference":
         out_t.copy_(k_grouped_bf16_reference(a_t, b_t, list(sizes), c_t))

@@ -324,6 +324,8 @@ def _run_contiguous(where: str, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch
         return out
     if k == 0 or groups == 0:
         return out.zero_()
+    if a_q.is_meta:  # no values: the output's metadata is the result
+        return out
     if backend_for(a_q) == "reference":
         if psum_form:  # the psum form reads the same for every tile: a well-formed per-row layout
             m_indices, lookup = m_indices_from_psum(grouping, m_total, CONTIGUOUS_M_ALIGNMENT), CONTIGUOUS_M_ALIGNMENT
@@ -487,6 +489,8 @@ def _run_masked(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: to
                 masked_m: torch.Tensor, expected_m: int) -> torch.Tensor:
     (groups, max_m, k), n = a_q.shape, b_q.shape[1]
     if groups == 0 or max_m == 0 or n == 0:
+        return out
+    if a_q.is_meta:  # no values: the output's metadata is the result
         return out
     if backend_for(a_q) == "reference":
         result = m_grouped_masked_reference(a_q, sfa, b_q, sfb, masked_m)

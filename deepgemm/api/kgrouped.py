@@ -286,6 +286,8 @@ def _run_k_grouped(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb:
     (m, k_total), n, groups = a_q.shape, b_q.shape[0], len(sizes)
     if groups == 0 or m == 0 or n == 0:
         return out_t
+    if a_q.is_meta:  # no values: the output's metadata is the result
+        return out_t
     if backend_for(a_q) == "reference":
         out_t.copy_(k_grouped_reference(a_q, sfa, b_q, sfb, list(sizes), c))
         return out_t

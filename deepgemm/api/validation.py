@@ -161,7 +161,8 @@ def require_no_self_overlap(t: torch.Tensor, name: str, where: str) -> None:
 
 
 def require_aligned(t: torch.Tensor, name: str, where: str) -> None:
-    """The base of a non-empty tensor the kernel reads through TMA (or writes in 16-byte units) is 16-byte aligned."""
+    """The base of a non-empty tensor the kernel reads through TMA (or writes in 16-byte units) is 16-byte aligned.
+    (Meta tensors have no memory: every data pointer is 0, and the memory rules pass.)"""
     if t.data_ptr() % TMA_ALIGNMENT and 0 not in t.shape:
         raise ValueError(f"{where}: '{name}' data pointer must be {TMA_ALIGNMENT}-byte aligned (TMA rule), "
                          f"got one {t.data_ptr() % TMA_ALIGNMENT} bytes past a 16-byte boundary")
@@ -181,8 +182,8 @@ def require_no_overlap(where: str, out_name: str, out: torch.Tensor,
                        inputs: tuple[tuple[str, torch.Tensor | None], ...]) -> None:
     """`out` shares no memory with any of `inputs` ((name, tensor or None) pairs): their byte ranges do not intersect
     (addresses are unique across devices and host memory, so intersecting ranges are one allocation). Conservative
-    for interleaved views of one buffer."""
-    if 0 in out.shape:
+    for interleaved views of one buffer. Meta tensors have no memory (every data pointer is 0): nothing overlaps."""
+    if 0 in out.shape or out.is_meta:
         return
     begin = out.data_ptr()
     end = _byte_end(out, begin)

@@ -564,3 +564,47 @@ def test_calc_diff_rejects_mismatched_shapes() -> None:
     with pytest.raises(TypeError, match=q("y")):
         deepgemm.calc_diff(x, 1.0)
     assert deepgemm.calc_diff(x, x) == pytest.approx(0.0, abs=1e-15)
+
+
+def test_meta_tensors_run_every_gemm_as_metadata() -> None:
+    """On the meta device (no memory: every data pointer is 0) the out= forms raised a false "'out' overlaps" error
+    and the grouped GEMMs failed reading the grouping's values; they now return the output (metadata only), and a
+    layout check, which needs values, raises a ValueError saying so."""
+    meta, bf16, i32 = torch.device("meta"), torch.bfloat16, torch.int32
+
+    def e(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.empty(*shape, dtype=dtype, device=meta)
+
+    a, b = (e(256, 256, dtype=FP8), e(256, 2)), (e(2, 64, 256, dtype=FP8), e(2, 1, 2))
+    am = (e(2, 128, 256, dtype=FP8), e(2, 128, 2))
+    ka, kb = (e(64, 256, dtype=FP8), e(64, 2)), (e(32, 256, dtype=FP8), e(32, 2))
+    x, w = e(256, 256, dtype=bf16), e(2, 64, 256, dtype=bf16)
+    calls = {
+        "fp8_gemm_nt out=": (lambda o: deepgemm.fp8_gemm_nt(a, (b[0][0], b[1][0]), o), e(256, 64, dtype=bf16)),
+        "bf16_gemm_nt c=out": (lambda o: deepgemm.bf16_gemm_nt(x, w[0], o, c=o), e(256, 64)),
+        "fp8 contiguous": (lambda o: deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, o, e(256, dtype=i32)),
+                           e(256, 64, dtype=bf16)),
+        "fp8 psum": (lambda o: deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, o, e(2, dtype=i32)),
+                     e(256, 64, dtype=bf16)),
+        "fp8 masked": (lambda o: deepgemm.m_grouped_fp8_gemm_nt_masked(am, b, o, e(2, dtype=i32), 64),
+                       e(2, 128, 64, dtype=bf16)),
+        "fp8 k-grouped": (lambda o: deepgemm.k_grouped_fp8_gemm_tn_contiguous(ka, kb, o, [128, 128], c=o),
+                          e(2, 64, 32)),
+        "bf16 contiguous": (lambda o: deepgemm.m_grouped_bf16_gemm_nt_contiguous(x, w, o, e(256, dtype=i32)),
+                            e(256, 64, dtype=bf16)),
+        "bf16 psum": (lambda o: deepgemm.m_grouped_bf16_gemm_nt_contiguous_psum(x, w, o, e(2, dtype=i32)),
+                      e(256, 64, dtype=bf16)),
+        "bf16 masked": (lambda o: deepgemm.m_grouped_bf16_gemm_nt_masked(e(2, 128, 256, dtype=bf16), w, o,
+                                                                        e(2, dtype=i32), 64),
+                        e(2, 128, 64, dtype=bf16)),
+        "bf16 k-grouped": (lambda o: deepgemm.k_grouped_bf16_gemm_tn_contiguous(e(256, 64, dtype=bf16),
+                                                                                e(256, 32, dtype=bf16), o, [128, 128]),
+                           e(2, 64, 32)),
+    }
+    for label, (call, out) in calls.items():
+        got = call(out)
+        assert got is out and got.is_meta, label
+    with pytest.raises(ValueError, match="'m_indices' is on the meta device"):
+        deepgemm.check_grouped_layout(num_groups=2, m_indices=e(256, dtype=i32))
+    with pytest.raises(ValueError, match="validate=True.*meta device"):
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, e(256, 64, dtype=bf16), e(256, dtype=i32), validate=True)
