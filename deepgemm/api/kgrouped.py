@@ -124,6 +124,7 @@ def check_ks(ks: object, where: str, why: str = _FP8_KS_RULE) -> tuple[int, ...]
 
 def _validate_ks(ks: object, where: str, why: str) -> tuple[int, ...]:
     if isinstance(ks, torch.Tensor):
+        require_tensor(ks, "ks", where)  # (a dense one)
         if ks.is_cuda:
             raise TypeError(f"{where}: 'ks' must be host values (a list of ints or a CPU tensor); a CUDA tensor would "
                             "force a device synchronisation")

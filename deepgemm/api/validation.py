@@ -15,6 +15,8 @@ TMA_ALIGNMENT = 16
 def require_tensor(value: Any, name: str, where: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{where}: '{name}' must be a torch.Tensor, got {type(value).__name__}")
+    if value.layout != torch.strided:
+        raise TypeError(f"{where}: '{name}' must be a dense (strided) tensor, got layout {value.layout}")
     return value
 
 

@@ -608,3 +608,23 @@ def test_meta_tensors_run_every_gemm_as_metadata() -> None:
         deepgemm.check_grouped_layout(num_groups=2, m_indices=e(256, dtype=i32))
     with pytest.raises(ValueError, match="validate=True.*meta device"):
         deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, e(256, 64, dtype=bf16), e(256, dtype=i32), validate=True)
+
+
+def test_sparse_tensors_are_refused_naming_the_argument() -> None:
+    """A sparse (COO / CSR) operand reached torch internals and failed with a RuntimeError naming no argument."""
+    a = deepgemm.quantize_per_token_group(torch.randn(16, 256))
+    b = deepgemm.quantize_per_block(torch.randn(24, 256))
+    x, w = torch.randn(16, 32).to(torch.bfloat16), torch.randn(24, 32).to(torch.bfloat16)
+    calls = {
+        "'x'": lambda: deepgemm.quantize_per_token_group(torch.randn(16, 128).to_sparse()),
+        "'w'": lambda: deepgemm.quantize_per_block(torch.randn(16, 128).to_sparse()),
+        "'b[1]'": lambda: deepgemm.fp8_gemm_nt(a, (b[0], b[1].to_sparse())),
+        "'a'": lambda: deepgemm.bf16_gemm_nt(x.to_sparse_csr(), w),
+        "'b'": lambda: deepgemm.bf16_gemm_nt(x, w.to_sparse()),
+        "'ks'": lambda: deepgemm.k_grouped_fp8_gemm_tn_contiguous(
+            a, deepgemm.quantize_per_token_group(torch.randn(24, 256)), torch.zeros(1, 16, 24),
+            torch.tensor([256]).to_sparse()),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=re.escape(name) + " must be a dense \\(strided\\) tensor"):
+            call()
