@@ -18,7 +18,7 @@ from deepgemm.api.validation import (
     require_aligned,
     require_dtype,
     require_no_overlap,
-    require_no_self_overlap,
+    require_output,
     require_rank,
     require_row_count,
     require_same_device,
@@ -122,7 +122,7 @@ def check_bf16_gemm(layout: str, a: object, b: object, out: torch.Tensor | None,
         raise ValueError(f"{where}: 'c' row stride is {c.stride(0)} elements; the kernel indexes C rows with a 32-bit "
                          "stride (must be below 2^32 elements)")
     if out is not None:
-        require_no_self_overlap(out, "out", where)
+        require_output(out, "out", where)
     require_row_count(m, "'a' (M)", where)
     require_row_count(n, "'b' (N)", where)
     require_row_count(k, "'a' (K)", where)

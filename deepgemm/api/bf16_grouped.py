@@ -30,7 +30,7 @@ from deepgemm.api.validation import (
     require_aligned,
     require_dtype,
     require_no_overlap,
-    require_no_self_overlap,
+    require_output,
     require_rank,
     require_row_count,
     require_same_device,
@@ -137,7 +137,7 @@ def check_bf16_contiguous(a: object, b: object, out: object, grouping: object, *
     require_same_device(where, a=a_t, b=b_t, out=out_t)
     require_tma_strides(a_t, "a", where)
     require_tma_strides(out_t, "out", where)
-    require_no_self_overlap(out_t, "out", where)
+    require_output(out_t, "out", where)
     require_row_count(m_total, "'a' (M_total)", where)
     refuse_grad_for(where, _NOT_DIFFERENTIABLE, dict(a=a_t, b=b_t, out=out_t))
     return a_t, b_t, out_t, grouping_t
@@ -304,7 +304,7 @@ def check_bf16_masked(a: object, b: object, out: object, masked_m: object, expec
                          "cannot zero the selected rows without a kernel)")
     require_same_device(where, a=a_t, b=b_t, out=out_t)
     require_stacked_strides(a_t, "a", where)
-    require_no_self_overlap(out_t, "out", where)  # (first: its message names the real problem of a broadcast out)
+    require_output(out_t, "out", where)  # (first: its message names the real problem of a broadcast out)
     require_stacked_strides(out_t, "out", where)
     require_row_count(groups * max_m, "'a' (G * max_m)", where)
     refuse_grad_for(where, _NOT_DIFFERENTIABLE, dict(a=a_t, b=b_t, out=out_t))

@@ -18,7 +18,7 @@ from deepgemm.api.validation import (
     require_dtype,
     require_k_multiple_of_16,
     require_no_overlap,
-    require_no_self_overlap,
+    require_output,
     require_pair,
     require_rank,
     require_same_device,
@@ -254,7 +254,7 @@ def check_fp8_gemm_nt(a: object, b: object, out: torch.Tensor | None, out_dtype:
     require_tma_strides(b_q, "b[0]", _WHERE)
     if out is not None:
         require_tma_strides(out, "out", _WHERE)
-        require_no_self_overlap(out, "out", _WHERE)
+        require_output(out, "out", _WHERE)
     require_row_count(m, "'a[0]' (M)", _WHERE)
     require_row_count(n, "'b[0]' (N)", _WHERE)
     require_row_count(k, "'a[0]' (K)", _WHERE)

@@ -16,7 +16,7 @@ from deepgemm.api.validation import (
     require_dtype,
     require_k_multiple_of_16,
     require_no_overlap,
-    require_no_self_overlap,
+    require_output,
     require_pair,
     require_rank,
     require_same_device,
@@ -280,7 +280,7 @@ def check_contiguous(a: object, b: object, out: object, grouping: object, *, psu
     require_tma_strides(a_q, "a[0]", where)
     require_stacked_strides(b_q, "b[0]", where)
     require_tma_strides(out_t, "out", where)
-    require_no_self_overlap(out_t, "out", where)
+    require_output(out_t, "out", where)
     require_row_count(m_total, "'a[0]' (M_total)", where)
     require_row_count(groups * n, "'b[0]' (G * N)", where)
     require_row_count(k, "'a[0]' (K)", where)
@@ -474,7 +474,7 @@ def check_masked(a: object, b: object, out: object, masked_m: object, expected_m
     require_k_multiple_of_16(k, "a[0]", where)
     require_stacked_strides(a_q, "a[0]", where)
     require_stacked_strides(b_q, "b[0]", where)
-    require_no_self_overlap(out_t, "out", where)  # (first: its message names the real problem of a broadcast out)
+    require_output(out_t, "out", where)  # (first: its message names the real problem of a broadcast out)
     require_stacked_strides(out_t, "out", where)
     if not masked_t.is_contiguous():
         raise ValueError(f"{where}: 'masked_m' must be contiguous")

@@ -15,6 +15,7 @@ from deepgemm.api.backend import backend_for
 from deepgemm.api.layout import tma_rows, to_mn_major_tma_aligned
 from deepgemm.api.validation import (
     MAX_ROWS,
+    refuse_grad,
     require_aligned,
     require_dtype,
     require_no_overlap,
@@ -25,7 +26,7 @@ from deepgemm.api.validation import (
     require_shape,
     require_tensor,
     require_tma_strides,
-    refuse_grad,
+    require_writable,
 )
 from deepgemm.jit.runtime import refuse_during_capture, stream_capturing
 from deepgemm.kernels.sm90_fp8_gemm_1d1d.plan import get_kgrouped_plan
@@ -248,6 +249,7 @@ def check_k_grouped_outputs(out: object, c: object, shape: tuple[int, int, int],
     out_t = require_tensor(out, "out", where)
     require_dtype(out_t, "out", where, (torch.float32,))
     require_shape(out_t, "out", where, shape, "[G, M, N] (one FP32 gradient per group)")
+    require_writable(out_t, "out", where)
     tensors = {**operands, "out": out_t}
     c_t = None
     if c is not None:

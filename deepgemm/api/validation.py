@@ -156,6 +156,21 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
     return False
 
 
+def require_output(t: torch.Tensor, name: str, where: str) -> None:
+    """A tensor the call writes in place: writable here, with one element per memory location."""
+    require_writable(t, name, where)
+    require_no_self_overlap(t, name, where)
+
+
+def require_writable(t: torch.Tensor, name: str, where: str) -> None:
+    """Not an inference tensor outside inference mode: torch refuses in-place writes to those (the reference path
+    makes such writes; the kernels would write through the pointer, so one rule holds for both paths)."""
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError(f"{where}: '{name}' was created under torch.inference_mode(), and torch refuses in-place "
+                         f"writes to it outside that mode: call under torch.inference_mode() too, or allocate "
+                         f"'{name}' outside it")
+
+
 def require_no_self_overlap(t: torch.Tensor, name: str, where: str) -> None:
     if has_internal_overlap(t):
         raise ValueError(f"{where}: '{name}' overlaps itself (shape {tuple(t.shape)}, strides {t.stride()}: a zero "

@@ -628,3 +628,24 @@ def test_sparse_tensors_are_refused_naming_the_argument() -> None:
     for name, call in calls.items():
         with pytest.raises(TypeError, match=re.escape(name) + " must be a dense \\(strided\\) tensor"):
             call()
+
+
+def test_outputs_made_in_inference_mode_are_written_only_in_it() -> None:
+    """torch refuses in-place writes to an inference tensor outside inference mode: the reference path raised that
+    RuntimeError while the kernel path would have written through the pointer. Both now raise the same ValueError
+    outside the mode and run inside it."""
+    a = deepgemm.quantize_per_token_group(torch.randn(32, 256))
+    b = deepgemm.quantize_per_block(torch.randn(64, 256))
+    x, w = torch.randn(32, 128).to(torch.bfloat16), torch.randn(64, 128).to(torch.bfloat16)
+    ka = deepgemm.quantize_per_token_group(torch.randn(16, 256))
+    kb = deepgemm.quantize_per_token_group(torch.randn(24, 256))
+    with torch.inference_mode():
+        out, acc, kout = torch.empty(32, 64, dtype=torch.bfloat16), torch.zeros(32, 64), torch.zeros(1, 16, 24)
+    calls = [lambda: deepgemm.fp8_gemm_nt(a, b, out), lambda: deepgemm.bf16_gemm_nt(x, w, acc, c=acc),
+             lambda: deepgemm.k_grouped_fp8_gemm_tn_contiguous(ka, kb, kout, [256])]
+    for call in calls:
+        with pytest.raises(ValueError, match="'out' was created under torch.inference_mode()"):
+            call()
+        with torch.inference_mode():
+            call()
+    assert not out.isnan().any() and acc.abs().sum() > 0 and kout.abs().sum() > 0
