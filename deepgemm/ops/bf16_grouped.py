@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from deepgemm.api import bf16_grouped as api
-from deepgemm.ops.library import compiling, define, empty_out, refuse_validate_when_compiling, require_ranks
+from deepgemm.ops.library import (compiling, define, empty_out, refuse_validate_when_compiling, require_ranks,
+                                   traced_ks)
 
 
 def _contiguous_shape(where: str, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
@@ -154,7 +155,7 @@ def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, out: tor
                                       ks: Sequence[int] | torch.Tensor, c: torch.Tensor | None = None) -> torch.Tensor:
     if not compiling():
         return api.k_grouped_bf16_gemm_tn_contiguous(a, b, out, ks, c)
-    sizes = [int(k) for k in ks]  # traced: host ints (each distinct ks is its own graph, as its own offsets upload)
+    sizes = traced_ks("k_grouped_bf16_gemm_tn_contiguous", ks)  # (each distinct ks is its own graph)
     if c is out:
         torch.ops.deepgemm.k_grouped_bf16_gemm_tn_contiguous_accumulate(a, b, sizes, out)
     else:

@@ -7,7 +7,8 @@ from collections.abc import Callable
 import torch
 
 from deepgemm.api import grouped as api
-from deepgemm.ops.library import compiling, define, empty_out, refuse_validate_when_compiling, require_ranks
+from deepgemm.ops.library import (compiling, define, empty_out, refuse_validate_when_compiling, require_ranks,
+                                   traced_pairs)
 
 _Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -101,6 +102,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a: _Pair, b: _Pair, out: torch.Tensor, m_in
         return api.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices, validate=validate)
     if validate:
         refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_contiguous")
+    a, b = traced_pairs("m_grouped_fp8_gemm_nt_contiguous", a, b)
     torch.ops.deepgemm.m_grouped_fp8_gemm_nt_contiguous_out(a[0], a[1], b[0], b[1], m_indices, out)
     return out
 
@@ -111,6 +113,7 @@ def m_grouped_fp8_gemm_nt_contiguous_psum(a: _Pair, b: _Pair, out: torch.Tensor,
         return api.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, out, psum, validate=validate)
     if validate:
         refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_contiguous_psum")
+    a, b = traced_pairs("m_grouped_fp8_gemm_nt_contiguous_psum", a, b)
     torch.ops.deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum_out(a[0], a[1], b[0], b[1], psum, out)
     return out
 
@@ -121,6 +124,7 @@ def m_grouped_fp8_gemm_nt_masked(a: _Pair, b: _Pair, out: torch.Tensor, masked_m
         return api.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m, validate=validate)
     if validate:
         refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_masked")
+    a, b = traced_pairs("m_grouped_fp8_gemm_nt_masked", a, b)
     torch.ops.deepgemm.m_grouped_fp8_gemm_nt_masked_out(a[0], a[1], b[0], b[1], masked_m, expected_m, out)
     return out
 
