@@ -42,7 +42,7 @@ class ConversionReport:
     Example::
 
         report: deepgemm.nn.ConversionReport = deepgemm.convert(model, exclude=["lm_head"])
-        print(report)                      # "converted 3 linear layer(s) to Fp8Linear, left 1" + the reasons
+        print(report)                      # e.g. "converted 2 linear layer(s) to Fp8Linear, left 1" + the reasons
         names = [layer.name for layer in report.replaced]
     """
 
