@@ -86,8 +86,9 @@ class GroupedLayoutError(ValueError):
     message states the rule and what the kernel would compute with the value.
 
     Raised by:
-        deepgemm.check_grouped_layout, and the grouped GEMMs (m_grouped_fp8_gemm_nt_contiguous, _psum, _masked)
-            called with validate=True; both read the grouping tensor on the host.
+        deepgemm.check_grouped_layout, and the grouped GEMMs (m_grouped_fp8_gemm_nt_contiguous, _psum, _masked and
+            their BF16 forms m_grouped_bf16_gemm_nt_*) called with validate=True; both read the grouping tensor on
+            the host.
 
     Example::
 
@@ -176,7 +177,9 @@ class LockTimeoutError(DeepGemmError, TimeoutError):
     """Waiting for a kernel's lock (another thread or process compiling or loading the same kernel) took longer
     than the compile timeout allows; the message names the kernel and its key.
 
-    Both a DeepGemmError and a TimeoutError. The wait lasts DEEPGEMM_COMPILE_TIMEOUT plus a margin.
+    Both a DeepGemmError and a TimeoutError. Waiting for another process (the disk cache's lock) lasts
+    DEEPGEMM_COMPILE_TIMEOUT plus a margin; waiting for another thread of this process, which may itself wait for
+    that lock and then compile, twice DEEPGEMM_COMPILE_TIMEOUT plus the margin.
 
     Raised by:
         Whatever compiles or loads a kernel, when another thread or process holds that kernel's lock too long.

@@ -159,3 +159,35 @@ def assert_bf16_graph_replays(layout: str, m: int, n: int, k: int, replays: int)
         graph.replay()
         torch.cuda.synchronize()
         check_bf16_gemm(out, bf16_gemm_reference(a, b, layout, None, torch.float64), f"{layout} {m}x{n}x{k} replay")
+
+
+def assert_wrong_ranks_raise_typed(op: Callable[..., object], args: tuple) -> int:
+    """Each tensor argument of `args` in turn flattened (to 1-D; a 1-D one to its first element, a 3-D one also to
+    2-D) and given to the real and the fake kernel of `op`: both must raise the public functions' ValueError or
+    TypeError (never an IndexError or RuntimeError from computing an output shape first). Returns the number of
+    cases run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cases = 0
+    wrong = [(i, arg[0] if arg.dim() == 1 else arg.reshape(-1)) for i, arg in enumerate(args)
+             if isinstance(arg, torch.Tensor) and arg.dim() > 0]
+    wrong += [(i, arg.reshape(-1, arg.shape[2])) for i, arg in enumerate(args)
+              if isinstance(arg, torch.Tensor) and arg.dim() == 3]
+    for i, lower in wrong:
+        bad = args[:i] + (lower,) + args[i + 1:]
+        for fake in (False, True):
+            if fake:
+                mode = FakeTensorMode()
+                call_args = tuple(mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in bad)
+            try:
+                if fake:
+                    with mode:
+                        op(*call_args)
+                else:
+                    op(*bad)
+            except (ValueError, TypeError):
+                pass
+            else:
+                raise AssertionError(f"argument {i} with shape {tuple(lower.shape)} was accepted (fake={fake})")
+            cases += 1
+    return cases

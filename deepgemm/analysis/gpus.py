@@ -25,6 +25,7 @@ class GpuSpec:
     hbm_gbs: float
     memory_gib: float
     compute_capability: tuple[int, int]
+    device_name: str | None = None  # as torch.cuda.get_device_name() spells it (Hopper parts: names a tuned table)
 
     @property
     def runs_sm90a(self) -> bool:
@@ -39,11 +40,11 @@ class GpuSpec:
 GPUS: dict[str, GpuSpec] = {
     spec.key: spec
     for spec in (
-        GpuSpec("h100-sxm", "NVIDIA H100 SXM5", 132, 989.4, 1978.9, 3350.0, 80, (9, 0)),
-        GpuSpec("h100-pcie", "NVIDIA H100 PCIe", 114, 756.0, 1513.0, 2000.0, 80, (9, 0)),
-        GpuSpec("h200", "NVIDIA H200 SXM", 132, 989.4, 1978.9, 4800.0, 141, (9, 0)),
-        GpuSpec("h800", "NVIDIA H800 SXM5", 132, 989.4, 1978.9, 3350.0, 80, (9, 0)),
-        GpuSpec("h20", "NVIDIA H20", 78, 148.0, 296.0, 4000.0, 96, (9, 0)),
+        GpuSpec("h100-sxm", "NVIDIA H100 SXM5", 132, 989.4, 1978.9, 3350.0, 80, (9, 0), "NVIDIA H100 80GB HBM3"),
+        GpuSpec("h100-pcie", "NVIDIA H100 PCIe", 114, 756.0, 1513.0, 2000.0, 80, (9, 0), "NVIDIA H100 PCIe"),
+        GpuSpec("h200", "NVIDIA H200 SXM", 132, 989.4, 1978.9, 4800.0, 141, (9, 0), "NVIDIA H200"),
+        GpuSpec("h800", "NVIDIA H800 SXM5", 132, 989.4, 1978.9, 3350.0, 80, (9, 0), "NVIDIA H800"),
+        GpuSpec("h20", "NVIDIA H20", 78, 148.0, 296.0, 4000.0, 96, (9, 0), "NVIDIA H20"),
         GpuSpec("a100", "NVIDIA A100 SXM4 80GB", 108, 312.0, None, 2039.0, 80, (8, 0)),
         GpuSpec("b200", "NVIDIA B200", 148, 2250.0, 4500.0, 8000.0, 180, (10, 0)),
     )

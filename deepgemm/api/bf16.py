@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from deepgemm.api.backend import backend_for
-from deepgemm.api.gemm import FreshOutputs, PrecompileInfo, allocate_out, check_num_sms
+from deepgemm.api.gemm import FreshOutputs, PrecompileInfo, allocate_out, check_num_sms, planning_gpu_name
 from deepgemm.api.layout import tma_rows
 from deepgemm.api.tuned import TunedLookups
 from deepgemm.api.ready_launches import keep, remember
@@ -18,7 +18,7 @@ from deepgemm.api.validation import (
     require_aligned,
     require_dtype,
     require_no_overlap,
-    require_no_self_overlap,
+    require_output,
     require_rank,
     require_row_count,
     require_same_device,
@@ -77,6 +77,8 @@ def check_bf16_gemm(layout: str, a: object, b: object, out: torch.Tensor | None,
     """Every rule that needs only metadata (shared by the eager path and the custom ops' fake kernels).
     `differentiable`: the functional op, whose autograd formula owns the inputs' gradients, asks; other paths refuse
     inputs that require grad. Returns (A, B, output dtype, device)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"bf16_gemm: 'layout' must be one of {LAYOUTS}, got {layout!r}")
     where = f"bf16_gemm_{layout}"
     a_t = require_tensor(a, "a", where)
     b_t = require_tensor(b, "b", where)
@@ -120,7 +122,7 @@ def check_bf16_gemm(layout: str, a: object, b: object, out: torch.Tensor | None,
         raise ValueError(f"{where}: 'c' row stride is {c.stride(0)} elements; the kernel indexes C rows with a 32-bit "
                          "stride (must be below 2^32 elements)")
     if out is not None:
-        require_no_self_overlap(out, "out", where)
+        require_output(out, "out", where)
     require_row_count(m, "'a' (M)", where)
     require_row_count(n, "'b' (N)", where)
     require_row_count(k, "'a' (K)", where)
@@ -171,8 +173,6 @@ def bf16_gemm(layout: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor |
 
 def _bf16_gemm_checked(layout: str, a: object, b: object, out: torch.Tensor | None, c: torch.Tensor | None,
                        out_dtype: torch.dtype | None) -> torch.Tensor:
-    if layout not in LAYOUTS:
-        raise ValueError(f"bf16_gemm: 'layout' must be one of {LAYOUTS}, got {layout!r}")
     a_t, b_t, dtype, device = check_bf16_gemm(layout, a, b, out, c, out_dtype)
     check_bf16_gemm_memory(layout, a_t, b_t, out, c)
     m, n, k, _ = problem_shape(layout, a_t, b_t)
@@ -217,12 +217,31 @@ def tuned_bf16_config(device_index: int, m: int, n: int, k: int, layout: str, ou
 
 
 def precompile_bf16_gemm(layout: str, m: int, n: int, k: int, *, out_dtype: torch.dtype = torch.bfloat16,
-                         c_dtype: torch.dtype | None = None, num_sms: int | None = None) -> PrecompileInfo:
+                         c_dtype: torch.dtype | None = None, num_sms: int | None = None,
+                         gpu: str | None = None) -> PrecompileInfo:
     """Compile (into the disk cache) the kernel bf16_gemm_<layout> loads for an M x N x K call; no GPU needed.
 
     `out_dtype` / `c_dtype` (None: no C) are the output's and the addend's dtypes; `num_sms` the SMs to plan for
-    (default: the current GPU's, or 132 without one, either capped by DEEPGEMM_NUM_SMS). Raises ValueError for a
-    layout, size, N or SM count no call can have, TypeError for a dtype (or a non-int SM count) no call can have."""
+    (default: the current GPU's, or 132 without one, either capped by DEEPGEMM_NUM_SMS); `gpu` the GPU model whose
+    tuned table picks the tile (as precompile_fp8_gemm_nt's). Raises ValueError for a layout, size, N or SM count
+    no call can have, TypeError for a dtype (or a non-int SM count) no call can have."""
+    check_precompile_bf16_shape(layout, m, n, k, out_dtype=out_dtype, c_dtype=c_dtype, num_sms=num_sms)
+    sms = planning_sm_count() if num_sms is None else num_sms
+    gpu_name = planning_gpu_name(gpu, f"precompile_bf16_gemm_{layout}")
+    tuned = None
+    if gpu_name is not None:  # the tuned choice a call on that GPU model would load
+        tuned = tuning_db(gpu_name).lookup_bf16(bf16_problem(m, n, k, layout, out_dtype, c_dtype, sms))
+    spec = bf16_spec(m, n, k, layout, out_dtype, c_dtype, sms, tuned)
+    start = time.perf_counter()
+    compiled, outcome = compile_kernel_outcome(render_source(spec))
+    return PrecompileInfo(label=spec.label(), config=spec.config, resources=compiled.resources,
+                          compile_seconds=time.perf_counter() - start, cubin_path=str(compiled.cubin_path),
+                          cached=outcome != "compiled")
+
+
+def check_precompile_bf16_shape(layout: str, m: int, n: int, k: int, *, out_dtype: torch.dtype = torch.bfloat16,
+                                c_dtype: torch.dtype | None = None, num_sms: int | None = None) -> None:
+    """precompile_bf16_gemm's argument rules, without planning or compiling (a shape no call can have raises)."""
     where = f"precompile_bf16_gemm_{layout}"
     if layout not in LAYOUTS:
         raise ValueError(f"precompile_bf16_gemm: 'layout' must be one of {LAYOUTS}, got {layout!r}")
@@ -235,14 +254,3 @@ def precompile_bf16_gemm(layout: str, m: int, n: int, k: int, *, out_dtype: torc
     for name, dtype in (("out_dtype", out_dtype), ("c_dtype", c_dtype)):
         if dtype is not None and dtype not in OUT_DTYPES:
             raise TypeError(f"{where}: '{name}' must be torch.bfloat16 or torch.float32, got {dtype}")
-    sms = planning_sm_count() if num_sms is None else num_sms
-    tuned = None
-    if torch.cuda.is_available():  # the tuned choice a call on this GPU model would load
-        tuned = tuning_db(device_name(torch.cuda.current_device())).lookup_bf16(
-            bf16_problem(m, n, k, layout, out_dtype, c_dtype, sms))
-    spec = bf16_spec(m, n, k, layout, out_dtype, c_dtype, sms, tuned)
-    start = time.perf_counter()
-    compiled, outcome = compile_kernel_outcome(render_source(spec))
-    return PrecompileInfo(label=spec.label(), config=spec.config, resources=compiled.resources,
-                          compile_seconds=time.perf_counter() - start, cubin_path=str(compiled.cubin_path),
-                          cached=outcome != "compiled")

@@ -30,7 +30,7 @@ from deepgemm.api.validation import (
     require_aligned,
     require_dtype,
     require_no_overlap,
-    require_no_self_overlap,
+    require_output,
     require_rank,
     require_row_count,
     require_same_device,
@@ -117,6 +117,7 @@ def _check_operands(a: object, b: object, out: object, where: str, a_rank: int
                          "TMA units)")
     require_stacked_strides(b_t, "b", where)
     require_row_count(groups * n, "'b' (G * N)", where)
+    require_row_count(k, "'a' (K)", where)
     return a_t, b_t, out_t
 
 
@@ -136,7 +137,7 @@ def check_bf16_contiguous(a: object, b: object, out: object, grouping: object, *
     require_same_device(where, a=a_t, b=b_t, out=out_t)
     require_tma_strides(a_t, "a", where)
     require_tma_strides(out_t, "out", where)
-    require_no_self_overlap(out_t, "out", where)
+    require_output(out_t, "out", where)
     require_row_count(m_total, "'a' (M_total)", where)
     refuse_grad_for(where, _NOT_DIFFERENTIABLE, dict(a=a_t, b=b_t, out=out_t))
     return a_t, b_t, out_t, grouping_t
@@ -249,6 +250,8 @@ def _run_contiguous(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, groupin
         return out
     if k == 0 or groups == 0:
         return out.zero_()
+    if a.is_meta:  # no values: the output's metadata is the result
+        return out
     if backend_for(a) == "reference":
         if psum_form:
             m_indices, lookup = m_indices_from_psum(grouping, m_total, CONTIGUOUS_M_ALIGNMENT), CONTIGUOUS_M_ALIGNMENT
@@ -301,7 +304,7 @@ def check_bf16_masked(a: object, b: object, out: object, masked_m: object, expec
                          "cannot zero the selected rows without a kernel)")
     require_same_device(where, a=a_t, b=b_t, out=out_t)
     require_stacked_strides(a_t, "a", where)
-    require_no_self_overlap(out_t, "out", where)  # (first: its message names the real problem of a broadcast out)
+    require_output(out_t, "out", where)  # (first: its message names the real problem of a broadcast out)
     require_stacked_strides(out_t, "out", where)
     require_row_count(groups * max_m, "'a' (G * max_m)", where)
     refuse_grad_for(where, _NOT_DIFFERENTIABLE, dict(a=a_t, b=b_t, out=out_t))
@@ -349,6 +352,8 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, out: torch.T
     _check_memory(_MASKED_WHERE, a_t, b_t, out_t, "masked_m", masked_t)
     (groups, max_m, k), n = a_t.shape, b_t.shape[1]
     if groups == 0 or max_m == 0 or n == 0:
+        return out_t
+    if a_t.is_meta:  # no values: the output's metadata is the result
         return out_t
     if backend_for(a_t) == "reference":
         result = m_grouped_bf16_masked_reference(a_t, b_t, masked_t)
@@ -444,6 +449,8 @@ def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, out: tor
     require_no_overlap(_KGROUPED_WHERE, "out", out_t, (("a", a_t), ("b", b_t), ("c", None if in_place else c_t)))
     (k_total, m), n, groups = a_t.shape, b_t.shape[1], len(sizes)
     if groups == 0 or m == 0 or n == 0:
+        return out_t
+    if a_t.is_meta:  # no values: the output's metadata is the result
         return out_t
     if backend_for(a_t) == "reference":
         out_t.copy_(k_grouped_bf16_reference(a_t, b_t, list(sizes), c_t))

@@ -18,7 +18,7 @@ from deepgemm.api.validation import (
     require_dtype,
     require_k_multiple_of_16,
     require_no_overlap,
-    require_no_self_overlap,
+    require_output,
     require_pair,
     require_rank,
     require_same_device,
@@ -254,9 +254,10 @@ def check_fp8_gemm_nt(a: object, b: object, out: torch.Tensor | None, out_dtype:
     require_tma_strides(b_q, "b[0]", _WHERE)
     if out is not None:
         require_tma_strides(out, "out", _WHERE)
-        require_no_self_overlap(out, "out", _WHERE)
+        require_output(out, "out", _WHERE)
     require_row_count(m, "'a[0]' (M)", _WHERE)
     require_row_count(n, "'b[0]' (N)", _WHERE)
+    require_row_count(k, "'a[0]' (K)", _WHERE)
     check_num_sms(num_sms, _WHERE, device)
     refuse_grad(_WHERE, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out})
     return a_q, sfa, b_q, sfb, dtype, device
@@ -325,11 +326,12 @@ class PrecompileInfo:
 
 
 def precompile_fp8_gemm_nt(
-    m: int, n: int, k: int, *, out_dtype: torch.dtype = torch.bfloat16, num_sms: int | None = None
+    m: int, n: int, k: int, *, out_dtype: torch.dtype = torch.bfloat16, num_sms: int | None = None,
+    gpu: str | None = None,
 ) -> PrecompileInfo:
     """Compile (into the disk cache) the kernel fp8_gemm_nt would use for this shape; no GPU needed.
 
-    The plan is the one a call makes: this GPU model's tuned choice where one is recorded, else the cost model's.
+    The plan is the one a call makes: the GPU model's tuned choice where one is recorded, else the cost model's.
 
     Args:
         m / n / k: the shape of A [m, k] x B [n, k]^T, positive ints, k a multiple of 16.
@@ -337,6 +339,9 @@ def precompile_fp8_gemm_nt(
         num_sms: the SMs to plan for; default the current GPU's SM count, or 132 (H100/H200 SXM) without a GPU,
             either capped by DEEPGEMM_NUM_SMS; given, an int from 1 to the GPU's SM count (without a GPU: to 132,
             the largest Hopper part).
+        gpu: the GPU model to plan for, as torch.cuda.get_device_name() names it (e.g. "NVIDIA H200"), whose tuned
+            table picks the tile; default the current GPU's, and without a GPU none (the cost model alone). A name
+            with no tuned table plans with the cost model.
 
     Returns:
         A PrecompileInfo: `label`, `config` (the GemmConfig), `resources` (ptxas registers, spills), the
@@ -344,7 +349,7 @@ def precompile_fp8_gemm_nt(
 
     Raises:
         ValueError: `m`, `n` or `k` is not a positive int, k % 16 != 0, or `num_sms` is out of range.
-        TypeError: `out_dtype` is not bfloat16/float32, or `num_sms` is not an int.
+        TypeError: `out_dtype` is not bfloat16/float32, `num_sms` is not an int, or `gpu` is not a str.
         deepgemm.CompileError, deepgemm.CacheError, deepgemm.LockTimeoutError: compiling or caching failed.
         deepgemm.UnsupportedError: the planner finds no tile that fits shared memory.
 
@@ -354,15 +359,8 @@ def precompile_fp8_gemm_nt(
         print(info.label, info.compile_seconds, info.cubin_path)
     """
     where = "precompile_fp8_gemm_nt"
-    for name, value in (("m", m), ("n", n), ("k", k)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{where}: '{name}' must be a positive int, got {value!r}")
-    if k % 16 != 0:
-        raise ValueError(f"{where}: 'k' is K={k}; it must be a multiple of 16")
-    if not isinstance(out_dtype, torch.dtype) or out_dtype not in OUT_DTYPES:
-        raise TypeError(f"{where}: 'out_dtype' must be torch.bfloat16 or torch.float32, got {out_dtype}")
-    check_num_sms(num_sms, where)
-    gpu_name = device_name(torch.cuda.current_device()) if torch.cuda.is_available() else None
+    check_precompile_shape(m, n, k, out_dtype=out_dtype, num_sms=num_sms)
+    gpu_name = planning_gpu_name(gpu, where)
     spec = planned_spec(m, n, k, out_dtype, planning_sm_count() if num_sms is None else num_sms, gpu_name)
     start, before = time.perf_counter(), compile_stats()
     compiled = compile_spec(spec)
@@ -374,6 +372,29 @@ def precompile_fp8_gemm_nt(
         cubin_path=str(compiled.cubin_path),
         cached=(compile_stats() - before).compiled == 0,  # exact unless other threads compile meanwhile
     )
+
+
+def check_precompile_shape(m: int, n: int, k: int, *, out_dtype: torch.dtype = torch.bfloat16,
+                           num_sms: int | None = None) -> None:
+    """precompile_fp8_gemm_nt's argument rules, without planning or compiling (a shape no call can have raises)."""
+    where = "precompile_fp8_gemm_nt"
+    for name, value in (("m", m), ("n", n), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{where}: '{name}' must be a positive int, got {value!r}")
+    if k % 16 != 0:
+        raise ValueError(f"{where}: 'k' is K={k}; it must be a multiple of 16")
+    if not isinstance(out_dtype, torch.dtype) or out_dtype not in OUT_DTYPES:
+        raise TypeError(f"{where}: 'out_dtype' must be torch.bfloat16 or torch.float32, got {out_dtype}")
+    check_num_sms(num_sms, where)
+
+
+def planning_gpu_name(gpu: object, where: str) -> str | None:
+    """The GPU model a precompile plans for: `gpu` (a device name), else the current GPU's, else None."""
+    if gpu is not None:
+        if not isinstance(gpu, str):
+            raise TypeError(f"{where}: 'gpu' must be a device name (str) or None, got {type(gpu).__name__}")
+        return gpu
+    return device_name(torch.cuda.current_device()) if torch.cuda.is_available() else None
 
 
 def _physical_sm_count(device: torch.device | None = None) -> int:

@@ -16,7 +16,7 @@ from deepgemm.api.validation import (
     require_dtype,
     require_k_multiple_of_16,
     require_no_overlap,
-    require_no_self_overlap,
+    require_output,
     require_pair,
     require_rank,
     require_same_device,
@@ -280,9 +280,10 @@ def check_contiguous(a: object, b: object, out: object, grouping: object, *, psu
     require_tma_strides(a_q, "a[0]", where)
     require_stacked_strides(b_q, "b[0]", where)
     require_tma_strides(out_t, "out", where)
-    require_no_self_overlap(out_t, "out", where)
+    require_output(out_t, "out", where)
     require_row_count(m_total, "'a[0]' (M_total)", where)
     require_row_count(groups * n, "'b[0]' (G * N)", where)
+    require_row_count(k, "'a[0]' (K)", where)
     refuse_grad(where, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out_t})
     return a_q, sfa, b_q, sfb, out_t
 
@@ -323,6 +324,8 @@ def _run_contiguous(where: str, a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch
         return out
     if k == 0 or groups == 0:
         return out.zero_()
+    if a_q.is_meta:  # no values: the output's metadata is the result
+        return out
     if backend_for(a_q) == "reference":
         if psum_form:  # the psum form reads the same for every tile: a well-formed per-row layout
             m_indices, lookup = m_indices_from_psum(grouping, m_total, CONTIGUOUS_M_ALIGNMENT), CONTIGUOUS_M_ALIGNMENT
@@ -471,12 +474,13 @@ def check_masked(a: object, b: object, out: object, masked_m: object, expected_m
     require_k_multiple_of_16(k, "a[0]", where)
     require_stacked_strides(a_q, "a[0]", where)
     require_stacked_strides(b_q, "b[0]", where)
-    require_no_self_overlap(out_t, "out", where)  # (first: its message names the real problem of a broadcast out)
+    require_output(out_t, "out", where)  # (first: its message names the real problem of a broadcast out)
     require_stacked_strides(out_t, "out", where)
     if not masked_t.is_contiguous():
         raise ValueError(f"{where}: 'masked_m' must be contiguous")
     require_row_count(groups * max_m, "'a[0]' (G * max_m)", where)
     require_row_count(groups * n, "'b[0]' (G * N)", where)
+    require_row_count(k, "'a[0]' (K)", where)
     refuse_grad(where, **{"a[0]": a_q, "a[1]": sfa, "b[0]": b_q, "b[1]": sfb, "out": out_t})
     return a_q, sfa, b_q, sfb, out_t
 
@@ -485,6 +489,8 @@ def _run_masked(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb: to
                 masked_m: torch.Tensor, expected_m: int) -> torch.Tensor:
     (groups, max_m, k), n = a_q.shape, b_q.shape[1]
     if groups == 0 or max_m == 0 or n == 0:
+        return out
+    if a_q.is_meta:  # no values: the output's metadata is the result
         return out
     if backend_for(a_q) == "reference":
         result = m_grouped_masked_reference(a_q, sfa, b_q, sfb, masked_m)

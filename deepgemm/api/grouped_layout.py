@@ -115,6 +115,8 @@ def _host_values(tensor: object, name: str, where: str, length: int | None = Non
         raise ValueError(f"{where}: '{name}' must be 1-D, got shape {tuple(t.shape)}")
     if length is not None and t.numel() != length:
         raise ValueError(f"{where}: '{name}' must have one entry per expert ({length}), got {t.numel()}")
+    if t.is_meta:
+        raise ValueError(f"{where}: '{name}' is on the meta device, which holds no values to check")
     if t.is_cuda and stream_capturing(t.device.index if t.device.index is not None else torch.cuda.current_device()):
         raise GraphCaptureError(f"{where}: reading '{name}' on the host needs a synchronisation, which a CUDA graph "
                                 "being captured cannot hold; check the layout before capturing (or outside the graph)")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,7 @@ from deepgemm.api.backend import backend_for
 from deepgemm.api.layout import tma_rows, to_mn_major_tma_aligned
 from deepgemm.api.validation import (
     MAX_ROWS,
+    refuse_grad,
     require_aligned,
     require_dtype,
     require_no_overlap,
@@ -24,7 +26,7 @@ from deepgemm.api.validation import (
     require_shape,
     require_tensor,
     require_tma_strides,
-    refuse_grad,
+    require_writable,
 )
 from deepgemm.jit.runtime import refuse_during_capture, stream_capturing
 from deepgemm.kernels.sm90_fp8_gemm_1d1d.plan import get_kgrouped_plan
@@ -123,6 +125,7 @@ def check_ks(ks: object, where: str, why: str = _FP8_KS_RULE) -> tuple[int, ...]
 
 def _validate_ks(ks: object, where: str, why: str) -> tuple[int, ...]:
     if isinstance(ks, torch.Tensor):
+        require_tensor(ks, "ks", where)  # (a dense one)
         if ks.is_cuda:
             raise TypeError(f"{where}: 'ks' must be host values (a list of ints or a CPU tensor); a CUDA tensor would "
                             "force a device synchronisation")
@@ -131,6 +134,9 @@ def _validate_ks(ks: object, where: str, why: str) -> tuple[int, ...]:
         ks = ks.tolist()
     if isinstance(ks, (str, bytes)) or not isinstance(ks, Iterable):
         raise TypeError(f"{where}: 'ks' must be a sequence of ints (tokens per group), got {type(ks).__name__}")
+    if isinstance(ks, (AbstractSet, Mapping)):  # their iteration order is not the groups' order
+        raise TypeError(f"{where}: 'ks' must be an ordered sequence of ints (tokens per group, group 0 first), got "
+                        f"{type(ks).__name__}")
     values = []
     for g, value in enumerate(ks):
         try:
@@ -243,6 +249,7 @@ def check_k_grouped_outputs(out: object, c: object, shape: tuple[int, int, int],
     out_t = require_tensor(out, "out", where)
     require_dtype(out_t, "out", where, (torch.float32,))
     require_shape(out_t, "out", where, shape, "[G, M, N] (one FP32 gradient per group)")
+    require_writable(out_t, "out", where)
     tensors = {**operands, "out": out_t}
     c_t = None
     if c is not None:
@@ -281,6 +288,8 @@ def _run_k_grouped(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb:
                    c: torch.Tensor | None, sizes: tuple[int, ...]) -> torch.Tensor:
     (m, k_total), n, groups = a_q.shape, b_q.shape[0], len(sizes)
     if groups == 0 or m == 0 or n == 0:
+        return out_t
+    if a_q.is_meta:  # no values: the output's metadata is the result
         return out_t
     if backend_for(a_q) == "reference":
         out_t.copy_(k_grouped_reference(a_q, sfa, b_q, sfb, list(sizes), c))

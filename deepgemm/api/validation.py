@@ -15,6 +15,8 @@ TMA_ALIGNMENT = 16
 def require_tensor(value: Any, name: str, where: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{where}: '{name}' must be a torch.Tensor, got {type(value).__name__}")
+    if value.layout != torch.strided:
+        raise TypeError(f"{where}: '{name}' must be a dense (strided) tensor, got layout {value.layout}")
     return value
 
 
@@ -69,7 +71,7 @@ MAX_ROWS = 2**31 - 1  # TMA coordinates and the kernels' row indices are 32-bit 
 
 def require_row_count(rows: int, what: str, where: str) -> None:
     if rows > MAX_ROWS:
-        raise ValueError(f"{where}: {what} = {rows} rows exceeds the kernels' 32-bit row index limit ({MAX_ROWS})")
+        raise ValueError(f"{where}: {what} = {rows} exceeds the kernels' 32-bit index limit ({MAX_ROWS})")
 
 
 FP8_NOT_DIFFERENTIABLE = ("FP8 GEMMs and quantizers are not differentiable yet; call under torch.no_grad() or "
@@ -154,6 +156,21 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
     return False
 
 
+def require_output(t: torch.Tensor, name: str, where: str) -> None:
+    """A tensor the call writes in place: writable here, with one element per memory location."""
+    require_writable(t, name, where)
+    require_no_self_overlap(t, name, where)
+
+
+def require_writable(t: torch.Tensor, name: str, where: str) -> None:
+    """Not an inference tensor outside inference mode: torch refuses in-place writes to those (the reference path
+    makes such writes; the kernels would write through the pointer, so one rule holds for both paths)."""
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError(f"{where}: '{name}' was created under torch.inference_mode(), and torch refuses in-place "
+                         f"writes to it outside that mode: call under torch.inference_mode() too, or allocate "
+                         f"'{name}' outside it")
+
+
 def require_no_self_overlap(t: torch.Tensor, name: str, where: str) -> None:
     if has_internal_overlap(t):
         raise ValueError(f"{where}: '{name}' overlaps itself (shape {tuple(t.shape)}, strides {t.stride()}: a zero "
@@ -161,7 +178,8 @@ def require_no_self_overlap(t: torch.Tensor, name: str, where: str) -> None:
 
 
 def require_aligned(t: torch.Tensor, name: str, where: str) -> None:
-    """The base of a non-empty tensor the kernel reads through TMA (or writes in 16-byte units) is 16-byte aligned."""
+    """The base of a non-empty tensor the kernel reads through TMA (or writes in 16-byte units) is 16-byte aligned.
+    (Meta tensors have no memory: every data pointer is 0, and the memory rules pass.)"""
     if t.data_ptr() % TMA_ALIGNMENT and 0 not in t.shape:
         raise ValueError(f"{where}: '{name}' data pointer must be {TMA_ALIGNMENT}-byte aligned (TMA rule), "
                          f"got one {t.data_ptr() % TMA_ALIGNMENT} bytes past a 16-byte boundary")
@@ -181,8 +199,8 @@ def require_no_overlap(where: str, out_name: str, out: torch.Tensor,
                        inputs: tuple[tuple[str, torch.Tensor | None], ...]) -> None:
     """`out` shares no memory with any of `inputs` ((name, tensor or None) pairs): their byte ranges do not intersect
     (addresses are unique across devices and host memory, so intersecting ranges are one allocation). Conservative
-    for interleaved views of one buffer."""
-    if 0 in out.shape:
+    for interleaved views of one buffer. Meta tensors have no memory (every data pointer is 0): nothing overlaps."""
+    if 0 in out.shape or out.is_meta:
         return
     begin = out.data_ptr()
     end = _byte_end(out, begin)

@@ -74,8 +74,8 @@ class OfflinePlan:
 
 
 def find_precompiler(precision: Precision, layout: str = "nt") -> tuple[Callable[..., Any] | None, str]:
-    """deepgemm's precompile function for ``precision`` (BF16: in ``layout``), called as f(m, n, k, num_sms=...),
-    or None and the reason it is missing."""
+    """deepgemm's precompile function for ``precision`` (BF16: in ``layout``), called as f(m, n, k, num_sms=...,
+    gpu=...), or None and the reason it is missing."""
     if precision == "bf16":
         return functools.partial(api_bf16.precompile_bf16_gemm, layout), ""
     name = _PRECOMPILERS[precision]
@@ -103,14 +103,33 @@ def plan_shapes(shapes: Sequence[Shape], precision: Precision, gpu: GpuSpec, *, 
         prediction = estimate(flops, num_bytes, precision, ceilings)
         plan = OfflinePlan(shape, prediction, flops, num_bytes, error=missing or None)
         if precompile is not None:
-            plan = _compiled(plan, precompile, gpu.num_sms)
+            plan = _compiled(plan, precompile, gpu)
+        elif gpu.runs_sm90a:  # nothing compiled: the shape still meets deepgemm's rules, or its row says why not
+            plan = _checked(plan, shape_rules(precision, layout), gpu)
         plans.append(plan)
     return plans, missing
 
 
-def _compiled(plan: OfflinePlan, precompile: Callable[..., Any], num_sms: int) -> OfflinePlan:
+def shape_rules(precision: Precision, layout: str = "nt") -> Callable[..., None]:
+    """The argument rules of ``precision``'s precompile function (BF16: in ``layout``), called alike; no compiling."""
+    if precision == "bf16":
+        return functools.partial(api_bf16.check_precompile_bf16_shape, layout)
+    return api_gemm.check_precompile_shape
+
+
+def _checked(plan: OfflinePlan, rules: Callable[..., None], gpu: GpuSpec) -> OfflinePlan:
     try:
-        info = precompile(*plan.shape, num_sms=num_sms)
+        rules(*plan.shape, num_sms=gpu.num_sms)
+    except Exception as exc:  # noqa: BLE001 - one shape's refusal is reported in its row
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        return dataclasses.replace(plan, error=f"{type(exc).__name__}: {first_line[:160]}", failed=True)
+    return plan
+
+
+def _compiled(plan: OfflinePlan, precompile: Callable[..., Any], gpu: GpuSpec) -> OfflinePlan:
+    """The kernel a call on `gpu` loads: planned for its SM count with its tuned table."""
+    try:
+        info = precompile(*plan.shape, num_sms=gpu.num_sms, gpu=gpu.device_name)
     except Exception as exc:  # noqa: BLE001 - one shape's failure is reported in its row
         first_line = (str(exc).strip().splitlines() or [""])[0]
         return dataclasses.replace(plan, error=f"{type(exc).__name__}: {first_line[:160]}", failed=True)

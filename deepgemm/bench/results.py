@@ -156,7 +156,12 @@ class BenchResults:
     @classmethod
     def from_json(cls, document: Any, *, source: str = "results") -> BenchResults:
         if not isinstance(document, dict) or document.get("format") != FORMAT:
-            raise ResultsFormatError(f"{source}: not a {FORMAT} results file (missing \"format\": \"{FORMAT}\")")
+            found = document.get("format") if isinstance(document, dict) else None
+            if found is None:
+                raise ResultsFormatError(f"{source}: not a {FORMAT} results file (missing \"format\": \"{FORMAT}\")")
+            plan = " (a plan written without a GPU: nothing in it was measured)" if found == f"{FORMAT}-plan" else ""
+            raise ResultsFormatError(f"{source}: its format is {found!r}{plan}; this reads measured runs, format "
+                                     f"{FORMAT!r}")
         if document.get("version") != VERSION:
             raise ResultsFormatError(f"{source}: results format version {document.get('version')!r} is not "
                                      f"supported (this deepgemm reads version {VERSION})")

@@ -320,6 +320,10 @@ def _run_model(args: argparse.Namespace) -> int:
 def _offline(args: argparse.Namespace, shapes: list[Shape], gpu: GpuSpec, reason: str) -> int:
     """Compile each shape's kernel and predict its time; write the plan, print it, end with a summary line and where
     the plan is. 1 if deepgemm refused a shape or could not compile its kernel, as with a GPU."""
+    try:  # (before anything is printed: a GPU without this precision's peak is bad input)
+        Ceilings.from_spec(gpu).tflops(args.dtype)
+    except ValueError as exc:
+        return usage_error("bench", f"argument --gpu: {exc}")
     say(f"[bold]{reason}[/bold]: nothing can be timed here.")
     compile_kernels = (args.compile_kernels and gpu.runs_sm90a
                        and find_precompiler(args.dtype, args.layout)[0] is not None)
@@ -328,10 +332,6 @@ def _offline(args: argparse.Namespace, shapes: list[Shape], gpu: GpuSpec, reason
             "compiled for it; the table is its datasheet roofline only.")
     action = "compiling the kernels (NVRTC, sm_90a) each shape would use and " if compile_kernels else ""
     say(f"Instead: {action}predicting times from the {gpu.name} roofline (datasheet peaks).")
-    try:
-        Ceilings.from_spec(gpu).tflops(args.dtype)
-    except ValueError as exc:
-        return usage_error("bench", f"argument --gpu: {exc}")
     plans, missing = plan_shapes(shapes, args.dtype, gpu, compile_kernels=args.compile_kernels and gpu.runs_sm90a,
                                  progress=track, layout=args.layout)
     if not gpu.runs_sm90a:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from deepgemm.analysis.gemms import MOE_EXPERTS, Workload, enumerate_gemms
-from deepgemm.analysis.gpus import DEFAULT_GPU, get_gpu
+from deepgemm.analysis.gpus import DEFAULT_GPU, GPUS, get_gpu
 from deepgemm.analysis.models import ModelConfigError, ModelSpec
 from deepgemm.analysis.ops import GemmOp
 from deepgemm.analysis.presets import PRESETS, resolve_model
@@ -48,9 +48,8 @@ from deepgemm.commands.arguments import check_num_sms, local_sm_limit, positive_
 from deepgemm.errors import DeepGemmError
 from deepgemm.jit.compiler import KernelSource
 
-# torch.cuda.get_device_name() of the Hopper parts: the name their tuned tables are kept under (deepgemm.tuning.db).
-HOPPER_DEVICE_NAMES = {"h100-sxm": "NVIDIA H100 80GB HBM3", "h100-pcie": "NVIDIA H100 PCIe", "h200": "NVIDIA H200",
-                       "h800": "NVIDIA H800", "h20": "NVIDIA H20"}
+# The GPUs kernels can be planned for: the Hopper parts (their device names key the tuned tables, deepgemm.tuning.db).
+HOPPER_GPUS = tuple(key for key, spec in GPUS.items() if spec.runs_sm90a and spec.device_name is not None)
 OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -63,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks; kernels are planned for one rank")
     parser.add_argument("--tokens", type=parse_tokens, default=DEFAULT_TOKENS, metavar="T1,T2,...",
                         help="token counts (M buckets) to plan for (default 1,2,4,...,8192)")
-    parser.add_argument("--gpu", help=f"GPU to plan for, its SM count and tuned table ({', '.join(HOPPER_DEVICE_NAMES)});"
+    parser.add_argument("--gpu", help=f"GPU to plan for, its SM count and tuned table ({', '.join(HOPPER_GPUS)});"
                                       f" default: the local GPU, else {DEFAULT_GPU}")
     parser.add_argument("--num-sms", type=positive_int, metavar="N",
                         help="SMs to plan for, 1 to the GPU's count (default: the GPU's; locally DEEPGEMM_NUM_SMS caps "
@@ -115,8 +114,8 @@ def planning_target(gpu: str | None, num_sms: int | None) -> Target:
         spec = get_gpu(gpu or DEFAULT_GPU)
     except ValueError as exc:
         raise ValueError(f"argument --gpu: {exc}") from None
-    name = HOPPER_DEVICE_NAMES.get(spec.key)
-    if name is None:
+    name = spec.device_name
+    if not spec.runs_sm90a or name is None:
         raise ValueError(f"argument --gpu: {spec.name} is not a Hopper GPU ({spec.arch}; deepgemm's kernels are "
                          "sm_90a, which run on Hopper only)")
     check_num_sms(num_sms, spec.num_sms, spec.name)

@@ -24,7 +24,6 @@ from deepgemm.distributed.comm import (
 )
 from deepgemm.distributed.sharding import (
     check_chunks,
-    check_dtype,
     check_num_sms,
     group_size_rank,
     scale_bounds,
@@ -114,7 +113,10 @@ class _ParallelFp8Linear(Fp8Linear):
         if self.route == "bf16":
             weight = self.weight_dequantized
             assert weight is not None, "refresh() builds it with the weight"
-            return F.linear(x.to(self.out_dtype), weight).to(out_dtype)
+            rows = x.to(self.out_dtype)  # the input the single layer's matmul reads
+            if out_dtype != weight.dtype:  # a float32 partial for a float32 reduction: no rounding before the sum
+                return F.linear(rows.to(out_dtype), weight.to(out_dtype))
+            return F.linear(rows, weight)
         if x.shape[0] == 0:
             return torch.zeros((0, self.out_features), dtype=out_dtype, device=x.device)
         if not compiling():  # the same two kernels through one launch-ready path (host time)
@@ -267,7 +269,8 @@ class RowParallelFp8Linear(_ParallelFp8Linear):
     must be a multiple of 128 * tp_size (one rank: any). Each rank's GEMM gives a partial sum [M, out_features] in
     `reduce_dtype`, which is all-reduced over the group, cast to the output dtype, and the bias (kept whole on every
     rank) added once. reduce_dtype=torch.float32 (default) rounds once, after the sum, as the single-GPU layer
-    does: within calc_diff 3e-6 of the float64 reference at TP 2-8 (CPU runs). torch.bfloat16 moves half the bytes
+    does (on the routed path too: float32 partials of the BF16 input, the bias added before the rounding, as the
+    single layer's matmul adds it): within calc_diff 3e-6 of the float64 reference at TP 2-8 (CPU runs). torch.bfloat16 moves half the bytes
     but rounds every partial sum: the error grows with the TP size (calc_diff about 1e-5 at TP 8), past the 1e-5
     target; which one to serve with is for the GPU measurement to settle.
 
@@ -315,9 +318,9 @@ class RowParallelFp8Linear(_ParallelFp8Linear):
                  num_sms: int | None = None, device: torch.device | str | None = None,
                  dtype: torch.dtype = torch.bfloat16) -> None:
         name = type(self).__name__
-        checked = check_dtype(reduce_dtype, "reduce_dtype", name, OUT_DTYPES)
-        if checked is None:
-            raise TypeError(f"{name}: 'reduce_dtype' must be torch.float32 or torch.bfloat16, got None")
+        if reduce_dtype not in OUT_DTYPES:
+            raise TypeError(f"{name}: 'reduce_dtype' must be torch.float32 or torch.bfloat16, got {reduce_dtype}")
+        checked = reduce_dtype
         super().__init__(in_features, out_features, bias, group=group, chunks=chunks, num_sms=num_sms,
                          device=device, dtype=dtype)
         self.input_is_parallel, self.sequence_parallel = bool(input_is_parallel), bool(sequence_parallel)
@@ -369,6 +372,8 @@ class RowParallelFp8Linear(_ParallelFp8Linear):
             y = self._gemm_and_all_reduce(rows)
             shape = (*x.shape[:-1], self.out_features)
         if y.dtype != self.out_dtype:
+            if self.route == "bf16" and self.bias is not None:  # the single layer's matmul adds it before rounding
+                return y.add_(self.bias).to(self.out_dtype).reshape(shape)
             y = y.to(self.out_dtype)
         return self._add_bias(y).reshape(shape)
 

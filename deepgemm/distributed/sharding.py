@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
 from deepgemm.utils import ceil_div
@@ -88,12 +87,3 @@ def check_num_sms(num_sms: object, layer: str) -> int | None:
     if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms <= 0:
         raise ValueError(f"{layer}: 'num_sms' must be a positive int or None (all SMs), got {num_sms!r}")
     return num_sms
-
-
-def check_dtype(dtype: object, name: str, layer: str, allowed: tuple[torch.dtype, ...]) -> torch.dtype | None:
-    if dtype is None:
-        return None
-    if dtype not in allowed:
-        raise TypeError(f"{layer}: '{name}' must be one of {', '.join(map(str, allowed))} or None, got {dtype}")
-    assert isinstance(dtype, torch.dtype)
-    return dtype

@@ -224,14 +224,17 @@ def nvrtc_version() -> tuple[int, int]:
 
 
 def nvcc_binary() -> str:
-    """``DEEPGEMM_NVCC``, else nvcc on PATH, else /usr/local/cuda/bin/nvcc."""
+    """``DEEPGEMM_NVCC`` (which must then be an executable), else nvcc on PATH, else /usr/local/cuda/bin/nvcc."""
     return _find_nvcc(os.environ.get("DEEPGEMM_NVCC"), os.environ.get("PATH"))
 
 
 @functools.cache
 def _find_nvcc(override: str | None, search_path: str | None) -> str:
+    if override:  # named: that binary or an error, never another nvcc in its place
+        if os.path.isfile(override) and os.access(override, os.X_OK):
+            return override
+        raise CompileError(f"DEEPGEMM_NVCC={override!r} is not an executable file")
     for candidate in (
-        override,
         shutil.which("nvcc", path=search_path),
         "/usr/local/cuda/bin/nvcc",
     ):

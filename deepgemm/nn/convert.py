@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from deepgemm.api.backend import fp8_linear_route
+from deepgemm.api.quant import INPUT_DTYPES
 from deepgemm.nn.linear import OUT_DTYPES, Fp8Linear
 
 Selector = Iterable[str] | Callable[[str, nn.Module], bool] | None
@@ -41,7 +42,7 @@ class ConversionReport:
     Example::
 
         report: deepgemm.nn.ConversionReport = deepgemm.convert(model, exclude=["lm_head"])
-        print(report)                      # "converted 3 linear layer(s) to Fp8Linear, left 1" + the reasons
+        print(report)                      # e.g. "converted 2 linear layer(s) to Fp8Linear, left 1" + the reasons
         names = [layer.name for layer in report.replaced]
     """
 
@@ -73,7 +74,7 @@ def _reason_to_leave(name: str, module: nn.Linear, parent: nn.Module, include: S
     weight = module.weight
     if weight.device.type == "meta":
         return "weight is on the meta device (load an FP8 checkpoint with load_fp8_checkpoint instead)"
-    if not weight.is_floating_point() or weight.dtype.itemsize == 1:
+    if weight.dtype not in INPUT_DTYPES:
         return f"weight dtype {weight.dtype} is not a 16/32-bit float"
     if fp8_linear_route(module.out_features, module.in_features) == "bf16":
         rule = "in_features % 16 != 0" if module.in_features % 16 else "weight too small to gain from FP8"
@@ -106,7 +107,8 @@ def convert(model: nn.Module, *, include: Selector = None, exclude: Selector = N
     Raises:
         TypeError: `dtype` is not bfloat16/float32.
         deepgemm.CompileError, deepgemm.CacheError, deepgemm.LockTimeoutError: the GPU quantizer could not be
-            compiled or loaded (weights on an sm_90 GPU).
+            compiled or loaded (weights on an sm_90 GPU). Every layer is quantized before any is replaced, so
+            after an error the model is as it was.
 
     Example::
 
@@ -132,7 +134,9 @@ def convert(model: nn.Module, *, include: Selector = None, exclude: Selector = N
             report.left.append(LeftLayer(name, reason))
         else:
             targets.append((name, parent, attribute, module))
-    for name, parent, attribute, module in targets:
-        setattr(parent, attribute, Fp8Linear.from_linear(module, dtype=dtype))
+    # Every layer is quantized before any is replaced: an error leaves the model as it was.
+    converted = [Fp8Linear.from_linear(module, dtype=dtype) for _, _, _, module in targets]
+    for (name, parent, attribute, module), layer in zip(targets, converted, strict=True):
+        setattr(parent, attribute, layer)
         report.replaced.append(ConvertedLayer(name, module.out_features, module.in_features))
     return report

@@ -10,7 +10,8 @@ from torch import nn
 
 from deepgemm.api.backend import Backend, backend_for, fp8_linear_route
 from deepgemm.api.linear import fp8_linear
-from deepgemm.api.quant import dequantize_per_block
+from deepgemm.api.quant import INPUT_DTYPES, dequantize_per_block
+from deepgemm.api.validation import refuse_grad, require_dtype, require_same_device
 from deepgemm.ops import fp8_gemm_nt, quantize_per_block, quantize_per_token_group
 from deepgemm.ops.library import compiling
 from deepgemm.utils import ceil_div
@@ -42,8 +43,9 @@ class Fp8Linear(nn.Module):
         ValueError: `in_features` or `out_features` is not a positive int; in a call, x's last dimension is not
             in_features.
         TypeError: `dtype` is not bfloat16/float32.
-        In a call, what fp8_gemm_nt and quantize_per_token_group raise (e.g. deepgemm.NotDifferentiableError for
-            an input that requires grad with grad mode on).
+        In a call, on either route, what fp8_gemm_nt and quantize_per_token_group raise (e.g. TypeError for an
+            input that is not float32/bfloat16/float16, deepgemm.NotDifferentiableError for an input that
+            requires grad with grad mode on).
 
     Example::
 
@@ -144,9 +146,9 @@ class Fp8Linear(nn.Module):
         return backend_for(self.weight, shape=(tokens, self.out_features, self.in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"Fp8Linear: input has {x.shape[-1]} features in its last dimension, expected "
-                             f"{self.in_features}")
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            got = f"{x.shape[-1]} features in its last dimension" if x.dim() else "no dimensions"
+            raise ValueError(f"Fp8Linear: input has {got}, expected {self.in_features} features")
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         # The state straight from the module's tables (nn.Module's attribute fallback costs ~1 us a name).
         buffers, params = self._buffers, self._parameters
@@ -154,6 +156,8 @@ class Fp8Linear(nn.Module):
         if self.route == "bf16":
             weight = self.weight_dequantized
             assert weight is not None, "refresh() builds it with the weight"
+            if x.dtype not in INPUT_DTYPES or x.device != weight.device or (x.requires_grad and torch.is_grad_enabled()):
+                _refuse_routed_input(x, weight)
             y = F.linear(rows.to(self.out_dtype), weight, bias)
         else:
             weight, scale_inv = buffers.get("weight"), buffers.get("weight_scale_inv")
@@ -170,3 +174,10 @@ class Fp8Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"dtype={self.out_dtype}, route={self.route}")
+
+
+def _refuse_routed_input(x: torch.Tensor, weight: torch.Tensor) -> None:
+    """The errors the FP8 route's quantizer and GEMM raise for the same input, on the routed (BF16 matmul) path."""
+    require_dtype(x, "x", "Fp8Linear", INPUT_DTYPES)
+    require_same_device("Fp8Linear", x=x, weight=weight)
+    refuse_grad("Fp8Linear", x=x)

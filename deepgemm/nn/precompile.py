@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from deepgemm.api.gemm import check_num_sms, planning_gpu_name
 from deepgemm.api.precompile import (
     DEFAULT_TOKENS,
     Kernel,
@@ -38,8 +39,10 @@ def precompile_model(model: nn.Module, tokens: Iterable[int] = DEFAULT_TOKENS, *
     per-token-group quantizer of `input_dtype`, deduplicated. Another row count may pick another kernel, which
     then compiles on its first call.
 
-    num_sms / gpu: the SM count and the GPU model (as torch.cuda.get_device_name() names it; its tuned table picks
-    dense tiles) to plan for; default this GPU's, or 132 SMs and the cost model alone without a GPU. workers:
+    num_sms / gpu: the SM count and the GPU model (as torch.cuda.get_device_name() names it, e.g. "NVIDIA H200";
+    its tuned table picks dense tiles, and a name without one plans with the cost model) to plan for; default this
+    GPU's, or 132 SMs and the cost model alone without a GPU (`deepgemm precompile` plans for an H200 there).
+    num_sms: an int from 1 to the GPU's SM count (without a GPU: to 132), as fp8_gemm_nt takes. workers:
     parallel compiles (default os.cpu_count()). progress: called after each kernel with a KernelDone.
 
     Args:
@@ -53,9 +56,10 @@ def precompile_model(model: nn.Module, tokens: Iterable[int] = DEFAULT_TOKENS, *
         A PrecompileSummary (kernels planned, compiled, already cached, seconds, cache dir).
 
     Raises:
-        ValueError: a token count is not a positive int (or none is given), or `num_sms` / `workers` is not a
-            positive int.
-        TypeError: `input_dtype` is not float32, bfloat16 or float16.
+        ValueError: a token count is not a positive int (or none is given), `num_sms` is out of range, or
+            `workers` is not a positive int.
+        TypeError: `input_dtype` is not float32, bfloat16 or float16, `num_sms` is not an int, or `gpu` is not a
+            str.
         deepgemm.CompileError, deepgemm.CacheError, deepgemm.LockTimeoutError: a kernel could not compile or be
             cached (the first failure cancels the compiles not yet started).
 
@@ -64,7 +68,9 @@ def precompile_model(model: nn.Module, tokens: Iterable[int] = DEFAULT_TOKENS, *
         deepgemm.convert(model)
         print(deepgemm.precompile_model(model, tokens=(1, 2, 4, 8, 16, 32, 64, 128, 4096)))
     """
-    target, quantizer = local_target(num_sms, gpu), quantizer_kernel(input_dtype)
+    check_num_sms(num_sms, "precompile_model")
+    target = local_target(num_sms, planning_gpu_name(gpu, "precompile_model"))
+    quantizer = quantizer_kernel(input_dtype)
     shapes = fp8_layer_shapes(model)
     kernels: list[Kernel] = [dense_kernel(m, n, k, out_dtype, target)
                              for m in token_counts(tokens) for n, k, out_dtype in shapes]

@@ -8,18 +8,28 @@ from collections.abc import Callable, Sequence
 import torch
 
 from deepgemm.api import bf16_grouped as api
-from deepgemm.ops.library import compiling, define, empty_out, refuse_validate_when_compiling
+from deepgemm.ops.library import (compiling, define, empty_out, refuse_validate_when_compiling, require_ranks,
+                                   traced_ks)
 
+
+def _contiguous_shape(where: str, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
+    require_ranks(where, ("a", a, 2), ("b", b, 3))
+    return a.shape[0], b.shape[1]
+
+
+def _masked_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
+    require_ranks("m_grouped_bf16_gemm_nt_masked", ("a", a, 3), ("b", b, 3))
+    return a.shape[0], a.shape[1], b.shape[1]
 
 
 def _define_contiguous(name: str, grouping_name: str, run: Callable[..., torch.Tensor], psum_form: bool) -> None:
     def impl(a: torch.Tensor, b: torch.Tensor, grouping: torch.Tensor, out_dtype: torch.dtype | None = None
              ) -> torch.Tensor:
-        return run(a, b, empty_out((a.shape[0], b.shape[1]), out_dtype, a), grouping)
+        return run(a, b, empty_out(_contiguous_shape(name, a, b), out_dtype, a), grouping)
 
     def fake(a: torch.Tensor, b: torch.Tensor, grouping: torch.Tensor, out_dtype: torch.dtype | None = None
              ) -> torch.Tensor:
-        out = empty_out((a.shape[0], b.shape[1]), out_dtype, a)
+        out = empty_out(_contiguous_shape(name, a, b), out_dtype, a)
         api.check_bf16_contiguous(a, b, out, grouping, psum_form=psum_form)
         return out
 
@@ -39,7 +49,7 @@ _define_contiguous("m_grouped_bf16_gemm_nt_contiguous_psum", "psum", api.m_group
 
 def _masked_impl(a: torch.Tensor, b: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    out = empty_out((a.shape[0], a.shape[1], b.shape[1]), out_dtype, a)
+    out = empty_out(_masked_shape(a, b), out_dtype, a)
     api.m_grouped_bf16_gemm_nt_masked(a, b, out, masked_m, expected_m)
     # A functional result is fully defined: rows at or past masked_m[g] are zero (on the device: capturable).
     valid = torch.arange(out.shape[1], device=out.device)[None, :] < masked_m.to(out.device)[:, None]
@@ -48,7 +58,7 @@ def _masked_impl(a: torch.Tensor, b: torch.Tensor, masked_m: torch.Tensor, expec
 
 def _masked_fake(a: torch.Tensor, b: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    out = empty_out((a.shape[0], a.shape[1], b.shape[1]), out_dtype, a)
+    out = empty_out(_masked_shape(a, b), out_dtype, a)
     api.check_bf16_masked(a, b, out, masked_m, expected_m)
     return out
 
@@ -70,6 +80,7 @@ define("m_grouped_bf16_gemm_nt_masked_out(Tensor a, Tensor b, Tensor masked_m, i
 
 
 def _k_out(a: torch.Tensor, b: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
+    require_ranks("k_grouped_bf16_gemm_tn_contiguous", ("a", a, 2), ("b", b, 2))
     return torch.empty((len(ks), a.shape[1], b.shape[1]), dtype=torch.float32, device=a.device)
 
 
@@ -144,7 +155,7 @@ def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, out: tor
                                       ks: Sequence[int] | torch.Tensor, c: torch.Tensor | None = None) -> torch.Tensor:
     if not compiling():
         return api.k_grouped_bf16_gemm_tn_contiguous(a, b, out, ks, c)
-    sizes = [int(k) for k in ks]  # traced: host ints (each distinct ks is its own graph, as its own offsets upload)
+    sizes = traced_ks("k_grouped_bf16_gemm_tn_contiguous", ks)  # (each distinct ks is its own graph)
     if c is out:
         torch.ops.deepgemm.k_grouped_bf16_gemm_tn_contiguous_accumulate(a, b, sizes, out)
     else:

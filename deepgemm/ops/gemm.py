@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from deepgemm.api import gemm as api
-from deepgemm.ops.library import compiling, define
+from deepgemm.ops.library import compiling, define, traced_pairs
 
 
 def _impl(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
@@ -48,6 +48,7 @@ def fp8_gemm_nt(
         return api.fp8_gemm_nt(a, b, out, out_dtype=out_dtype, num_sms=num_sms)
     if isinstance(num_sms, bool):  # refused as eagerly: the op's `int?` would take it as 0 or 1
         api.check_num_sms(num_sms, "fp8_gemm_nt")
+    a, b = traced_pairs("fp8_gemm_nt", a, b)
     if out is None:
         return torch.ops.deepgemm.fp8_gemm_nt(a[0], a[1], b[0], b[1], out_dtype, num_sms)
     if out_dtype is not None and out_dtype != out.dtype:

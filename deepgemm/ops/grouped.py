@@ -7,12 +7,14 @@ from collections.abc import Callable
 import torch
 
 from deepgemm.api import grouped as api
-from deepgemm.ops.library import compiling, define, empty_out, refuse_validate_when_compiling
+from deepgemm.ops.library import (compiling, define, empty_out, refuse_validate_when_compiling, require_ranks,
+                                   traced_pairs)
 
 _Pair = tuple[torch.Tensor, torch.Tensor]
 
 
-def _contiguous_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
+def _contiguous_shape(where: str, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
+    require_ranks(where, ("a[0]", a, 2), ("b[0]", b, 3))
     return a.shape[0], b.shape[1]
 
 
@@ -24,11 +26,11 @@ def _define_contiguous(name: str, grouping_name: str, run: Callable[..., torch.T
     """Register the functional and `_out` ops of one contiguous form; `run` is its api function."""
     def impl(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, grouping: torch.Tensor,
              out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        return run((a, sfa), (b, sfb), empty_out(_contiguous_shape(a, b), out_dtype, a), grouping)
+        return run((a, sfa), (b, sfb), empty_out(_contiguous_shape(name, a, b), out_dtype, a), grouping)
 
     def fake(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, grouping: torch.Tensor,
              out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        out = empty_out(_contiguous_shape(a, b), out_dtype, a)
+        out = empty_out(_contiguous_shape(name, a, b), out_dtype, a)
         api.check_contiguous((a, sfa), (b, sfb), out, grouping, psum_form=psum_form)
         return out
 
@@ -53,6 +55,7 @@ _define_contiguous("m_grouped_fp8_gemm_nt_contiguous_psum", "psum", api.m_groupe
 
 
 def _masked_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
+    require_ranks("m_grouped_fp8_gemm_nt_masked", ("a[0]", a, 3), ("b[0]", b, 3))
     return a.shape[0], a.shape[1], b.shape[1]
 
 
@@ -99,6 +102,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a: _Pair, b: _Pair, out: torch.Tensor, m_in
         return api.m_grouped_fp8_gemm_nt_contiguous(a, b, out, m_indices, validate=validate)
     if validate:
         refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_contiguous")
+    a, b = traced_pairs("m_grouped_fp8_gemm_nt_contiguous", a, b)
     torch.ops.deepgemm.m_grouped_fp8_gemm_nt_contiguous_out(a[0], a[1], b[0], b[1], m_indices, out)
     return out
 
@@ -109,6 +113,7 @@ def m_grouped_fp8_gemm_nt_contiguous_psum(a: _Pair, b: _Pair, out: torch.Tensor,
         return api.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, out, psum, validate=validate)
     if validate:
         refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_contiguous_psum")
+    a, b = traced_pairs("m_grouped_fp8_gemm_nt_contiguous_psum", a, b)
     torch.ops.deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum_out(a[0], a[1], b[0], b[1], psum, out)
     return out
 
@@ -119,6 +124,7 @@ def m_grouped_fp8_gemm_nt_masked(a: _Pair, b: _Pair, out: torch.Tensor, masked_m
         return api.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m, validate=validate)
     if validate:
         refuse_validate_when_compiling("m_grouped_fp8_gemm_nt_masked")
+    a, b = traced_pairs("m_grouped_fp8_gemm_nt_masked", a, b)
     torch.ops.deepgemm.m_grouped_fp8_gemm_nt_masked_out(a[0], a[1], b[0], b[1], masked_m, expected_m, out)
     return out
 

@@ -7,12 +7,13 @@ from collections.abc import Sequence
 import torch
 
 from deepgemm.api import kgrouped as api
-from deepgemm.ops.library import compiling, define
+from deepgemm.ops.library import compiling, define, require_ranks, traced_ks, traced_pairs
 
 _Pair = tuple[torch.Tensor, torch.Tensor]
 
 
 def _new_out(a: torch.Tensor, b: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
+    require_ranks("k_grouped_fp8_gemm_tn_contiguous", ("a[0]", a, 2), ("b[0]", b, 2))
     return torch.empty((len(ks), a.shape[0], b.shape[0]), dtype=torch.float32, device=a.device)
 
 
@@ -61,7 +62,8 @@ def k_grouped_fp8_gemm_tn_contiguous(a: _Pair, b: _Pair, out: torch.Tensor, ks: 
     if not compiling():
         return api.k_grouped_fp8_gemm_tn_contiguous(a, b, out, ks, c)
     # Traced: ks must be host ints (each distinct ks is a separate graph, as each is a separate offsets upload).
-    sizes = [int(k) for k in ks]
+    a, b = traced_pairs("k_grouped_fp8_gemm_tn_contiguous", a, b)
+    sizes = traced_ks("k_grouped_fp8_gemm_tn_contiguous", ks)
     if c is out:
         torch.ops.deepgemm.k_grouped_fp8_gemm_tn_contiguous_accumulate(a[0], a[1], b[0], b[1], sizes, out)
     else:

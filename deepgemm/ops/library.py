@@ -11,6 +11,11 @@ from typing import Any
 
 import torch
 
+import operator
+from collections.abc import Sequence
+
+from deepgemm.api.validation import require_pair, require_rank, require_tensor
+
 NAMESPACE = "deepgemm"
 LIBRARY = torch.library.Library(NAMESPACE, "DEF")  # kept alive for the process: dropping it unregisters the ops
 
@@ -40,6 +45,36 @@ def empty_out(shape: tuple[int, ...], dtype: torch.dtype | None, like: torch.Ten
     if dtype not in OUT_DTYPES:
         raise TypeError(f"'out_dtype' must be torch.bfloat16 or torch.float32, got {dtype}")
     return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def require_ranks(where: str, *operands: tuple[str, object, int]) -> None:
+    """The ranks of the (name, tensor, rank) operands a functional op computes its output's shape from, checked
+    before that shape is (a wrong rank raises the public function's ValueError, not an IndexError)."""
+    for name, tensor, rank in operands:
+        require_rank(require_tensor(tensor, name, where), name, where, rank)
+
+
+def traced_pairs(where: str, a: object, b: object) -> tuple[tuple[torch.Tensor, torch.Tensor],
+                                                             tuple[torch.Tensor, torch.Tensor]]:
+    """The (fp8 tensor, scales) pairs `a` and `b` of a traced call, with the eager path's rule (a pair each)."""
+    return require_pair(a, "a", where), require_pair(b, "b", where)
+
+
+def traced_ks(where: str, ks: object) -> list[int]:
+    """A traced k-grouped call's ks as ints, with the eager path's type rules (its values are checked by the fake
+    kernel). A tensor's values cannot be traced: under torch.compile ks must be a list or tuple of ints."""
+    if not isinstance(ks, Sequence) or isinstance(ks, (str, bytes)):
+        raise TypeError(f"{where}: under torch.compile 'ks' must be a list or tuple of ints (tokens per group; a "
+                        f"tensor's values cannot be traced), got {type(ks).__name__}")
+    sizes = []
+    for g, value in enumerate(ks):
+        if isinstance(value, bool):
+            raise TypeError(f"{where}: 'ks[{g}]' must be an int, got bool")
+        try:
+            sizes.append(operator.index(value))
+        except TypeError:
+            raise TypeError(f"{where}: 'ks[{g}]' must be an int, got {type(value).__name__}") from None
+    return sizes
 
 
 def refuse_validate_when_compiling(where: str) -> None:

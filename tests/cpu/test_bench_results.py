@@ -64,7 +64,9 @@ def test_speedups_and_geomean() -> None:
 @pytest.mark.parametrize(
     ("document", "message"),
     [
-        ({"format": "something-else"}, "not a deepgemm-bench results file"),
+        ({"version": 1}, "not a deepgemm-bench results file"),
+        ({"format": "something-else"}, "its format is 'something-else'; this reads measured runs"),
+        ({"format": "deepgemm-bench-plan", "version": 1}, "a plan written without a GPU: nothing in it was measured"),
         ({"format": "deepgemm-bench", "version": 99}, "version 99 is not supported"),
         ({"format": "deepgemm-bench", "version": 1, "ceilings": {}}, "malformed results"),
         ({"format": "deepgemm-bench", "version": 1,

@@ -74,6 +74,18 @@ def test_one_group_k_grouped_never_plans_split_k(m: int, n: int) -> None:
     assert not spec.config.split_k
 
 
+@pytest.mark.parametrize("kind", [GemmKind.GROUPED_CONTIGUOUS, GemmKind.GROUPED_CONTIGUOUS_PSUM,
+                                  GemmKind.GROUPED_MASKED])
+@pytest.mark.parametrize("rows,n,k", [(128, 256, 7168), (64, 2112, 7168), (1, 512, 4096), (128, 4096, 16384)])
+def test_one_group_m_grouped_never_plans_split_k(kind: GemmKind, rows: int, n: int, k: int) -> None:
+    """The same for one expert of an M-grouped launch at decode sizes: every such call raised ValueError ("split-K
+    is for dense BF16 GEMMs") while planning, on the kernel path."""
+    masked = kind == GemmKind.GROUPED_MASKED
+    geometry = Bf16Geometry(rows, 1, rows) if masked else Bf16Geometry(rows, 1)
+    spec = grouped_spec(kind, geometry, n, k, BF16, None, rows if masked else 0, 132)
+    assert not spec.config.split_k
+
+
 def test_in_place_addend_kind_is_fp32_only() -> None:
     assert addend_kind(FP32, in_place=True) == ADDEND_IN_PLACE
     assert addend_kind(FP32) == ADDEND_FP32 and addend_kind(None, in_place=True) == ADDEND_NONE

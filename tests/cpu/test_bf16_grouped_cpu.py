@@ -19,7 +19,7 @@ import deepgemm
 from deepgemm.api import bf16_grouped as api
 from deepgemm.kernels.common.kind import GemmKind
 from deepgemm.kernels.sm90_bf16_gemm.plan import Bf16Geometry, grouped_spec
-from tests.helpers import GraphRecorder, no_launch, outcome
+from tests.helpers import GraphRecorder, assert_wrong_ranks_raise_typed, no_launch, outcome
 
 BF16, FP32 = torch.bfloat16, torch.float32
 ALIGN = 128  # contiguous segments (get_m_alignment_for_contiguous_layout())
@@ -792,6 +792,13 @@ def test_fake_kernels_give_the_real_shapes_strides_and_dtypes(case: str, seed: i
         assert fake is None
     else:
         assert (tuple(fake.shape), fake.stride(), fake.dtype) == (tuple(real.shape), real.stride(), real.dtype)
+
+
+@pytest.mark.parametrize("case", OP_CASES)
+def test_wrong_ranks_raise_the_public_errors(case: str, seed: int) -> None:
+    """A wrong-rank operand raised IndexError while the functional ops computed their output's shape."""
+    name, args = _op_cases()[case]
+    assert assert_wrong_ranks_raise_typed(getattr(torch.ops.deepgemm, name).default, args) > 0
 
 
 def test_functional_ops_match_the_public_functions(seed: int) -> None:

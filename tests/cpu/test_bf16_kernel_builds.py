@@ -92,6 +92,7 @@ CONTIGUOUS_SHAPES = [
     ("small_m_n4096_k7168", Bf16Geometry(512, 4), 4096, 7168, BF16),
     ("small_m_n7168_k2048_fp32", Bf16Geometry(256, 2), 7168, 2048, FP32),
     ("n136_k72_fp32", Bf16Geometry(512, 4), 136, 72, FP32),
+    ("one_group_m128_n256_k7168", Bf16Geometry(128, 1), 256, 7168, BF16),  # no split-K for one group
 ]
 MASKED_SHAPES = [
     ("n7168_k2048_e1", Bf16Geometry(4 * 128, 4, 128), 7168, 2048, BF16, 1),
@@ -99,6 +100,7 @@ MASKED_SHAPES = [
     ("n4096_k7168_e256", Bf16Geometry(4 * 256, 4, 256), 4096, 7168, BF16, 256),
     ("n7168_k2048_e128_fp32", Bf16Geometry(4 * 256, 4, 256), 7168, 2048, FP32, 128),
     ("n136_k72_e64", Bf16Geometry(2 * 64, 2, 64), 136, 72, BF16, 64),
+    ("one_group_n2112_k7168_e64", Bf16Geometry(64, 1, 64), 2112, 7168, BF16, 64),
 ]
 K_GROUPED_SHAPES = [  # (id, M, G, N, C dtype, C is out)
     ("m4096_n7168", 4096, 4, 7168, None, False),

@@ -445,6 +445,15 @@ def test_row_parallel_equals_the_full_layer(pool: Pool, seed: int, small_fp8_rou
                 assert result["diff_full"] < 1e-6, result
 
 
+def test_routed_row_parallel_float32_sum_rounds_once(pool: Pool, seed: int) -> None:
+    """On the dequantized-matmul route (small shards, no small_fp8_route) a float32 reduction sums float32 partials
+    and adds the bias before its one rounding, as the single layer's matmul does (the partials were computed in BF16
+    and rounded before the sum: calc_diff ~4e-6 against the single layer)."""
+    for result in pool.run("row_vs_full", seed=seed, n=264, m=11, bias=True, input_is_parallel=True,
+                           reduce_dtype=torch.float32, chunks=1):
+        assert result["route"] == "bf16" and result["diff_full"] < 1e-6, result
+
+
 def test_column_sequence_parallel_chunks(pool: Pool, seed: int, small_fp8_route: int) -> None:
     # 5 local rows x 2 = 10 rows per rank: counts that divide it, that do not, and more chunks than rows.
     results = pool.run("column_sequence_parallel", seed=seed, s=5, k=256, chunk_counts=[1, 2, 3, 4, 7, 16],
@@ -501,6 +510,14 @@ def test_construction_errors(pool: Pool, seed: int) -> None:
         assert "'chunks' must be a positive int" in messages["bad_chunks"]
         assert f"divide by tp_size={tp}" in messages["sp_rows"]
         assert "full layer's float8_e4m3fn" in messages["full_shape"]
+
+
+@pytest.mark.parametrize("reduce_dtype", [torch.float16, None, "float32"])
+def test_reduce_dtype_rule_names_only_what_it_takes(reduce_dtype: object) -> None:
+    """Checked before any process group is needed; the message listed "or None", which it refuses."""
+    with pytest.raises(TypeError, match="'reduce_dtype' must be torch.float32 or torch.bfloat16, got") as error:
+        RowParallelFp8Linear(256, 256, reduce_dtype=reduce_dtype)  # type: ignore[arg-type]
+    assert "None," not in str(error.value) and "or None" not in str(error.value)
 
 
 @pytest.mark.parametrize("high_precision, scale_dtype", [(False, torch.float32), (False, torch.bfloat16),

@@ -206,6 +206,21 @@ def test_hung_worker_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     assert time.monotonic() - start < 10
 
 
+def test_a_named_nvcc_that_is_missing_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """DEEPGEMM_NVCC naming no executable fell back to the nvcc on PATH without a word."""
+    from deepgemm.jit import compiler as jit_compiler
+
+    for value in ("/nonexistent/nvcc", str(tmp_path)):  # missing; a directory
+        monkeypatch.setenv("DEEPGEMM_NVCC", value)
+        with pytest.raises(CompileError, match="DEEPGEMM_NVCC=.* is not an executable file"):
+            jit_compiler.nvcc_binary()
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("DEEPGEMM_NVCC", str(fake))
+    assert jit_compiler.nvcc_binary() == str(fake)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_nvcc_compiles_sm90a_kernel() -> None:
     kernel = compile_kernel(WGMMA_KERNEL, compiler="nvcc")

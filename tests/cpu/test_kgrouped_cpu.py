@@ -147,3 +147,14 @@ def test_validated_ks_memo_keeps_the_type_rules() -> None:
         check_ks([0, 100], "w")
     with pytest.raises(ValueError, match=r"ks\[1\]"):
         check_ks([0, 100], "w")  # a failed list is never remembered
+
+
+@pytest.mark.parametrize("unordered", [{0, 128, 256}, frozenset({0, 128}), {0: 1, 128: 2}])
+def test_unordered_ks_are_refused(unordered: object) -> None:
+    """A set's (or mapping's) iteration order is not the groups' order: {0, 128, 256} iterates as 0, 256, 128, which
+    ran group 1 on group 2's tokens without an error."""
+    from deepgemm.api.kgrouped import check_ks
+
+    with pytest.raises(TypeError, match="'ks' must be an ordered sequence"):
+        check_ks(unordered, "w")
+    assert check_ks(iter([0, 128, 256]), "w") == (0, 128, 256)  # an iterator is ordered

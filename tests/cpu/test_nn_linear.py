@@ -87,6 +87,26 @@ def test_constructor_and_forward_errors() -> None:
         layer(torch.randn(2, 512))
     with pytest.raises(deepgemm.NotDifferentiableError):
         layer(torch.randn(2, 1024, requires_grad=True))
+    with pytest.raises(ValueError, match="no dimensions"):
+        layer(torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("in_features", [1024, 100])  # 100: in_features % 16 != 0 routes to a BF16 matmul
+def test_both_routes_refuse_the_same_inputs(in_features: int) -> None:
+    """The routed path cast any input to the layer's dtype and recorded a graph for one that requires grad; it now
+    raises what the FP8 path's quantizer raises."""
+    layer = Fp8Linear(in_features, 512)
+    assert layer.route == ("fp8" if in_features == 1024 else "bf16")
+    for dtype in (torch.int32, torch.float64):
+        with pytest.raises(TypeError, match="'x' must have dtype"):
+            layer(torch.ones(2, in_features, dtype=dtype))
+    with pytest.raises(deepgemm.NotDifferentiableError):
+        layer(torch.randn(2, in_features, requires_grad=True))
+    with pytest.raises(ValueError, match="share a device"):
+        layer(torch.randn(2, in_features, device="meta"))
+    with torch.no_grad():
+        assert layer(torch.randn(2, in_features, requires_grad=True)).shape == (2, 512)
+    assert layer(torch.randn(3, in_features, dtype=torch.float16)).dtype == torch.bfloat16
 
 
 class _Block(nn.Module):
@@ -128,6 +148,29 @@ def test_convert_replaces_what_fp8_serves_and_explains_the_rest(seed: int) -> No
     assert [layer.name for layer in report.replaced] == ["mlp.0", "mlp.2"]
     with pytest.raises(TypeError, match="'dtype'"):
         convert(_Block(), dtype=torch.float16)
+
+
+def test_convert_leaves_float64_layers_and_is_all_or_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float64 layer is left with its reason (it used to reach the quantizer, which raised TypeError after the
+    layers before it had been replaced); an error while quantizing leaves every layer as it was."""
+    model = nn.Sequential(nn.Linear(4096, 2048, dtype=torch.bfloat16), nn.Linear(2048, 4096, dtype=torch.float64))
+    report = convert(model)
+    assert [layer.name for layer in report.replaced] == ["0"]
+    assert [(layer.name, "float64" in layer.reason) for layer in report.left] == [("1", True)]
+    assert isinstance(model[0], Fp8Linear) and type(model[1]) is nn.Linear
+
+    model = nn.Sequential(nn.Linear(4096, 2048, dtype=torch.bfloat16), nn.Linear(2048, 4096, dtype=torch.bfloat16))
+    real = Fp8Linear.from_linear
+
+    def fail_on_second(module: nn.Linear, **kwargs: object) -> Fp8Linear:
+        if module is model[1]:
+            raise deepgemm.CompileError("quantizer failed")
+        return real(module, **kwargs)
+
+    monkeypatch.setattr(Fp8Linear, "from_linear", fail_on_second)
+    with pytest.raises(deepgemm.CompileError):
+        convert(model)
+    assert type(model[0]) is nn.Linear and type(model[1]) is nn.Linear
 
 
 def test_converted_model_compiles_fullgraph_with_dynamic_tokens(seed: int) -> None:

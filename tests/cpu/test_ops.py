@@ -9,7 +9,7 @@ import torch._dynamo
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import deepgemm
-from tests.helpers import GraphRecorder, random_operands
+from tests.helpers import GraphRecorder, assert_wrong_ranks_raise_typed, random_operands
 from tests.op_cases import OP_NAMES, fp8_aware_allclose, op_cases
 
 
@@ -81,6 +81,18 @@ def test_fake_kernels_apply_the_argument_rules() -> None:
             torch.ops.deepgemm.fp8_gemm_nt(a, sfa, b, sfb)
         with pytest.raises(ValueError, match="'group_size'"):
             torch.ops.deepgemm.quantize_per_token_group(torch.empty(4, 256), 100)
+        x = torch.empty(64, 64, dtype=torch.bfloat16)
+        for layout in ("xx", "ntx", "q"):  # the fake kernel traced 'xx' as 'tt' and indexed 'q' out of range
+            with pytest.raises(ValueError, match="'layout'"):
+                torch.ops.deepgemm.bf16_gemm(x, x, layout)
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_wrong_ranks_raise_the_public_errors(name: str, seed: int) -> None:
+    """A functional op computes its output's shape from its operands: a wrong rank used to raise IndexError there
+    (real and fake kernel) before the checks ran."""
+    op = getattr(torch.ops.deepgemm, name).default
+    assert assert_wrong_ranks_raise_typed(op, op_cases("cpu", seed)[name]) > 0
 
 
 def _quantize_gemm_silu(x: torch.Tensor, w: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
@@ -156,6 +168,35 @@ def test_grouped_and_k_grouped_compile_with_out_and_accumulate(seed: int) -> Non
         assert torch.equal(compiled_args[index], eager_args[index])
     assert {"deepgemm.m_grouped_fp8_gemm_nt_contiguous_out", "deepgemm.m_grouped_fp8_gemm_nt_masked_out",
             "deepgemm.k_grouped_fp8_gemm_tn_contiguous_accumulate"} <= recorder.targets()
+
+
+def test_traced_calls_keep_the_eager_type_rules(seed: int) -> None:
+    """The traced branch of the public functions took ks through int(k) (128.9 ran as 128) and read a[0], a[1] of
+    any tuple; they now raise the eager path's messages (inside Dynamo's exception)."""
+    ka = deepgemm.quantize_per_token_group(torch.randn(16, 256))
+    kb = deepgemm.quantize_per_token_group(torch.randn(24, 256))
+    x, y = torch.randn(256, 16).to(torch.bfloat16), torch.randn(256, 24).to(torch.bfloat16)
+    q, sf = deepgemm.quantize_per_token_group(torch.randn(32, 256))
+    w = deepgemm.quantize_per_block(torch.randn(64, 256))
+    calls = {
+        r"'ks\[0\]' must be an int": lambda: deepgemm.k_grouped_fp8_gemm_tn_contiguous(
+            ka, kb, torch.zeros(2, 16, 24), [128.9, 128.0]),
+        r"'ks\[1\]' must be an int, got bool": lambda: deepgemm.k_grouped_bf16_gemm_tn_contiguous(
+            x, y, torch.zeros(2, 16, 24), [128, True]),
+        "under torch.compile 'ks' must be a list": lambda: deepgemm.k_grouped_bf16_gemm_tn_contiguous(
+            x, y, torch.zeros(2, 16, 24), torch.tensor([128, 128])),
+        "'a' must be a \\(fp8 tensor": lambda: deepgemm.fp8_gemm_nt((q, sf, sf), w),
+        "'b' must be a \\(fp8 tensor": lambda: deepgemm.m_grouped_fp8_gemm_nt_contiguous(
+            (q[:0], sf[:0]), [w[0][None]], torch.empty(0, 64, dtype=torch.bfloat16), torch.empty(0, dtype=torch.int32)),
+    }
+    for message, call in calls.items():
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=message):
+            torch.compile(call, fullgraph=True, backend="eager")()
+    torch._dynamo.reset()
+    got = torch.compile(lambda: deepgemm.k_grouped_fp8_gemm_tn_contiguous(ka, kb, torch.zeros(2, 16, 24), (128, 128)),
+                        fullgraph=True, backend="eager")()
+    assert torch.equal(got, deepgemm.k_grouped_fp8_gemm_tn_contiguous(ka, kb, torch.zeros(2, 16, 24), [128, 128]))
 
 
 def test_inputs_that_require_grad_are_refused_on_every_path(seed: int) -> None:

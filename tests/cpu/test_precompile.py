@@ -251,3 +251,48 @@ def test_cli_target(monkeypatch: pytest.MonkeyPatch) -> None:
     assert planning_target(None, None) == H200  # no GPU here: an H200
     assert planning_target("h20", None) == Target(78, "NVIDIA H20")
     assert planning_target("H100", 120) == Target(120, "NVIDIA H100 80GB HBM3")
+
+
+# ---------------------------------------------------------------- one target for every no-GPU planner
+
+
+def test_commands_without_a_gpu_plan_for_the_same_h200(fresh_cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """`deepgemm compile` and the bench plan used the cost model alone without a GPU, where `deepgemm precompile`
+    read the H200's tuned table (4096 x 2112 x 7168 runs a stream tail there: `sk2`)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("DEEPGEMM_NUM_SMS", raising=False)
+    plain = gemm_api.precompile_fp8_gemm_nt(4096, 2112, 7168)  # the library without a GPU: the cost model
+    tuned = gemm_api.precompile_fp8_gemm_nt(4096, 2112, 7168, gpu="NVIDIA H200")
+    assert not plain.label.endswith("sk2") and tuned.label.endswith("sk2")
+    assert main(["compile", "--shape", "4096,2112,7168"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("planning for NVIDIA H200 (132 SMs)") and f"K=7168: {tuned.label}" in out
+    assert main(["bench", "--shape", "4096,2112,7168", "--results-dir", str(fresh_cache.parent / "plan")]) == 0
+    plan = json.loads((fresh_cache.parent / "plan" / "results.json").read_text())
+    assert plan["shapes"][0]["config"]["stream_tail"] is True
+    with pytest.raises(TypeError, match="'gpu' must be a device name"):
+        gemm_api.precompile_fp8_gemm_nt(64, 64, 128, gpu=200)  # type: ignore[arg-type]
+
+
+def test_bench_plan_checks_refused_shapes_without_compiling(fresh_cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """--no-compile listed a shape the kernel refuses (K % 16 != 0) as fine and exited 0; an FP8 plan for a GPU
+    without an FP8 peak printed its banner before exiting 2."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    folder = str(fresh_cache.parent / "plan")
+    assert main(["bench", "--shape", "64,2112,7100", "--no-compile", "--results-dir", folder]) == 1
+    assert "'k' is K=7100; it must be a multiple of 16" in capsys.readouterr().out
+    assert main(["bench", "--shape", "64,2112,7168", "--no-compile", "--results-dir", folder]) == 0
+    capsys.readouterr()
+    assert main(["bench", "--suite", "smoke", "--gpu", "a100", "--results-dir", folder]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "no FP8 peak" in captured.err
+
+
+def test_precompile_model_checks_num_sms_and_gpu() -> None:
+    model = nn.Sequential(Fp8Linear(4096, 4096))
+    with pytest.raises(ValueError, match="precompile_model: 'num_sms' must be from 1 to"):
+        precompile_model(model, (1,), num_sms=10_000)
+    with pytest.raises(TypeError, match="precompile_model: 'gpu' must be a device name"):
+        precompile_model(model, (1,), gpu=132)  # type: ignore[arg-type]

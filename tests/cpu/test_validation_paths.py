@@ -282,6 +282,38 @@ def test_row_limits_are_checked_on_every_path() -> None:
         deepgemm.fp8_gemm_nt(small, big)
 
 
+def test_k_limit_is_checked_by_every_m_and_n_major_gemm() -> None:
+    """K past the 32-bit coordinates: bf16_gemm_* and the k-grouped GEMMs refused it, fp8_gemm_nt and the M-grouped
+    GEMMs accepted it (meta tensors stand in for the multi-GB operands; these are the rules the fake kernels run)."""
+    from deepgemm.api import bf16 as dense_bf16, bf16_grouped, grouped
+
+    k = 2**31 + 128
+    kg, meta, bf16, i32 = k // 128, torch.device("meta"), torch.bfloat16, torch.int32
+
+    def e(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.empty(*shape, dtype=dtype, device=meta)
+
+    calls = {
+        "fp8_gemm_nt": lambda: deepgemm.fp8_gemm_nt((e(1, k, dtype=FP8), e(1, kg)), (e(8, k, dtype=FP8), e(1, kg))),
+        "bf16_gemm_nt": lambda: dense_bf16.check_bf16_gemm("nt", e(1, k, dtype=bf16), e(8, k, dtype=bf16), None,
+                                                           None, None),
+        "fp8 contiguous": lambda: grouped.check_contiguous(
+            (e(128, k, dtype=FP8), e(128, kg)), (e(1, 8, k, dtype=FP8), e(1, 1, kg)), e(128, 8, dtype=bf16),
+            e(128, dtype=i32), psum_form=False),
+        "fp8 masked": lambda: grouped.check_masked(
+            (e(1, 64, k, dtype=FP8), e(1, 64, kg)), (e(1, 8, k, dtype=FP8), e(1, 1, kg)), e(1, 64, 8, dtype=bf16),
+            e(1, dtype=i32), 64),
+        "bf16 contiguous": lambda: bf16_grouped.check_bf16_contiguous(
+            e(128, k, dtype=bf16), e(1, 8, k, dtype=bf16), e(128, 8, dtype=bf16), e(128, dtype=i32), psum_form=False),
+        "bf16 masked": lambda: bf16_grouped.check_bf16_masked(
+            e(1, 64, k, dtype=bf16), e(1, 8, k, dtype=bf16), e(1, 64, 8, dtype=bf16), e(1, dtype=i32), 64),
+    }
+    for label, call in calls.items():
+        with pytest.raises(ValueError, match=r"\(K\) = 2147483776 exceeds the kernels' 32-bit"):
+            call()
+            pytest.fail(f"{label} accepted K = {k}")
+
+
 # ---------------------------------------------------------------- the fake kernels apply the same metadata rules
 
 
@@ -532,3 +564,88 @@ def test_calc_diff_rejects_mismatched_shapes() -> None:
     with pytest.raises(TypeError, match=q("y")):
         deepgemm.calc_diff(x, 1.0)
     assert deepgemm.calc_diff(x, x) == pytest.approx(0.0, abs=1e-15)
+
+
+def test_meta_tensors_run_every_gemm_as_metadata() -> None:
+    """On the meta device (no memory: every data pointer is 0) the out= forms raised a false "'out' overlaps" error
+    and the grouped GEMMs failed reading the grouping's values; they now return the output (metadata only), and a
+    layout check, which needs values, raises a ValueError saying so."""
+    meta, bf16, i32 = torch.device("meta"), torch.bfloat16, torch.int32
+
+    def e(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.empty(*shape, dtype=dtype, device=meta)
+
+    a, b = (e(256, 256, dtype=FP8), e(256, 2)), (e(2, 64, 256, dtype=FP8), e(2, 1, 2))
+    am = (e(2, 128, 256, dtype=FP8), e(2, 128, 2))
+    ka, kb = (e(64, 256, dtype=FP8), e(64, 2)), (e(32, 256, dtype=FP8), e(32, 2))
+    x, w = e(256, 256, dtype=bf16), e(2, 64, 256, dtype=bf16)
+    calls = {
+        "fp8_gemm_nt out=": (lambda o: deepgemm.fp8_gemm_nt(a, (b[0][0], b[1][0]), o), e(256, 64, dtype=bf16)),
+        "bf16_gemm_nt c=out": (lambda o: deepgemm.bf16_gemm_nt(x, w[0], o, c=o), e(256, 64)),
+        "fp8 contiguous": (lambda o: deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, o, e(256, dtype=i32)),
+                           e(256, 64, dtype=bf16)),
+        "fp8 psum": (lambda o: deepgemm.m_grouped_fp8_gemm_nt_contiguous_psum(a, b, o, e(2, dtype=i32)),
+                     e(256, 64, dtype=bf16)),
+        "fp8 masked": (lambda o: deepgemm.m_grouped_fp8_gemm_nt_masked(am, b, o, e(2, dtype=i32), 64),
+                       e(2, 128, 64, dtype=bf16)),
+        "fp8 k-grouped": (lambda o: deepgemm.k_grouped_fp8_gemm_tn_contiguous(ka, kb, o, [128, 128], c=o),
+                          e(2, 64, 32)),
+        "bf16 contiguous": (lambda o: deepgemm.m_grouped_bf16_gemm_nt_contiguous(x, w, o, e(256, dtype=i32)),
+                            e(256, 64, dtype=bf16)),
+        "bf16 psum": (lambda o: deepgemm.m_grouped_bf16_gemm_nt_contiguous_psum(x, w, o, e(2, dtype=i32)),
+                      e(256, 64, dtype=bf16)),
+        "bf16 masked": (lambda o: deepgemm.m_grouped_bf16_gemm_nt_masked(e(2, 128, 256, dtype=bf16), w, o,
+                                                                        e(2, dtype=i32), 64),
+                        e(2, 128, 64, dtype=bf16)),
+        "bf16 k-grouped": (lambda o: deepgemm.k_grouped_bf16_gemm_tn_contiguous(e(256, 64, dtype=bf16),
+                                                                                e(256, 32, dtype=bf16), o, [128, 128]),
+                           e(2, 64, 32)),
+    }
+    for label, (call, out) in calls.items():
+        got = call(out)
+        assert got is out and got.is_meta, label
+    with pytest.raises(ValueError, match="'m_indices' is on the meta device"):
+        deepgemm.check_grouped_layout(num_groups=2, m_indices=e(256, dtype=i32))
+    with pytest.raises(ValueError, match="validate=True.*meta device"):
+        deepgemm.m_grouped_fp8_gemm_nt_contiguous(a, b, e(256, 64, dtype=bf16), e(256, dtype=i32), validate=True)
+
+
+def test_sparse_tensors_are_refused_naming_the_argument() -> None:
+    """A sparse (COO / CSR) operand reached torch internals and failed with a RuntimeError naming no argument."""
+    a = deepgemm.quantize_per_token_group(torch.randn(16, 256))
+    b = deepgemm.quantize_per_block(torch.randn(24, 256))
+    x, w = torch.randn(16, 32).to(torch.bfloat16), torch.randn(24, 32).to(torch.bfloat16)
+    calls = {
+        "'x'": lambda: deepgemm.quantize_per_token_group(torch.randn(16, 128).to_sparse()),
+        "'w'": lambda: deepgemm.quantize_per_block(torch.randn(16, 128).to_sparse()),
+        "'b[1]'": lambda: deepgemm.fp8_gemm_nt(a, (b[0], b[1].to_sparse())),
+        "'a'": lambda: deepgemm.bf16_gemm_nt(x.to_sparse_csr(), w),
+        "'b'": lambda: deepgemm.bf16_gemm_nt(x, w.to_sparse()),
+        "'ks'": lambda: deepgemm.k_grouped_fp8_gemm_tn_contiguous(
+            a, deepgemm.quantize_per_token_group(torch.randn(24, 256)), torch.zeros(1, 16, 24),
+            torch.tensor([256]).to_sparse()),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=re.escape(name) + " must be a dense \\(strided\\) tensor"):
+            call()
+
+
+def test_outputs_made_in_inference_mode_are_written_only_in_it() -> None:
+    """torch refuses in-place writes to an inference tensor outside inference mode: the reference path raised that
+    RuntimeError while the kernel path would have written through the pointer. Both now raise the same ValueError
+    outside the mode and run inside it."""
+    a = deepgemm.quantize_per_token_group(torch.randn(32, 256))
+    b = deepgemm.quantize_per_block(torch.randn(64, 256))
+    x, w = torch.randn(32, 128).to(torch.bfloat16), torch.randn(64, 128).to(torch.bfloat16)
+    ka = deepgemm.quantize_per_token_group(torch.randn(16, 256))
+    kb = deepgemm.quantize_per_token_group(torch.randn(24, 256))
+    with torch.inference_mode():
+        out, acc, kout = torch.empty(32, 64, dtype=torch.bfloat16), torch.zeros(32, 64), torch.zeros(1, 16, 24)
+    calls = [lambda: deepgemm.fp8_gemm_nt(a, b, out), lambda: deepgemm.bf16_gemm_nt(x, w, acc, c=acc),
+             lambda: deepgemm.k_grouped_fp8_gemm_tn_contiguous(ka, kb, kout, [256])]
+    for call in calls:
+        with pytest.raises(ValueError, match="'out' was created under torch.inference_mode()"):
+            call()
+        with torch.inference_mode():
+            call()
+    assert not out.isnan().any() and acc.abs().sum() > 0 and kout.abs().sum() > 0

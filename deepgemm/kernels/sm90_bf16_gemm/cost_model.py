@@ -60,11 +60,13 @@ class Bf16Problem:
     num_sms: int
     groups: int = 1
     k_grouped: bool = False  # groups of K ranges into their own [M, N] outputs (tiles walk the dense raster per group)
+    m_grouped: bool = False  # groups of rows (contiguous / masked experts), also when there is one group
 
 
 def is_decode(problem: Bf16Problem) -> bool:
-    """A dense GEMM of at most DECODE_MAX_M rows: where split-K builds are considered."""
-    return problem.groups == 1 and not problem.k_grouped and problem.m <= DECODE_MAX_M
+    """A dense GEMM of at most DECODE_MAX_M rows: where split-K builds are considered (never a grouped launch, even
+    of one group: the grouped kernels have no split-K build)."""
+    return problem.groups == 1 and not problem.k_grouped and not problem.m_grouped and problem.m <= DECODE_MAX_M
 
 
 def block_n_candidates(problem: Bf16Problem) -> list[int]:
