@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -65,6 +66,7 @@ COMPILERS = ("nvrtc", "nvcc")
 _DEFAULT_TIMEOUT_S = 600.0
 #: Added to the compile timeout for a wait on a kernel's lock (the holder compiles, then publishes).
 _LOCK_MARGIN_S = 60.0
+_NO_LIMIT_S = 1e9  # a timeout at least this long is no limit (~31 years; subprocess and flock take None)
 #: Environment of the NVRTC worker: its caller's pid, so that it exits if the caller died before it started.
 WORKER_PARENT_ENV = "DEEPGEMM_WORKER_PARENT"
 
@@ -186,12 +188,24 @@ def nvrtc_headers_dir(cache_root: Path) -> Path:
 
 
 def compile_timeout() -> float:
-    """``DEEPGEMM_COMPILE_TIMEOUT`` in seconds (default 600)."""
+    """``DEEPGEMM_COMPILE_TIMEOUT`` in seconds (default 600): a positive number, or ``inf`` (no limit)."""
     raw = os.environ.get("DEEPGEMM_COMPILE_TIMEOUT", "")
+    if not raw.strip():
+        return _DEFAULT_TIMEOUT_S
     try:
-        return float(raw) if raw.strip() else _DEFAULT_TIMEOUT_S
+        value = float(raw)
     except ValueError:
-        raise ValueError(f"DEEPGEMM_COMPILE_TIMEOUT={raw!r} is not a number") from None
+        value = math.nan
+    if not value > 0:  # (nan too)
+        raise ValueError(f"DEEPGEMM_COMPILE_TIMEOUT={raw!r}: expected a positive number of seconds, or inf for no "
+                         "limit")
+    return value
+
+
+def finite_or_none(seconds: float) -> float | None:
+    """A timeout for APIs that take None as "no limit" (subprocess, locks): None for inf or values past ~31 years,
+    which those APIs cannot represent."""
+    return seconds if seconds < _NO_LIMIT_S else None
 
 
 def lock_timeout() -> float:
@@ -245,7 +259,13 @@ def _find_nvcc(override: str | None, search_path: str | None) -> str:
 
 @functools.cache
 def _nvcc_version_text(binary: str) -> str:
-    proc = subprocess.run([binary, "--version"], capture_output=True, text=True)
+    timeout = compile_timeout()
+    try:
+        proc = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=finite_or_none(timeout))
+    except subprocess.TimeoutExpired:
+        raise CompileError(f"{binary} --version did not answer within {timeout:g} s") from None
+    except OSError as exc:
+        raise CompileError(f"{binary} --version could not run: {exc}") from exc
     if proc.returncode != 0:
         raise CompileError(f"{binary} --version failed", proc.stdout + proc.stderr)
     return proc.stdout.strip()
@@ -321,7 +341,7 @@ def _load_or_compile(
     outcome: Outcome = "disk"
     entry = cache.load(key)
     if entry is None:
-        with cache.locked(key, timeout=lock_timeout(), what=repr(label)):
+        with cache.locked(key, timeout=finite_or_none(lock_timeout()), what=repr(label)):
             entry = cache.load(key)  # another process may have published it
             if entry is None:
                 if cache.exists(key):
@@ -518,7 +538,7 @@ def _run_process(
         raise _Failure(f"could not start {what} for {where}: {exc}") from exc
     with proc:
         try:
-            stdout, stderr = proc.communicate(stdin, timeout=timeout)
+            stdout, stderr = proc.communicate(stdin, timeout=finite_or_none(timeout))
         except subprocess.TimeoutExpired:
             stdout, stderr = _kill_group(proc)
             raise _Failure(

@@ -206,6 +206,27 @@ def test_hung_worker_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     assert time.monotonic() - start < 10
 
 
+def test_bundled_headers_that_cannot_be_unpacked_fail_the_compile(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file where the bundle goes made the worker compile against a toolkit's headers instead, cached under the
+    key of a compile against the bundle. Now the compile fails, naming the folder (an NVRTC without a bundle still
+    uses a toolkit's headers)."""
+    blocked = tmp_path / "blocked"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("DEEPGEMM_NVRTC_HEADERS_DIR", str(blocked))
+    source = KernelSource(code='#include <cuda_bf16.h>\nextern "C" __global__ void deepgemm_kernel(__nv_bfloat16* o) '
+                               '{ *o = __float2bfloat16(1.f); }')
+    try:
+        compile_kernel(source)
+    except CompileError as error:
+        assert "HEADERS_FAILED" in str(error) and "could not unpack NVRTC's bundled CUDA headers" in error.log
+    else:  # only an NVRTC without bundled headers compiles here (against a toolkit's headers)
+        from deepgemm.jit.compile_worker import _cuda_header_options  # noqa: F401 (the path under test)
+        from cuda.bindings import nvrtc
+        with pytest.raises(Exception):
+            nvrtc.nvrtcInstallBundledHeaders(str(tmp_path / "probe").encode(), 0)
+
+
 def test_a_named_nvcc_that_is_missing_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """DEEPGEMM_NVCC naming no executable fell back to the nvcc on PATH without a word."""
     from deepgemm.jit import compiler as jit_compiler
@@ -262,3 +283,35 @@ def test_parse_ptxas_log_picks_the_entry(log: str, name: str) -> None:
     # A non-entry device function has properties but no register line.
     assert parse_ptxas_log(log, "helper") is None
     assert parse_ptxas_log(log, "absent") is None
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [("5", 5.0), (" 2.5 ", 2.5), ("inf", None), ("1e400", None),
+                                              ("1e10", None), ("", 600.0)])
+def test_compile_timeout_values(raw: str, seconds: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """inf (and values past what subprocess and flock take) means no limit; it raised OverflowError there."""
+    from deepgemm.jit.compiler import compile_timeout, finite_or_none
+
+    monkeypatch.setenv("DEEPGEMM_COMPILE_TIMEOUT", raw)
+    assert finite_or_none(compile_timeout()) == seconds
+    if seconds is None:
+        assert compile_kernel(WGMMA_KERNEL).cubin_path.is_file()
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "-61", "nan", "abc"])
+def test_bad_compile_timeouts_name_the_variable(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """0 and negative values timed out at once ("after -1 s"), nan never did."""
+    from deepgemm.jit.compiler import compile_timeout
+
+    monkeypatch.setenv("DEEPGEMM_COMPILE_TIMEOUT", raw)
+    with pytest.raises(ValueError, match="DEEPGEMM_COMPILE_TIMEOUT=.*expected a positive number"):
+        compile_timeout()
+
+
+def test_an_nvcc_that_cannot_run_is_a_compile_error(tmp_path: Path) -> None:
+    from deepgemm.jit.compiler import _nvcc_version_text
+
+    broken = tmp_path / "nvcc"
+    broken.write_bytes(b"\x00not an executable format")
+    broken.chmod(0o755)
+    with pytest.raises(CompileError, match="--version could not run"):
+        _nvcc_version_text(str(broken))
