@@ -15,6 +15,7 @@ import functools
 import itertools
 import json
 import math
+import re
 import os
 import shutil
 import signal
@@ -168,14 +169,15 @@ def compiler_choice() -> str:
 
 
 def default_cache_dir() -> Path:
-    """``DEEPGEMM_CACHE_DIR``, else ~/.cache/deepgemm."""
+    """``DEEPGEMM_CACHE_DIR`` (a relative one taken from the working directory of the first use), else
+    ~/.cache/deepgemm."""
     return _cache_dir_from(os.environ.get("DEEPGEMM_CACHE_DIR"), os.environ.get("HOME"))
 
 
 @functools.cache
 def _cache_dir_from(override: str | None, home: str | None) -> Path:
     del home  # part of the memo key only: Path.home() reads it
-    return Path(override).expanduser() if override else Path.home() / ".cache" / "deepgemm"
+    return Path(override).expanduser().absolute() if override else Path.home() / ".cache" / "deepgemm"
 
 
 def nvrtc_headers_dir(cache_root: Path) -> Path:
@@ -272,10 +274,25 @@ def _nvcc_version_text(binary: str) -> str:
 
 
 def compiler_version(compiler: str) -> str:
-    """Version text that goes into the cache key."""
+    """Version text that goes into the cache key (NVRTC: major.minor and, where a wheel installed it, the wheel's
+    full version: patch releases change code generation)."""
     if compiler == "nvrtc":
-        return "nvrtc %d.%d" % nvrtc_version()
+        build = _nvrtc_wheel_version()
+        return "nvrtc %d.%d" % nvrtc_version() + (f" ({build})" if build else "")
     return _nvcc_version_text(nvcc_binary())
+
+
+@functools.cache
+def _nvrtc_wheel_version() -> str:
+    """The installed NVRTC wheel's version (e.g. 13.5.37), or "" (NVRTC from a toolkit)."""
+    from importlib import metadata
+
+    for name in ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu13"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return ""
 
 
 # ---------------------------------------------------------------- keys and the entry point
@@ -455,6 +472,14 @@ def worker_command() -> list[str]:
     return [sys.executable, str(Path(__file__).with_name("compile_worker.py"))]
 
 
+_OTHER_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"](?!deepgemm/)', re.M)
+
+
+def _includes_other_headers(code: str) -> bool:
+    """Whether ``code`` includes a header other than deepgemm's own (CUDA's, CCCL's: from NVRTC's bundle)."""
+    return _OTHER_INCLUDE.search(code) is not None
+
+
 def _run_nvrtc(
     code: str, options: list[str], staging: Path, cache_root: Path, where: str
 ) -> tuple[str, list[str]]:
@@ -466,7 +491,7 @@ def _run_nvrtc(
         "cubin_path": str(staging / CUBIN_NAME),
         # deepgemm's own headers need no CUDA headers; only sources that include one pay for
         # unpacking NVRTC's bundled headers (~26 MB, once per NVRTC version).
-        "cuda_include_dir": str(nvrtc_headers_dir(cache_root)) if "#include <cuda" in code else None,
+        "cuda_include_dir": str(nvrtc_headers_dir(cache_root)) if _includes_other_headers(code) else None,
     }
     proc = _run_process(worker_command(), "NVRTC worker", where, stdin=json.dumps(request))
     reply = _worker_reply(proc.stdout)

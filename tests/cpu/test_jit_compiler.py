@@ -315,3 +315,33 @@ def test_an_nvcc_that_cannot_run_is_a_compile_error(tmp_path: Path) -> None:
     broken.chmod(0o755)
     with pytest.raises(CompileError, match="--version could not run"):
         _nvcc_version_text(str(broken))
+
+
+@pytest.mark.parametrize("include", ['#include<cuda_bf16.h>', '#  include "cuda_bf16.h"', ' # include <cuda_bf16.h>'])
+def test_any_spelling_of_a_cuda_include_gets_the_headers(include: str) -> None:
+    """Only the exact text "#include <cuda" unpacked NVRTC's headers; other spellings failed to find the file."""
+    source = KernelSource(code=include + '\nextern "C" __global__ void deepgemm_kernel(__nv_bfloat16* o) '
+                                         '{ *o = __float2bfloat16(1.f); }')
+    assert compile_kernel(source).cubin_path.is_file()
+
+
+def test_the_nvrtc_key_names_the_wheel_build() -> None:
+    """Patch releases of NVRTC (which bundles ptxas) change code generation: the wheel's full version is keyed."""
+    from deepgemm.jit.compiler import _nvrtc_wheel_version, compiler_version, nvrtc_version
+
+    build = _nvrtc_wheel_version()
+    assert compiler_version("nvrtc").startswith("nvrtc %d.%d" % nvrtc_version())
+    assert (f"({build})" in compiler_version("nvrtc")) == bool(build)
+
+
+def test_a_relative_cache_dir_is_fixed_at_first_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative DEEPGEMM_CACHE_DIR followed the working directory: a second cache after a chdir, and relative
+    cubin paths handed out."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DEEPGEMM_CACHE_DIR", "relative-cache")
+    first = compile_kernel(WGMMA_KERNEL)
+    assert first.cubin_path.is_absolute() and first.cubin_path.is_relative_to(tmp_path / "relative-cache")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert default_cache_dir() == tmp_path / "relative-cache"
