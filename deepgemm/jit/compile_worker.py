@@ -56,10 +56,10 @@ def main() -> int:
     request = json.loads(sys.stdin.read())
     from cuda.bindings import nvrtc
 
-    header_note, header_options, options = "", [], list(request["options"])
+    header_note, options = "", list(request["options"])
     try:
         header_note, header_options = _cuda_header_options(nvrtc, request.get("cuda_include_dir"))
-        options = [*options, *header_options]
+        options += header_options
         log = _compile(nvrtc, request, options)
         reply = {"ok": True, "status": "NVRTC_SUCCESS", "log": log}
     except _NvrtcFailure as failure:
