@@ -39,6 +39,7 @@ from deepgemm.jit.cache import (
     tree_digest,
 )
 from deepgemm.jit.resources import PtxasResources, parse_ptxas_log
+from deepgemm.env import env_flag
 
 _PACKAGE_INCLUDE = Path(__file__).resolve().parent.parent / "include"
 #: Stands for the include directory in option lists, so keys hold no paths.
@@ -216,12 +217,8 @@ def lock_timeout() -> float:
     return compile_timeout() + _LOCK_MARGIN_S
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
-
-
 def _debug(message: str) -> None:
-    if _env_flag("DEEPGEMM_JIT_DEBUG"):
+    if env_flag("DEEPGEMM_JIT_DEBUG"):
         print(f"[deepgemm.jit] {message}", file=sys.stderr, flush=True)
 
 
@@ -373,7 +370,7 @@ def _load_or_compile(
         _disk_hits.tick()
         _debug(f"disk cache hit {key[:16]} ({label})")
     kernel = _to_kernel(entry, source.entry)
-    if _env_flag("DEEPGEMM_PTXAS_VERBOSE"):
+    if env_flag("DEEPGEMM_PTXAS_VERBOSE"):
         print(f"[deepgemm.jit] ptxas log for {label}:\n{kernel.log}", file=sys.stderr)
     return kernel, outcome
 

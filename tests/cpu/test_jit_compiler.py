@@ -345,3 +345,28 @@ def test_a_relative_cache_dir_is_fixed_at_first_use(tmp_path: Path, monkeypatch:
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     assert default_cache_dir() == tmp_path / "relative-cache"
+
+
+@pytest.mark.parametrize(("raw", "on"), [("", False), ("0", False), ("false", False), ("No", False), ("off", False),
+                                         ("1", True), ("true", True), ("YES", True), (" on ", True)])
+def test_on_off_variables_read_alike(raw: str, on: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DEEPGEMM_FORCE_REFERENCE and _PRINT_CONFIGS were on for "0" and "false"; _AUTOTUNE only for "1"."""
+    from deepgemm.env import env_flag
+
+    monkeypatch.setenv("DEEPGEMM_AUTOTUNE", raw)
+    assert env_flag("DEEPGEMM_AUTOTUNE") is on
+
+
+def test_malformed_variables_name_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepgemm.kernels.common import device
+    from deepgemm.env import env_flag
+
+    monkeypatch.setenv("DEEPGEMM_PRINT_CONFIGS", "maybe")
+    with pytest.raises(ValueError, match="DEEPGEMM_PRINT_CONFIGS='maybe'"):
+        env_flag("DEEPGEMM_PRINT_CONFIGS")
+    for raw in ("abc", "0", "-5"):  # 0 and -5 planned for 1 SM without a word
+        monkeypatch.setenv("DEEPGEMM_NUM_SMS", raw)
+        with pytest.raises(ValueError, match="DEEPGEMM_NUM_SMS=.*positive int"):
+            device._sm_cap()
+    monkeypatch.setenv("DEEPGEMM_NUM_SMS", " 66 ")
+    assert device._sm_cap() == 66
