@@ -18,7 +18,7 @@ from deepgemm.analysis.models import MlaSpec, ModelConfigError, ModelSpec, MoeSp
 
 # Architectures whose MLP is a plain up -> activation -> down (no gate projection).
 _UNGATED_MODEL_TYPES = frozenset({"gpt2", "gpt_neox", "gptj", "gpt_bigcode", "falcon", "phi", "opt", "bloom",
-                                  "starcoder2", "mpt", "bert", "roberta"})
+                                  "starcoder2", "mpt", "bert", "roberta", "gpt_neo", "codegen"})
 
 
 def load_hf_config(path: str | Path) -> ModelSpec:

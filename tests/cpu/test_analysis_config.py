@@ -127,3 +127,9 @@ def test_review_findings_2026_12_05(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["shapes", "--model", "llama-3-8b", "--seq", "0"]) == 2
     assert "--seq: must be >= 1" in capsys.readouterr().err
     assert si(1.6e19, "FLOP") == "16.0 EFLOP"
+    for config in ({"model_type": "gpt_neo", "hidden_size": 2048, "num_heads": 16, "num_layers": 24,
+                    "vocab_size": 50257, "intermediate_size": None},
+                   {"model_type": "codegen", "n_embd": 1024, "n_head": 16, "n_layer": 20, "vocab_size": 51200,
+                    "n_inner": None}):  # ungated, a null width meaning 4 x hidden (they were refused as missing it)
+        model = parse_hf_config(config)
+        assert not model.gated_mlp and model.intermediate_size == 4 * model.hidden_size
