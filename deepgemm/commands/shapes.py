@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         model = resolve_model(args.model)
         gpu = get_gpu(args.gpu)
-        workload = Workload(batch=args.batch, seq=DEFAULT_SEQ if args.seq is None else args.seq, decode_tokens=args.decode_tokens,
+        seq = DEFAULT_SEQ if args.seq is None else args.seq
+        workload = Workload(batch=args.batch, seq=seq, decode_tokens=args.decode_tokens,
                             include_prefill=args.seq is not None or args.decode_tokens == 0, tp=args.tp,
                             train=args.train, precision=args.dtype, fused=args.fused)
         ceilings = Ceilings.from_spec(gpu)

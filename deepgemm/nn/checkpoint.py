@@ -207,10 +207,10 @@ class _Checkpoint:
             return str(tensor_slice.get_dtype()), tuple(int(d) for d in tensor_slice.get_shape())
 
     def read(self, name: str) -> torch.Tensor:
-        """The tensor, in memory of its own (not a view of the file's mapping, which closing the file releases)."""
+        """The tensor; on CPU it may be a view of the file's mapping (copy it before keeping it)."""
         i = self.where[name]
         with self._errors(name):
-            tensor: torch.Tensor = self.handles[i].get_tensor(name).clone()
+            tensor: torch.Tensor = self.handles[i].get_tensor(name)
         self.read_files.add(i)
         self.bytes_read += tensor.numel() * tensor.element_size()
         return tensor
@@ -466,10 +466,13 @@ def _load_slot(slot: _Slot, ckpt: _Checkpoint, device: torch.device | None, repo
     assert slot.key is not None
     old = slot.tensor
     target = _target(old, device)
-    value = ckpt.read(slot.key).to(device=target, dtype=old.dtype)
+    read = ckpt.read(slot.key)
+    value = read.to(device=target, dtype=old.dtype)
     if old.device == target:
         old.copy_(value)  # in place: ties, views and optimizer references stay valid
     else:
+        if value.untyped_storage().data_ptr() == read.untyped_storage().data_ptr():
+            value = value.clone()  # kept: not a view of the file's mapping (a file rewritten later would change it)
         parameter = nn.Parameter(value, requires_grad=old.requires_grad)
         for module, attribute in slot.owners:
             if slot.is_parameter:
