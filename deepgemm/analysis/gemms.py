@@ -113,21 +113,23 @@ class _StepBuilder:
                       a=Operand(1, rows, k), b=Operand(groups, n, k), d=Operand(1, rows, n), groups=groups)
 
     def _batched(self, name: str, m: int, n: int, k: int, batch: int, *, b_matrices: int,
-                 a_on_chip: bool = False, d_on_chip: bool = False) -> GemmOp:
+                 a_on_chip: bool = False, d_on_chip: bool = False, b_on_chip: bool = False) -> GemmOp:
         """An attention-core product in bf16, ``batch`` instances; ``b_matrices`` distinct B operands."""
         return GemmOp(name=name, category=ATTENTION_CORE, phase=self.step.phase, kind="batched", m=m, n=n, k=k,
                       batch=batch, count=self.model.num_layers, precision="bf16",
-                      a=Operand(batch, m, k, on_chip=a_on_chip), b=Operand(b_matrices, n, k),
+                      a=Operand(batch, m, k, on_chip=a_on_chip), b=Operand(b_matrices, n, k, on_chip=b_on_chip),
                       d=Operand(batch, m, n, on_chip=d_on_chip))
 
-    def _scores_and_values(self, qk_dim: int, v_dim: int, kv_matrices: int) -> list[GemmOp]:
-        """Fused attention: scores S = Q K^T and O = P V; S and P stay on chip."""
+    def _scores_and_values(self, qk_dim: int, v_dim: int, kv_matrices: int, *,
+                           v_in_k: bool = False) -> list[GemmOp]:
+        """Fused attention: scores S = Q K^T and O = P V; S and P stay on chip. v_in_k: V is part of the K rows
+        already read (MLA's latent cache), so O = P V reads no further bytes."""
         step, instances = self.step, self.step.sequences * self.heads
         return [
             self._batched("attn.qk", step.q_len, step.kv_len, qk_dim, instances, b_matrices=kv_matrices,
                           d_on_chip=True),
             self._batched("attn.pv", step.q_len, v_dim, step.kv_len, instances, b_matrices=kv_matrices,
-                          a_on_chip=True),
+                          a_on_chip=True, b_on_chip=v_in_k),
         ]
 
     # -- attention -------------------------------------------------------------------------------------------
@@ -179,7 +181,7 @@ class _StepBuilder:
         latent = mla.kv_lora_rank
         absorb_q = self._batched("attn.q_absorb(W_UK)", step.tokens, latent, mla.qk_nope_head_dim, heads,
                                  b_matrices=heads)
-        core = self._scores_and_values(latent + mla.qk_rope_head_dim, latent, step.sequences)
+        core = self._scores_and_values(latent + mla.qk_rope_head_dim, latent, step.sequences, v_in_k=True)
         absorb_v = self._batched("attn.v_absorb(W_UV)", step.tokens, mla.v_head_dim, latent, heads, b_matrices=heads)
         return [absorb_q, *core, absorb_v]
 

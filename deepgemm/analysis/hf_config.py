@@ -18,7 +18,7 @@ from deepgemm.analysis.models import MlaSpec, ModelConfigError, ModelSpec, MoeSp
 
 # Architectures whose MLP is a plain up -> activation -> down (no gate projection).
 _UNGATED_MODEL_TYPES = frozenset({"gpt2", "gpt_neox", "gptj", "gpt_bigcode", "falcon", "phi", "opt", "bloom",
-                                  "starcoder2", "mpt", "bert", "roberta"})
+                                  "starcoder2", "mpt", "bert", "roberta", "gpt_neo", "codegen"})
 
 
 def load_hf_config(path: str | Path) -> ModelSpec:
@@ -52,15 +52,20 @@ def parse_hf_config(raw: Mapping[str, Any], *, default_name: str = "model", sour
         num_layers=fields.integer("num_hidden_layers", "n_layer", "num_layers"),
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=fields.integer("head_dim", default=_divide(hidden, heads, "hidden_size", "num_attention_heads",
-                                                            source)),
+        head_dim=_head_dim(fields, hidden, heads, source),
         vocab_size=fields.integer("vocab_size"),
         gated_mlp=gated,
-        activation=str(fields.raw.get("hidden_act") or fields.raw.get("activation_function") or
-                       ("silu" if gated else "gelu")),
+        activation=str(fields.raw.get("hidden_activation") or fields.raw.get("hidden_act") or
+                       fields.raw.get("activation_function") or ("silu" if gated else "gelu")),
         mla=_mla(fields),
         moe=_moe(fields),
     )
+
+
+def _head_dim(fields: _Fields, hidden: int, heads: int, source: str) -> int:
+    """head_dim as given (it need not divide hidden_size, e.g. GLM-4.5-Air), else hidden_size / heads."""
+    given = fields.optional_integer("head_dim")
+    return given if given is not None else _divide(hidden, heads, "hidden_size", "num_attention_heads", source)
 
 
 class _Fields:
@@ -122,8 +127,8 @@ def _mla(fields: _Fields) -> MlaSpec | None:
 
 
 def _moe(fields: _Fields) -> MoeSpec | None:
-    num_experts = fields.optional_integer("n_routed_experts", "num_local_experts", "num_experts")
-    if num_experts is None:
+    num_experts = fields.integer("n_routed_experts", "num_local_experts", "num_experts", default=0, allow_zero=True)
+    if num_experts == 0:  # absent, or 0: a dense model that spells the field out
         return None
     num_shared = fields.integer("n_shared_experts", default=0, allow_zero=True)
     expert_width = fields.integer("moe_intermediate_size", "intermediate_size")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import functools
-import os
 from typing import Literal
 
 import torch
 
 from deepgemm.kernels.common.device import is_sm90
+from deepgemm.env import env_flag
 
 Backend = Literal["sm90", "reference", "bf16"]
 Route = Literal["fp8", "bf16"]
@@ -47,7 +47,7 @@ def supported(device: torch.device | int | str | None = None) -> bool:
             print("deepgemm runs its reference path here")
         deepgemm.supported(torch.device("cuda", 0))
     """
-    if os.environ.get("DEEPGEMM_FORCE_REFERENCE"):
+    if env_flag("DEEPGEMM_FORCE_REFERENCE"):
         return False
     if not torch.cuda.is_available() or not _kernels_importable():
         return False

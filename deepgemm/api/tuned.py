@@ -3,9 +3,10 @@ process; with DEEPGEMM_AUTOTUNE=1 an untuned shape is measured first and recorde
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
+
+from deepgemm.env import env_flag
 
 Config = TypeVar("Config")
 
@@ -21,7 +22,7 @@ class TunedLookups(Generic[Config]):
         if key in self._table:
             return self._table[key]
         config = lookup()
-        if config is None and os.environ.get("DEEPGEMM_AUTOTUNE") == "1":
+        if config is None and env_flag("DEEPGEMM_AUTOTUNE"):
             tune()
             config = lookup()
         if len(self._table) >= self.CAPACITY:

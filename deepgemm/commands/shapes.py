@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         model = resolve_model(args.model)
         gpu = get_gpu(args.gpu)
-        workload = Workload(batch=args.batch, seq=args.seq or DEFAULT_SEQ, decode_tokens=args.decode_tokens,
+        seq = DEFAULT_SEQ if args.seq is None else args.seq
+        workload = Workload(batch=args.batch, seq=seq, decode_tokens=args.decode_tokens,
                             include_prefill=args.seq is not None or args.decode_tokens == 0, tp=args.tp,
                             train=args.train, precision=args.dtype, fused=args.fused)
         ceilings = Ceilings.from_spec(gpu)
@@ -108,11 +109,16 @@ def _m_cell(op: GemmOp) -> str:
     return str(op.m)
 
 
+def _intensity(flop_per_byte: float) -> str:
+    """FLOP/B: whole numbers from 10 up, two significant digits below (0.25 printed as 0)."""
+    return f"{flop_per_byte:,.0f}" if flop_per_byte >= 10 else f"{flop_per_byte:.2g}"
+
+
 def _print_phase(summary: PhaseSummary, workload: Workload) -> None:
     headers = ["GEMM", "M", "N", "K", "batch", "count", "FLOPs", "bytes", "FLOP/B", "roofline us", "bound", "share"]
     rows = [
         [e.op.label, _m_cell(e.op), str(e.op.n), str(e.op.k), str(e.op.batch), str(e.op.count),
-         si(e.op.flops), si(e.op.bytes, "B"), f"{e.op.intensity:,.0f}", micros(e.time_s), e.per_call.bound,
+         si(e.op.flops), si(e.op.bytes, "B"), _intensity(e.op.intensity), micros(e.time_s), e.per_call.bound,
          percent(summary.share(e))]
         for e in summary.estimates
     ]

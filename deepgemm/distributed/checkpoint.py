@@ -23,6 +23,7 @@ from deepgemm.nn.checkpoint import (
     FLOAT_DTYPES,
     SCALE_SUFFIX,
     LoadReport,
+    _FP8_FORMATS,
     _Checkpoint,
     _check_quantization_config,
     _checkpoint_files,
@@ -170,6 +171,7 @@ def shard_fp8_checkpoint(model: nn.Module, path: str | os.PathLike[str], *, stri
                 if module.bias is not None and layer.bias_key is None:
                     missing.append(_key(name, "bias"))
         slots: list[tuple[str, torch.Tensor]] = []
+        absent: list[tuple[str, int]] = []  # (name, tensor id): missing unless the tensor loads under another name
         refresh: list[Fp8Linear] = []
         for name, module in model.named_modules():
             if id(module) in in_layer:
@@ -182,13 +184,16 @@ def shard_fp8_checkpoint(model: nn.Module, path: str | os.PathLike[str], *, stri
             for attribute, tensor in own:
                 key = _key(name, attribute)
                 if key not in ckpt:
-                    missing.append(key)
+                    absent.append((key, id(tensor)))
                     continue
                 dtype, shape = ckpt.meta(key)
                 if shape != tuple(tensor.shape):
                     raise ValueError(f"{WHERE}: {key!r} has shape {list(shape)} in the checkpoint, the model expects "
                                      f"{list(tensor.shape)}")
-                if dtype.startswith("F8_") != (tensor.dtype.itemsize == 1 and tensor.is_floating_point()):
+                source_fp8, source_float = dtype.startswith("F8_"), dtype.startswith("F8_") or dtype in FLOAT_DTYPES
+                if (source_fp8 != (tensor.dtype.itemsize == 1 and tensor.is_floating_point())
+                        or (source_fp8 and _FP8_FORMATS.get(dtype) != tensor.dtype)
+                        or source_float != tensor.is_floating_point()):
                     hint = " (an FP8 weight loads into Fp8Linear or a parallel FP8 layer)" if dtype.startswith("F8_") \
                         else ""
                     raise ValueError(f"{WHERE}: {key!r} is {_dtype_name(dtype)} in the checkpoint, the model's tensor "
@@ -197,6 +202,8 @@ def shard_fp8_checkpoint(model: nn.Module, path: str | os.PathLike[str], *, stri
                     raise ValueError(f"{WHERE}: {key!r} is on the meta device; build the model on its device first")
                 slots.append((key, tensor))
                 consumed.add(key)
+        loaded = {id(tensor) for _, tensor in slots}  # a tied tensor stored under one of its names loads once
+        missing += [key for key, tensor_id in absent if tensor_id not in loaded]
         report = LoadReport(missing=sorted(missing), unexpected=sorted(set(ckpt.where) - consumed))
         if strict and (report.missing or report.unexpected):
             parts = [f"{what} {_listing(names)}" for what, names in

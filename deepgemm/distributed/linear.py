@@ -270,9 +270,9 @@ class RowParallelFp8Linear(_ParallelFp8Linear):
     `reduce_dtype`, which is all-reduced over the group, cast to the output dtype, and the bias (kept whole on every
     rank) added once. reduce_dtype=torch.float32 (default) rounds once, after the sum, as the single-GPU layer
     does (on the routed path too: float32 partials of the BF16 input, the bias added before the rounding, as the
-    single layer's matmul adds it): within calc_diff 3e-6 of the float64 reference at TP 2-8 (CPU runs). torch.bfloat16 moves half the bytes
-    but rounds every partial sum: the error grows with the TP size (calc_diff about 1e-5 at TP 8), past the 1e-5
-    target; which one to serve with is for the GPU measurement to settle.
+    single layer's matmul adds it): within calc_diff 3e-6 of the float64 reference at TP 2-8 (CPU runs).
+    torch.bfloat16 moves half the bytes but rounds every partial sum: the error grows with the TP size (calc_diff
+    about 1e-5 at TP 8), past the 1e-5 target; which one to serve with is for the GPU measurement to settle.
 
     input_is_parallel (default True): the input is this rank's k features (the output of a ColumnParallelFp8Linear
     without gather_output); False: the whole input [..., in_features], of which the layer takes its k columns.

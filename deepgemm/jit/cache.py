@@ -32,6 +32,7 @@ from deepgemm.errors import CacheError, LockTimeoutError
 #: Bump when the key recipe or the entry layout changes.
 LAYOUT_VERSION = 1
 CUBIN_NAME = "kernel.cubin"
+STALE_STAGING_S = 24 * 3600.0  # a staging directory this old belongs to no live compile
 SOURCE_NAME = "kernel.cu"
 META_NAME = "meta.json"
 ELF_MAGIC = b"\x7fELF"
@@ -39,12 +40,15 @@ ELF_MAGIC = b"\x7fELF"
 
 @functools.cache
 def tree_digest(root: Path) -> str:
-    """sha256 over every file under ``root``: relative path and content, sorted.
+    """sha256 over every file under ``root``: relative path and content, sorted. Symlinked folders are followed,
+    as the compiler follows them when it resolves an include.
 
     Memoized per process; call ``tree_digest.cache_clear()`` after editing files.
     """
     files = sorted(
-        (p.relative_to(root).as_posix(), p) for p in root.rglob("*") if p.is_file()
+        ((Path(folder) / name).relative_to(root).as_posix(), Path(folder) / name)
+        for folder, _, names in os.walk(root, followlinks=True) for name in names
+        if (Path(folder) / name).is_file()
     )
     h = hashlib.sha256()
     for rel, path in files:
@@ -131,13 +135,19 @@ class KernelCache:
     def staging_dir(self, key: str) -> Path:
         """A fresh directory on the cache's filesystem (call with the key's lock held).
 
-        Leftovers of this key from killed processes are removed first.
+        Leftovers of this key from killed processes are removed first: those older than any live compile can be
+        (where file locks do nothing, e.g. NFS without locking, a younger one may be another process's staging).
         """
         tmp = self.root / "tmp"
         make_dirs(tmp)
         with cache_errors("create the staging directory", tmp):
+            horizon = time.time() - STALE_STAGING_S
             for stale in tmp.glob(f"{key}-*"):
-                shutil.rmtree(stale, ignore_errors=True)
+                try:
+                    if stale.stat().st_mtime < horizon:
+                        shutil.rmtree(stale, ignore_errors=True)
+                except FileNotFoundError:
+                    pass
             return Path(tempfile.mkdtemp(prefix=f"{key}-", dir=tmp))
 
     def discard(self, key: str) -> None:
@@ -242,12 +252,16 @@ def _flock(fd: int, path: Path, timeout: float | None, what: str) -> None:
 
 
 def _validated_meta(directory: Path, key: str) -> dict[str, Any] | None:
-    """meta.json of ``directory`` if it and the cubin it describes are intact."""
+    """meta.json of ``directory`` if it and the cubin it describes are intact; None if either is missing or damaged.
+    Another read error (permissions, EIO, EMFILE) raises CacheError: the entry may be intact, so it is not thrown
+    away as damaged."""
     try:
         meta = json.loads((directory / META_NAME).read_bytes())
         cubin = (directory / CUBIN_NAME).read_bytes()
-    except (OSError, ValueError):
+    except (FileNotFoundError, NotADirectoryError, ValueError):
         return None
+    except OSError as exc:
+        raise CacheError.from_os_error("read the cache entry", directory, exc) from exc
     if not isinstance(meta, dict):
         return None
     ok = (

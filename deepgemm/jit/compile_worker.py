@@ -56,9 +56,10 @@ def main() -> int:
     request = json.loads(sys.stdin.read())
     from cuda.bindings import nvrtc
 
-    header_note, header_options = _cuda_header_options(nvrtc, request.get("cuda_include_dir"))
-    options = [*request["options"], *header_options]
+    header_note, options = "", list(request["options"])
     try:
+        header_note, header_options = _cuda_header_options(nvrtc, request.get("cuda_include_dir"))
+        options += header_options
         log = _compile(nvrtc, request, options)
         reply = {"ok": True, "status": "NVRTC_SUCCESS", "log": log}
     except _NvrtcFailure as failure:
@@ -137,8 +138,8 @@ def _check(nvrtc: Any, result: tuple[Any, ...]) -> Any:
 def _cuda_header_options(nvrtc: Any, install_dir: str | None) -> tuple[str, list[str]]:
     """Include flags for CUDA's own headers, and a note for the log on failure.
 
-    Prefers NVRTC's bundled headers (same version as the compiler); falls back
-    to a CUDA toolkit's include directory when the bundle is unavailable.
+    NVRTC's bundled headers (same version as the compiler), unpacked into ``install_dir``; an NVRTC without a
+    bundle falls back to a CUDA toolkit's include directory. A bundle that cannot be unpacked is a failure.
     """
     note = ""
     if install_dir is None:
@@ -146,11 +147,14 @@ def _cuda_header_options(nvrtc: Any, install_dir: str | None) -> tuple[str, list
     if install_dir is not None:
         try:
             status, *_ = nvrtc.nvrtcInstallBundledHeaders(install_dir.encode(), 0)
-            if status == nvrtc.nvrtcResult.NVRTC_SUCCESS:
-                return "", [f"-I{install_dir}", f"-I{install_dir}/cccl"]
-            note = f"note: nvrtcInstallBundledHeaders failed: {status.name}\n"
         except Exception:  # older NVRTC (e.g. 13.0): the entry point is missing
             note = "note: this NVRTC has no bundled headers\n"
+        else:
+            if status == nvrtc.nvrtcResult.NVRTC_SUCCESS:
+                return "", [f"-I{install_dir}", f"-I{install_dir}/cccl"]
+            # Never another set of headers in their place: the cubin would be cached under the same key.
+            raise _NvrtcFailure("HEADERS_FAILED", f"could not unpack NVRTC's bundled CUDA headers into {install_dir} "
+                                f"({status.name}); fix or remove that path (DEEPGEMM_NVRTC_HEADERS_DIR names another)")
     for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         include = Path(root or "", "include")
         if root and (include / "cuda_bf16.h").is_file():

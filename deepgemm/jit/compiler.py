@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import math
+import re
 import os
 import shutil
 import signal
@@ -37,6 +39,7 @@ from deepgemm.jit.cache import (
     tree_digest,
 )
 from deepgemm.jit.resources import PtxasResources, parse_ptxas_log
+from deepgemm.env import env_flag
 
 _PACKAGE_INCLUDE = Path(__file__).resolve().parent.parent / "include"
 #: Stands for the include directory in option lists, so keys hold no paths.
@@ -65,6 +68,7 @@ COMPILERS = ("nvrtc", "nvcc")
 _DEFAULT_TIMEOUT_S = 600.0
 #: Added to the compile timeout for a wait on a kernel's lock (the holder compiles, then publishes).
 _LOCK_MARGIN_S = 60.0
+_NO_LIMIT_S = 1e9  # a timeout at least this long is no limit (~31 years; subprocess and flock take None)
 #: Environment of the NVRTC worker: its caller's pid, so that it exits if the caller died before it started.
 WORKER_PARENT_ENV = "DEEPGEMM_WORKER_PARENT"
 
@@ -166,14 +170,15 @@ def compiler_choice() -> str:
 
 
 def default_cache_dir() -> Path:
-    """``DEEPGEMM_CACHE_DIR``, else ~/.cache/deepgemm."""
+    """``DEEPGEMM_CACHE_DIR`` (a relative one taken from the working directory of the first use), else
+    ~/.cache/deepgemm."""
     return _cache_dir_from(os.environ.get("DEEPGEMM_CACHE_DIR"), os.environ.get("HOME"))
 
 
 @functools.cache
 def _cache_dir_from(override: str | None, home: str | None) -> Path:
     del home  # part of the memo key only: Path.home() reads it
-    return Path(override).expanduser() if override else Path.home() / ".cache" / "deepgemm"
+    return Path(override).expanduser().absolute() if override else Path.home() / ".cache" / "deepgemm"
 
 
 def nvrtc_headers_dir(cache_root: Path) -> Path:
@@ -186,12 +191,24 @@ def nvrtc_headers_dir(cache_root: Path) -> Path:
 
 
 def compile_timeout() -> float:
-    """``DEEPGEMM_COMPILE_TIMEOUT`` in seconds (default 600)."""
+    """``DEEPGEMM_COMPILE_TIMEOUT`` in seconds (default 600): a positive number, or ``inf`` (no limit)."""
     raw = os.environ.get("DEEPGEMM_COMPILE_TIMEOUT", "")
+    if not raw.strip():
+        return _DEFAULT_TIMEOUT_S
     try:
-        return float(raw) if raw.strip() else _DEFAULT_TIMEOUT_S
+        value = float(raw)
     except ValueError:
-        raise ValueError(f"DEEPGEMM_COMPILE_TIMEOUT={raw!r} is not a number") from None
+        value = math.nan
+    if not value > 0:  # (nan too)
+        raise ValueError(f"DEEPGEMM_COMPILE_TIMEOUT={raw!r}: expected a positive number of seconds, or inf for no "
+                         "limit")
+    return value
+
+
+def finite_or_none(seconds: float) -> float | None:
+    """A timeout for APIs that take None as "no limit" (subprocess, locks): None for inf or values past ~31 years,
+    which those APIs cannot represent."""
+    return seconds if seconds < _NO_LIMIT_S else None
 
 
 def lock_timeout() -> float:
@@ -200,12 +217,8 @@ def lock_timeout() -> float:
     return compile_timeout() + _LOCK_MARGIN_S
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
-
-
 def _debug(message: str) -> None:
-    if _env_flag("DEEPGEMM_JIT_DEBUG"):
+    if env_flag("DEEPGEMM_JIT_DEBUG"):
         print(f"[deepgemm.jit] {message}", file=sys.stderr, flush=True)
 
 
@@ -245,17 +258,38 @@ def _find_nvcc(override: str | None, search_path: str | None) -> str:
 
 @functools.cache
 def _nvcc_version_text(binary: str) -> str:
-    proc = subprocess.run([binary, "--version"], capture_output=True, text=True)
+    timeout = compile_timeout()
+    try:
+        proc = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=finite_or_none(timeout))
+    except subprocess.TimeoutExpired:
+        raise CompileError(f"{binary} --version did not answer within {timeout:g} s") from None
+    except OSError as exc:
+        raise CompileError(f"{binary} --version could not run: {exc}") from exc
     if proc.returncode != 0:
         raise CompileError(f"{binary} --version failed", proc.stdout + proc.stderr)
     return proc.stdout.strip()
 
 
 def compiler_version(compiler: str) -> str:
-    """Version text that goes into the cache key."""
+    """Version text that goes into the cache key (NVRTC: major.minor and, where a wheel installed it, the wheel's
+    full version: patch releases change code generation)."""
     if compiler == "nvrtc":
-        return "nvrtc %d.%d" % nvrtc_version()
+        build = _nvrtc_wheel_version()
+        return "nvrtc %d.%d" % nvrtc_version() + (f" ({build})" if build else "")
     return _nvcc_version_text(nvcc_binary())
+
+
+@functools.cache
+def _nvrtc_wheel_version() -> str:
+    """The installed NVRTC wheel's version (e.g. 13.5.37), or "" (NVRTC from a toolkit)."""
+    from importlib import metadata
+
+    for name in ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu13"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return ""
 
 
 # ---------------------------------------------------------------- keys and the entry point
@@ -321,7 +355,7 @@ def _load_or_compile(
     outcome: Outcome = "disk"
     entry = cache.load(key)
     if entry is None:
-        with cache.locked(key, timeout=lock_timeout(), what=repr(label)):
+        with cache.locked(key, timeout=finite_or_none(lock_timeout()), what=repr(label)):
             entry = cache.load(key)  # another process may have published it
             if entry is None:
                 if cache.exists(key):
@@ -336,7 +370,7 @@ def _load_or_compile(
         _disk_hits.tick()
         _debug(f"disk cache hit {key[:16]} ({label})")
     kernel = _to_kernel(entry, source.entry)
-    if _env_flag("DEEPGEMM_PTXAS_VERBOSE"):
+    if env_flag("DEEPGEMM_PTXAS_VERBOSE"):
         print(f"[deepgemm.jit] ptxas log for {label}:\n{kernel.log}", file=sys.stderr)
     return kernel, outcome
 
@@ -435,6 +469,14 @@ def worker_command() -> list[str]:
     return [sys.executable, str(Path(__file__).with_name("compile_worker.py"))]
 
 
+_OTHER_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"](?!deepgemm/)', re.M)
+
+
+def _includes_other_headers(code: str) -> bool:
+    """Whether ``code`` includes a header other than deepgemm's own (CUDA's, CCCL's: from NVRTC's bundle)."""
+    return _OTHER_INCLUDE.search(code) is not None
+
+
 def _run_nvrtc(
     code: str, options: list[str], staging: Path, cache_root: Path, where: str
 ) -> tuple[str, list[str]]:
@@ -446,7 +488,7 @@ def _run_nvrtc(
         "cubin_path": str(staging / CUBIN_NAME),
         # deepgemm's own headers need no CUDA headers; only sources that include one pay for
         # unpacking NVRTC's bundled headers (~26 MB, once per NVRTC version).
-        "cuda_include_dir": str(nvrtc_headers_dir(cache_root)) if "#include <cuda" in code else None,
+        "cuda_include_dir": str(nvrtc_headers_dir(cache_root)) if _includes_other_headers(code) else None,
     }
     proc = _run_process(worker_command(), "NVRTC worker", where, stdin=json.dumps(request))
     reply = _worker_reply(proc.stdout)
@@ -518,7 +560,7 @@ def _run_process(
         raise _Failure(f"could not start {what} for {where}: {exc}") from exc
     with proc:
         try:
-            stdout, stderr = proc.communicate(stdin, timeout=timeout)
+            stdout, stderr = proc.communicate(stdin, timeout=finite_or_none(timeout))
         except subprocess.TimeoutExpired:
             stdout, stderr = _kill_group(proc)
             raise _Failure(

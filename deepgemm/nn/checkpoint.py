@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +30,8 @@ SHOWN = 8  # names an error or a summary lists before "(+N more)"
 # safetensors dtype strings of float tensors a high-precision tensor or a block scale may have.
 FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 E4M3 = "F8_E4M3"
+# safetensors dtype strings of FP8 tensors, as torch dtypes: an FP8 tensor loads only into its own format.
+_FP8_FORMATS = {E4M3: torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 
 
 @dataclass
@@ -108,9 +112,16 @@ def _checkpoint_files(path: Path) -> tuple[list[Path], dict[str, int] | None]:
         weight_map = json.loads(index.read_text())["weight_map"]
         if not isinstance(weight_map, dict):
             raise TypeError("'weight_map' is not an object")
+        bad = [value for value in weight_map.values() if not isinstance(value, str)]
+        if bad:
+            raise TypeError(f"'weight_map' values must be file names, got {bad[0]!r}")
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"load_fp8_checkpoint: cannot read the weight map of {index}: {error!r}") from error
     names = sorted(set(weight_map.values()))
+    outside = [name for name in names if Path(name).name != name]
+    if outside:
+        raise ValueError(f"load_fp8_checkpoint: {index} names {outside[0]!r}, not a file of {path} (the index "
+                         "names the folder's own files)")
     files = [path / name for name in names]
     for file in files:
         if not file.is_file():
@@ -157,9 +168,18 @@ class _Checkpoint:
         self.bytes_read = 0
         try:
             for i, file in enumerate(files):
-                handle = safe_open(str(file), framework="pt", device="cpu")
-                self.handles.append(handle.__enter__())
-                for name in handle.keys():
+                if not file.is_file():  # (a folder or a FIFO named *.safetensors)
+                    raise ValueError(f"load_fp8_checkpoint: {file} is not a regular file")
+                try:
+                    handle = safe_open(str(file), framework="pt", device="cpu")
+                    self.handles.append(handle.__enter__())
+                    names = list(handle.keys())
+                except OSError:
+                    raise
+                except Exception as error:  # safetensors' own error type: a malformed header or layout
+                    raise ValueError(f"load_fp8_checkpoint: {file} is not a readable safetensors file: "
+                                     f"{error}") from error
+                for name in names:
                     if weight_map is not None:
                         if weight_map.get(name) == i:
                             self.where[name] = i
@@ -182,15 +202,29 @@ class _Checkpoint:
 
     def meta(self, name: str) -> tuple[str, tuple[int, ...]]:
         """(safetensors dtype string, shape), read from the file's header."""
-        tensor_slice = self.handles[self.where[name]].get_slice(name)
-        return str(tensor_slice.get_dtype()), tuple(int(d) for d in tensor_slice.get_shape())
+        with self._errors(name):
+            tensor_slice = self.handles[self.where[name]].get_slice(name)
+            return str(tensor_slice.get_dtype()), tuple(int(d) for d in tensor_slice.get_shape())
 
     def read(self, name: str) -> torch.Tensor:
+        """The tensor; on CPU it may be a view of the file's mapping (copy it before keeping it)."""
         i = self.where[name]
-        tensor: torch.Tensor = self.handles[i].get_tensor(name)
+        with self._errors(name):
+            tensor: torch.Tensor = self.handles[i].get_tensor(name)
         self.read_files.add(i)
         self.bytes_read += tensor.numel() * tensor.element_size()
         return tensor
+
+    @contextmanager
+    def _errors(self, name: str) -> Iterator[None]:
+        """safetensors' own errors (a damaged file) as a ValueError naming the file and the tensor."""
+        try:
+            yield
+        except (OSError, ValueError, KeyError):
+            raise
+        except Exception as error:
+            file = self.files[self.where[name]]
+            raise ValueError(f"load_fp8_checkpoint: cannot read tensor {name!r} of {file}: {error}") from error
 
     def release(self, i: int) -> None:
         handle, self.handles[i] = self.handles[i], None
@@ -295,7 +329,7 @@ def _check_slot(key: str, slot: _Slot, ckpt: _Checkpoint) -> None:
         raise _shape_error(key, shape, tuple(slot.tensor.shape))
     source_fp8 = dtype.startswith("F8_")
     target_fp8 = slot.tensor.is_floating_point() and slot.tensor.dtype.itemsize == 1
-    if source_fp8 != target_fp8:
+    if source_fp8 != target_fp8 or (source_fp8 and _FP8_FORMATS.get(dtype) != slot.tensor.dtype):
         hint = " (FP8 weights load into Fp8Linear or an nn.Linear, which is converted)" if source_fp8 else ""
         raise ValueError(f"load_fp8_checkpoint: {key!r} is {_dtype_name(dtype)} in the checkpoint, the model's "
                          f"tensor is {slot.tensor.dtype}{hint}")
@@ -341,6 +375,12 @@ def _plan(model: nn.Module, ckpt: _Checkpoint,
         if type(module) is nn.Linear and not ckpt.meta(_key(prefix, "weight"))[0].startswith("F8_"):
             continue  # a high-precision linear layer: its tensors load as they are
         layer = _plan_layer(prefix, module, owners.get(id(module), []), ckpt)
+        if _replaced(module, device) and isinstance(module, Fp8Linear) and type(module) is not Fp8Linear:
+            raise ValueError(f"load_fp8_checkpoint: {prefix!r} is a {type(module).__name__} on "
+                             f"{module.weight.device}; a load would replace it by a plain Fp8Linear (losing what the "
+                             "subclass adds, e.g. a tensor-parallel layer's all-reduce): build it on its device "
+                             "(or call model.to_empty(device=...)) and load without 'device', or use its own loader "
+                             "(deepgemm.distributed.shard_fp8_checkpoint)")
         if not layer.owners and _replaced(module, device):
             raise ValueError("load_fp8_checkpoint: the model itself is a layer this load must replace (an nn.Linear, "
                              "or on another device); load into a model that holds it, or build it as an Fp8Linear "
@@ -426,10 +466,13 @@ def _load_slot(slot: _Slot, ckpt: _Checkpoint, device: torch.device | None, repo
     assert slot.key is not None
     old = slot.tensor
     target = _target(old, device)
-    value = ckpt.read(slot.key).to(device=target, dtype=old.dtype)
+    read = ckpt.read(slot.key)
+    value = read.to(device=target, dtype=old.dtype)
     if old.device == target:
         old.copy_(value)  # in place: ties, views and optimizer references stay valid
     else:
+        if value.untyped_storage().data_ptr() == read.untyped_storage().data_ptr():
+            value = value.clone()  # kept: not a view of the file's mapping (a file rewritten later would change it)
         parameter = nn.Parameter(value, requires_grad=old.requires_grad)
         for module, attribute in slot.owners:
             if slot.is_parameter:

@@ -156,7 +156,8 @@ class Fp8Linear(nn.Module):
         if self.route == "bf16":
             weight = self.weight_dequantized
             assert weight is not None, "refresh() builds it with the weight"
-            if x.dtype not in INPUT_DTYPES or x.device != weight.device or (x.requires_grad and torch.is_grad_enabled()):
+            if (x.dtype not in INPUT_DTYPES or x.device != weight.device
+                    or (x.requires_grad and torch.is_grad_enabled())):
                 _refuse_routed_input(x, weight)
             y = F.linear(rows.to(self.out_dtype), weight, bias)
         else:

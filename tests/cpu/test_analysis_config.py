@@ -104,3 +104,32 @@ def test_malformed_configs_raise_clear_errors(tmp_path: Path, content: object, m
     path = write(tmp_path, content)
     with pytest.raises(ModelConfigError, match=message):
         load_hf_config(path)
+
+
+def test_review_findings_2026_12_05(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """head_dim given need not divide hidden_size (it was asked for anyway); num_experts 0 is a dense model (it was
+    refused); Gemma's hidden_activation is read; --seq 0 is refused (it ran as 4096); exa-scale numbers get E."""
+    from deepgemm.analysis.hf_config import parse_hf_config
+    from deepgemm.analysis.units import si
+    from deepgemm.cli import main
+
+    glm = parse_hf_config({"model_type": "glm4_moe", "hidden_size": 4096, "num_attention_heads": 96,
+                           "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 10944,
+                           "num_hidden_layers": 4, "vocab_size": 151552})
+    assert glm.head_dim == 128
+    dense = parse_hf_config({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+                             "intermediate_size": 14336, "num_hidden_layers": 2, "vocab_size": 1000, "num_experts": 0})
+    assert dense.moe is None
+    gemma = parse_hf_config({"model_type": "gemma3_text", "hidden_size": 1152, "num_attention_heads": 4,
+                             "head_dim": 256, "intermediate_size": 6912, "num_hidden_layers": 2, "vocab_size": 1000,
+                             "hidden_activation": "gelu_pytorch_tanh"})
+    assert gemma.activation == "gelu_pytorch_tanh"
+    assert main(["shapes", "--model", "llama-3-8b", "--seq", "0"]) == 2
+    assert "--seq: must be >= 1" in capsys.readouterr().err
+    assert si(1.6e19, "FLOP") == "16.0 EFLOP"
+    for config in ({"model_type": "gpt_neo", "hidden_size": 2048, "num_heads": 16, "num_layers": 24,
+                    "vocab_size": 50257, "intermediate_size": None},
+                   {"model_type": "codegen", "n_embd": 1024, "n_head": 16, "n_layer": 20, "vocab_size": 51200,
+                    "n_inner": None}):  # ungated, a null width meaning 4 x hidden (they were refused as missing it)
+        model = parse_hf_config(config)
+        assert not model.gated_mlp and model.intermediate_size == 4 * model.hidden_size

@@ -72,6 +72,16 @@ def test_deepseek_v3_decode_step_flops_by_hand() -> None:
     assert ops["moe.experts.gate_up_proj"].groups == 8
 
 
+def test_deepseek_v3_decode_reads_the_latent_cache_once() -> None:
+    """Absorbed MLA attends in the latent space: V is the first 512 columns of the latent rows attn.qk already
+    reads, so attn.pv reads no cache (it counted the cache a second time: a 64 x 32768 decode step at ~199 ms
+    instead of ~171 ms)."""
+    ops = by_name(decode_step("deepseek-v3", kv_len=4096))
+    qk, pv = ops["attn.qk"], ops["attn.pv"]
+    assert qk.b.elements == 1 * 4096 * 576 and pv.b.elements == 0  # one sequence's latent + rope rows, once
+    assert pv.flops == 2 * 1 * 512 * 4096 * 128 * 61
+
+
 def test_deepseek_v3_prefill_uses_kv_b_proj_and_192_dim_heads() -> None:
     ops = by_name(enumerate_gemms(PRESETS["deepseek-v3"], Workload(batch=2, seq=1024)))
     assert (ops["attn.kv_b_proj"].m, ops["attn.kv_b_proj"].n, ops["attn.kv_b_proj"].k) == (2048, 32768, 512)

@@ -383,3 +383,72 @@ def test_without_safetensors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
         load_fp8_checkpoint(bf16_model(), folder)
     with pytest.raises(ImportError, match=r"pip install deepgemm\[hf\]"):
         save_fp8_checkpoint(bf16_model(), tmp_path / "out")
+
+
+# ---------------------------------------------------------------- review findings (2026-12-05)
+
+
+def test_loaded_tensors_do_not_map_the_file(checkpoint: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    """Tensors read into a meta-built model stayed views of the file's mapping: a file copied over the checkpoint
+    after the load changed the model's weights (or killed the process with SIGBUS when shorter)."""
+    folder, tensors = checkpoint
+    with torch.device("meta"):
+        model = bf16_model()
+    load_fp8_checkpoint(model, folder)
+    before = model.model.embed_tokens.weight.clone()
+    for file in folder.glob("*.safetensors"):
+        file.write_bytes(b"\0" * file.stat().st_size)  # (rewritten in place: the same inode)
+    assert torch.equal(model.model.embed_tokens.weight, before)
+
+
+def test_a_parallel_subclass_on_meta_is_not_swapped_for_a_plain_layer(tmp_path: Path) -> None:
+    """An Fp8Linear subclass (a tensor-parallel layer) built on meta was replaced by a plain Fp8Linear: the layer
+    lost its all-reduce and the report said nothing."""
+    class Sub(Fp8Linear):
+        pass
+
+    gen = seeded()
+    weight = (torch.randn(256, 256, generator=gen) * 60).clamp(-448, 448).to(FP8)
+    path = tmp_path / "one.safetensors"
+    safetensors_torch.save_file({"lin.weight": weight, "lin.weight_scale_inv": torch.ones(2, 2)}, str(path))
+    model = nn.Module()
+    with torch.device("meta"):
+        model.lin = Sub(256, 256, bias=False)
+    with pytest.raises(ValueError, match="'lin' is a Sub on meta; a load would replace it by a plain Fp8Linear"):
+        load_fp8_checkpoint(model, path)
+    assert type(model.lin) is Sub
+
+
+def test_fp8_tensors_load_only_into_their_own_format(tmp_path: Path) -> None:
+    """An e5m2 tensor outside a linear layer loaded into an e4m3 buffer (values saturated, scales kept)."""
+    holder = nn.Module()
+    holder.register_buffer("experts", torch.zeros(4, 128, dtype=FP8))
+    path = tmp_path / "e5m2.safetensors"
+    safetensors_torch.save_file({"experts": torch.ones(4, 128).to(torch.float8_e5m2)}, str(path))
+    with pytest.raises(ValueError, match="'experts' is float8_e5m2 in the checkpoint, the model's tensor is "
+                                         "torch.float8_e4m3fn"):
+        load_fp8_checkpoint(holder, path)
+
+
+def test_malformed_files_and_indexes_name_the_file(tmp_path: Path) -> None:
+    """safetensors' own error type (a plain Exception naming no file), a FIFO that hung the load, index values
+    that are not names and an index pointing outside its folder are ValueErrors naming the file."""
+    import os
+
+    model = fp8_model()
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes((2**40).to_bytes(8, "little") + b"{}")
+    with pytest.raises(ValueError, match=f"{bad} is not a readable safetensors file"):
+        load_fp8_checkpoint(model, bad)
+    fifo_dir = tmp_path / "fifo"
+    fifo_dir.mkdir()
+    os.mkfifo(fifo_dir / "model.safetensors")
+    with pytest.raises(ValueError, match="is not a regular file"):
+        load_fp8_checkpoint(model, fifo_dir)
+    for weight_map, message in (({"a": 3}, "values must be file names"),
+                                ({"a": "../outside.safetensors"}, "not a file of")):
+        folder = tmp_path / f"index{len(message)}"
+        folder.mkdir()
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        with pytest.raises(ValueError, match=message):
+            load_fp8_checkpoint(model, folder)

@@ -408,6 +408,26 @@ def checkpoint_errors(rank: int, world_size: int, *, seed: int, folder: str, **_
     report = shard_fp8_checkpoint(nn.ModuleDict({"up": ColumnParallelFp8Linear(h, inner + 128 * world_size)}), path,
                                   strict=False)
     messages["not_strict"] = f"{report.missing} {report.unexpected}"
+    # A tied pair (an embedding and a head sharing one weight) stored under one name: nothing is missing.
+    tied = nn.ModuleDict({"embed": nn.Embedding(16, 32), "head": nn.Linear(32, 16, bias=False)})
+    tied.head.weight = tied.embed.weight
+    tied_path = Path(folder) / "tied.safetensors"
+    if rank == 0:
+        save_file({"embed.weight": torch.arange(512.0).view(16, 32)}, str(tied_path))
+    dist.barrier()
+    tied_report = shard_fp8_checkpoint(tied, tied_path)
+    messages["tied"] = f"{tied_report.missing} {float(tied.head.weight[1, 0])}"
+    try:  # an FP8 format the model's tensor does not have is refused, not converted
+        holder = nn.Module()
+        holder.register_buffer("experts", torch.zeros(4, 128, dtype=torch.float8_e4m3fn))
+        e5m2_path = Path(folder) / "e5m2.safetensors"
+        if rank == 0:
+            save_file({"experts": torch.ones(4, 128).to(torch.float8_e5m2)}, str(e5m2_path))
+        dist.barrier()
+        shard_fp8_checkpoint(holder, e5m2_path)
+        messages["e5m2"] = "loaded"
+    except ValueError as error:
+        messages["e5m2"] = str(error)
     return messages
 
 
@@ -545,6 +565,8 @@ def test_checkpoint_errors(pool: Pool, seed: int, small_fp8_route: int, tmp_path
                f"expects [{256 * tp}, 256]" in messages["shape"], messages
         assert "missing" in messages["missing"] and "up.weight" in messages["missing"], messages
         assert "up.weight" in messages["not_strict"]
+        assert messages["tied"] == "[] 32.0", messages  # was: lm_head-style 'head.weight' reported missing
+        assert "'experts' is float8_e5m2 in the checkpoint" in messages["e5m2"], messages
 
 
 def test_the_library_sets_no_environment_variables() -> None:

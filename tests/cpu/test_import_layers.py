@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "deepgemm"
 TABLE = ROOT / "docs" / "architecture.md"
-LEAVES = {"errors", "utils"}
+LEAVES = {"errors", "utils", "env"}
 # (importing file, imported module): imports inside functions that load an optional dependency on demand.
 LAZY_ALLOWED = {("deepgemm/commands/report.py", "deepgemm.bench.plots")}
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from deepgemm.errors import CompileError
+from deepgemm.errors import CacheError, CompileError
 from deepgemm.jit import compiler
-from deepgemm.jit.cache import LAYOUT_VERSION, cache_key, KernelCache, tree_digest
+from deepgemm.jit.cache import LAYOUT_VERSION, STALE_STAGING_S, cache_key, KernelCache, tree_digest
 from deepgemm.jit.compiler import compile_kernel, include_dir, kernel_key, KernelSource
 from tests.cpu.test_jit_compiler import private_cache, shared_nvrtc_headers  # noqa: F401 (fixtures)
 
@@ -234,8 +234,12 @@ def test_publish_yields_to_an_intact_entry(private_cache: Path) -> None:
     cache = KernelCache(private_cache)
     with cache.locked(first.key):
         leftover = cache.staging_dir(first.key)
+        young = cache.staging_dir(first.key)  # maybe another process's, where locks do nothing: kept
+        old = time.time() - STALE_STAGING_S - 60
+        os.utime(leftover, (old, old))
         staging = cache.staging_dir(first.key)
-    assert not leftover.exists()
+    assert not leftover.exists() and young.exists()
+    shutil.rmtree(young)
     shutil.copy(first.cubin_path, staging / "kernel.cubin")
     entry = cache.publish(first.key, staging, {"log": "late"})
     assert entry.cubin_path == first.cubin_path and entry.meta["log"] == first.log
@@ -289,3 +293,39 @@ def test_corrupted_entry_is_recompiled(
     assert compiles == ["NVRTC worker", "NVRTC worker"]
     assert again.cubin_path.read_bytes() == good
     assert cache.load(first.key) is not None
+
+
+def test_digest_follows_symlinked_folders(tmp_path: Path) -> None:
+    """rglob did not enter a symlinked folder, so its headers (which the compiler does read) were not in the key:
+    an edited header was served from the old cubin."""
+    real, root = tmp_path / "real", tmp_path / "include"
+    real.mkdir()
+    root.mkdir()
+    (real / "a.cuh").write_text("// one")
+    (root / "deepgemm").symlink_to(real, target_is_directory=True)
+    tree_digest.cache_clear()
+    before = tree_digest(root)
+    (real / "a.cuh").write_text("// two")
+    tree_digest.cache_clear()
+    assert tree_digest(root) != before
+    assert before != hashlib.sha256().hexdigest()  # not the digest of nothing
+    tree_digest.cache_clear()
+
+
+def test_an_entry_that_cannot_be_read_is_not_thrown_away(private_cache: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A permission (or EIO) error reading an intact entry counted as damage: the entry was discarded and
+    recompiled. It is a CacheError naming the entry; a missing or bad entry is still a miss."""
+    first = compile_kernel(KERNEL)
+    real = Path.read_bytes
+
+    def denied(path: Path) -> bytes:
+        if path.name == "meta.json":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(CacheError, match="read the cache entry"):
+        KernelCache(private_cache).load(first.key)
+    monkeypatch.undo()
+    assert first.cubin_path.is_file()

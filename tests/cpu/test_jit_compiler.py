@@ -206,6 +206,27 @@ def test_hung_worker_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     assert time.monotonic() - start < 10
 
 
+def test_bundled_headers_that_cannot_be_unpacked_fail_the_compile(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file where the bundle goes made the worker compile against a toolkit's headers instead, cached under the
+    key of a compile against the bundle. Now the compile fails, naming the folder (an NVRTC without a bundle still
+    uses a toolkit's headers)."""
+    blocked = tmp_path / "blocked"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("DEEPGEMM_NVRTC_HEADERS_DIR", str(blocked))
+    source = KernelSource(code='#include <cuda_bf16.h>\nextern "C" __global__ void deepgemm_kernel(__nv_bfloat16* o) '
+                               '{ *o = __float2bfloat16(1.f); }')
+    try:
+        compile_kernel(source)
+    except CompileError as error:
+        assert "HEADERS_FAILED" in str(error) and "could not unpack NVRTC's bundled CUDA headers" in error.log
+    else:  # only an NVRTC without bundled headers compiles here (against a toolkit's headers)
+        from deepgemm.jit.compile_worker import _cuda_header_options  # noqa: F401 (the path under test)
+        from cuda.bindings import nvrtc
+        with pytest.raises(Exception):
+            nvrtc.nvrtcInstallBundledHeaders(str(tmp_path / "probe").encode(), 0)
+
+
 def test_a_named_nvcc_that_is_missing_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """DEEPGEMM_NVCC naming no executable fell back to the nvcc on PATH without a word."""
     from deepgemm.jit import compiler as jit_compiler
@@ -262,3 +283,90 @@ def test_parse_ptxas_log_picks_the_entry(log: str, name: str) -> None:
     # A non-entry device function has properties but no register line.
     assert parse_ptxas_log(log, "helper") is None
     assert parse_ptxas_log(log, "absent") is None
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [("5", 5.0), (" 2.5 ", 2.5), ("inf", None), ("1e400", None),
+                                              ("1e10", None), ("", 600.0)])
+def test_compile_timeout_values(raw: str, seconds: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """inf (and values past what subprocess and flock take) means no limit; it raised OverflowError there."""
+    from deepgemm.jit.compiler import compile_timeout, finite_or_none
+
+    monkeypatch.setenv("DEEPGEMM_COMPILE_TIMEOUT", raw)
+    assert finite_or_none(compile_timeout()) == seconds
+    if seconds is None:
+        assert compile_kernel(WGMMA_KERNEL).cubin_path.is_file()
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "-61", "nan", "abc"])
+def test_bad_compile_timeouts_name_the_variable(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """0 and negative values timed out at once ("after -1 s"), nan never did."""
+    from deepgemm.jit.compiler import compile_timeout
+
+    monkeypatch.setenv("DEEPGEMM_COMPILE_TIMEOUT", raw)
+    with pytest.raises(ValueError, match="DEEPGEMM_COMPILE_TIMEOUT=.*expected a positive number"):
+        compile_timeout()
+
+
+def test_an_nvcc_that_cannot_run_is_a_compile_error(tmp_path: Path) -> None:
+    from deepgemm.jit.compiler import _nvcc_version_text
+
+    broken = tmp_path / "nvcc"
+    broken.write_bytes(b"\x00not an executable format")
+    broken.chmod(0o755)
+    with pytest.raises(CompileError, match="--version could not run"):
+        _nvcc_version_text(str(broken))
+
+
+@pytest.mark.parametrize("include", ['#include<cuda_bf16.h>', '#  include "cuda_bf16.h"', ' # include <cuda_bf16.h>'])
+def test_any_spelling_of_a_cuda_include_gets_the_headers(include: str) -> None:
+    """Only the exact text "#include <cuda" unpacked NVRTC's headers; other spellings failed to find the file."""
+    source = KernelSource(code=include + '\nextern "C" __global__ void deepgemm_kernel(__nv_bfloat16* o) '
+                                         '{ *o = __float2bfloat16(1.f); }')
+    assert compile_kernel(source).cubin_path.is_file()
+
+
+def test_the_nvrtc_key_names_the_wheel_build() -> None:
+    """Patch releases of NVRTC (which bundles ptxas) change code generation: the wheel's full version is keyed."""
+    from deepgemm.jit.compiler import _nvrtc_wheel_version, compiler_version, nvrtc_version
+
+    build = _nvrtc_wheel_version()
+    assert compiler_version("nvrtc").startswith("nvrtc %d.%d" % nvrtc_version())
+    assert (f"({build})" in compiler_version("nvrtc")) == bool(build)
+
+
+def test_a_relative_cache_dir_is_fixed_at_first_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative DEEPGEMM_CACHE_DIR followed the working directory: a second cache after a chdir, and relative
+    cubin paths handed out."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DEEPGEMM_CACHE_DIR", "relative-cache")
+    first = compile_kernel(WGMMA_KERNEL)
+    assert first.cubin_path.is_absolute() and first.cubin_path.is_relative_to(tmp_path / "relative-cache")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert default_cache_dir() == tmp_path / "relative-cache"
+
+
+@pytest.mark.parametrize(("raw", "on"), [("", False), ("0", False), ("false", False), ("No", False), ("off", False),
+                                         ("1", True), ("true", True), ("YES", True), (" on ", True)])
+def test_on_off_variables_read_alike(raw: str, on: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DEEPGEMM_FORCE_REFERENCE and _PRINT_CONFIGS were on for "0" and "false"; _AUTOTUNE only for "1"."""
+    from deepgemm.env import env_flag
+
+    monkeypatch.setenv("DEEPGEMM_AUTOTUNE", raw)
+    assert env_flag("DEEPGEMM_AUTOTUNE") is on
+
+
+def test_malformed_variables_name_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepgemm.kernels.common import device
+    from deepgemm.env import env_flag
+
+    monkeypatch.setenv("DEEPGEMM_PRINT_CONFIGS", "maybe")
+    with pytest.raises(ValueError, match="DEEPGEMM_PRINT_CONFIGS='maybe'"):
+        env_flag("DEEPGEMM_PRINT_CONFIGS")
+    for raw in ("abc", "0", "-5"):  # 0 and -5 planned for 1 SM without a word
+        monkeypatch.setenv("DEEPGEMM_NUM_SMS", raw)
+        with pytest.raises(ValueError, match="DEEPGEMM_NUM_SMS=.*positive int"):
+            device._sm_cap()
+    monkeypatch.setenv("DEEPGEMM_NUM_SMS", " 66 ")
+    assert device._sm_cap() == 66

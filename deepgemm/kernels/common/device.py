@@ -11,8 +11,16 @@ DEFAULT_NUM_SMS = 132  # H200/H100 SXM; used when compiling without a GPU
 
 
 def _sm_cap() -> int | None:
-    override = os.environ.get("DEEPGEMM_NUM_SMS")
-    return max(1, int(override)) if override else None
+    override = os.environ.get("DEEPGEMM_NUM_SMS", "").strip()
+    if not override:
+        return None
+    try:
+        cap = int(override)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise ValueError(f"DEEPGEMM_NUM_SMS={override!r}: expected a positive int (the most SMs a kernel may use)")
+    return cap
 
 
 @functools.cache

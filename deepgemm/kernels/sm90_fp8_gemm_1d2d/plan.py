@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind, GemmProblem
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import balanced_grid, split_tail_ranges, stream_tail_pieces
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import (Fp8GemmSpec, a_box_rows, dense_last_box_rows, last_box_rows_b,
                                                       render_source)
+from deepgemm.env import env_flag
 from deepgemm.utils import ceil_div
 
 
@@ -227,7 +227,7 @@ def grouped_spec(kind: GemmKind, geometry: Geometry, n: int, k: int, out_dtype: 
 
 def _build(table: dict[tuple, Fp8GemmPlan], key: tuple, device_index: int, geometry: Geometry, spec: Fp8GemmSpec,
            what: str) -> Fp8GemmPlan:
-    if os.environ.get("DEEPGEMM_PRINT_CONFIGS"):
+    if env_flag("DEEPGEMM_PRINT_CONFIGS"):
         print(f"deepgemm: {what} {spec.label()}", file=sys.stderr)
     kernel = load_kernel(render_source(spec), spec.config.smem_bytes, device_index)
     with _plans_lock, torch.cuda.device(device_index):  # occupancy queries use the current context
