@@ -144,4 +144,5 @@ def _moe(fields: _Fields) -> MoeSpec | None:
         shared_intermediate_size=shared_width,
         first_dense_layers=fields.integer("first_k_dense_replace", default=0, allow_zero=True),
         layer_frequency=fields.integer("moe_layer_freq", "decoder_sparse_step", default=1),
+        layer_offset=0 if fields.raw.get("moe_layer_freq") is not None else 1,
     )

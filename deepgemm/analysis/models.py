@@ -39,10 +39,13 @@ class MoeSpec:
     shared_intermediate_size: int = 0  # total width of the shared expert(s); 0 when there are none
     first_dense_layers: int = 0  # DeepSeek's first_k_dense_replace
     layer_frequency: int = 1  # every n-th layer (after the dense ones) is a MoE layer
+    # Which n-th: layer i (from 0) is MoE when (i + layer_offset) % layer_frequency == 0; Qwen's decoder_sparse_step
+    # counts from 1 (offset 1), DeepSeek's moe_layer_freq from 0 (offset 0).
+    layer_offset: int = 1
 
     def num_moe_layers(self, num_layers: int) -> int:
         candidates = range(self.first_dense_layers, num_layers)
-        return sum(1 for layer in candidates if (layer + 1) % self.layer_frequency == 0)
+        return sum(1 for layer in candidates if (layer + self.layer_offset) % self.layer_frequency == 0)
 
 
 @dataclass(frozen=True)

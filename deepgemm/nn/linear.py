@@ -119,6 +119,9 @@ class Fp8Linear(nn.Module):
                 else type(scale_inv).__name__
             raise ValueError(f"Fp8Linear.load_fp8_weight: 'scale_inv' must be a float tensor {scales} (one scale "
                              f"per 128x128 block), got {got}")
+        if not bool(torch.isfinite(scale_inv).all()):  # (one host read per layer, at load time)
+            raise ValueError("Fp8Linear.load_fp8_weight: 'scale_inv' holds a NaN or infinite block scale: every "
+                             "output that block feeds would be non-finite")
         self.weight.copy_(weight)
         self.weight_scale_inv.copy_(scale_inv.to(torch.float32))
         self.refresh()

@@ -133,3 +133,17 @@ def test_review_findings_2026_12_05(tmp_path: Path, capsys: pytest.CaptureFixtur
                     "n_inner": None}):  # ungated, a null width meaning 4 x hidden (they were refused as missing it)
         model = parse_hf_config(config)
         assert not model.gated_mlp and model.intermediate_size == 4 * model.hidden_size
+
+
+def test_moe_layer_frequency_counts_as_each_family_does() -> None:
+    """DeepSeek's moe_layer_freq makes layer i a MoE layer when i % freq == 0, Qwen's decoder_sparse_step when
+    (i + 1) % step == 0; both were counted Qwen's way (27 layers, step 2: 13 MoE layers for DeepSeek, not 14)."""
+    from deepgemm.analysis.hf_config import parse_hf_config
+
+    base = {"hidden_size": 1024, "num_attention_heads": 8, "intermediate_size": 4096, "num_hidden_layers": 27,
+            "vocab_size": 1000, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 512}
+    deepseek = parse_hf_config({**base, "model_type": "deepseek_v2", "moe_layer_freq": 2, "first_k_dense_replace": 0})
+    qwen = parse_hf_config({**base, "model_type": "qwen2_moe", "decoder_sparse_step": 2})
+    assert deepseek.moe is not None and qwen.moe is not None
+    assert (deepseek.moe.num_moe_layers(27), qwen.moe.num_moe_layers(27)) == (14, 13)
+

@@ -208,3 +208,16 @@ def test_module_casts_move_but_keep_the_fp8_format(seed: int) -> None:
     meta = Fp8Linear(512, 768, device="meta")
     with pytest.raises(ValueError, match="meta device"):
         meta.load_fp8_weight(layer.weight, layer.weight_scale_inv)
+
+
+def test_non_finite_block_scales_are_refused() -> None:
+    """A NaN or infinite scale loaded without a word and made every output of its block non-finite."""
+    layer = Fp8Linear(256, 256, bias=False)
+    weight = torch.ones(256, 256).to(torch.float8_e4m3fn)
+    for bad in (float("nan"), float("inf")):
+        scales = torch.ones(2, 2)
+        scales[1, 0] = bad
+        with pytest.raises(ValueError, match="NaN or infinite block scale"):
+            layer.load_fp8_weight(weight, scales)
+    layer.load_fp8_weight(weight, torch.ones(2, 2))
+
