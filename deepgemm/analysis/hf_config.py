@@ -48,7 +48,9 @@ def parse_hf_config(raw: Mapping[str, Any], *, default_name: str = "model", sour
     return ModelSpec(
         name=str(fields.raw.get("_name_or_path") or default_name),
         hidden_size=hidden,
-        intermediate_size=fields.integer("intermediate_size", "n_inner", "ffn_dim", default=default_width),
+        # (Llama 4: intermediate_size_mlp is the dense layers' width, intermediate_size the experts')
+        intermediate_size=fields.integer("intermediate_size_mlp", "intermediate_size", "n_inner", "ffn_dim",
+                                         default=default_width),
         num_layers=fields.integer("num_hidden_layers", "n_layer", "num_layers"),
         num_heads=heads,
         num_kv_heads=kv_heads,
@@ -58,7 +60,7 @@ def parse_hf_config(raw: Mapping[str, Any], *, default_name: str = "model", sour
         activation=str(fields.raw.get("hidden_activation") or fields.raw.get("hidden_act") or
                        fields.raw.get("activation_function") or ("silu" if gated else "gelu")),
         mla=_mla(fields),
-        moe=_moe(fields),
+        moe=_moe(fields, model_type),
     )
 
 
@@ -126,11 +128,13 @@ def _mla(fields: _Fields) -> MlaSpec | None:
     )
 
 
-def _moe(fields: _Fields) -> MoeSpec | None:
+def _moe(fields: _Fields, model_type: str) -> MoeSpec | None:
     num_experts = fields.integer("n_routed_experts", "num_local_experts", "num_experts", default=0, allow_zero=True)
     if num_experts == 0:  # absent, or 0: a dense model that spells the field out
         return None
-    num_shared = fields.integer("n_shared_experts", default=0, allow_zero=True)
+    # Llama 4's MoE layers always add one shared expert of the experts' width (no config key says so).
+    num_shared = fields.integer("n_shared_experts", default=1 if model_type.startswith("llama4") else 0,
+                                allow_zero=True)
     expert_width = fields.integer("moe_intermediate_size", "intermediate_size")
     shared_width = fields.integer("shared_expert_intermediate_size", default=num_shared * expert_width,
                                   allow_zero=True)
@@ -143,6 +147,7 @@ def _moe(fields: _Fields) -> MoeSpec | None:
         num_shared_experts=num_shared,
         shared_intermediate_size=shared_width,
         first_dense_layers=fields.integer("first_k_dense_replace", default=0, allow_zero=True),
-        layer_frequency=fields.integer("moe_layer_freq", "decoder_sparse_step", default=1),
+        # (Llama 4's interleave_moe_layer_step counts like Qwen's decoder_sparse_step: layer i when (i + 1) % step == 0)
+        layer_frequency=fields.integer("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step", default=1),
         layer_offset=0 if fields.raw.get("moe_layer_freq") is not None else 1,
     )
