@@ -16,6 +16,11 @@ from typing import Any
 
 from deepgemm.analysis.models import MlaSpec, ModelConfigError, ModelSpec, MoeSpec
 
+# Architectures whose MLP has a gate projection (SwiGLU / GeGLU); another model_type is assumed gated, with a note.
+_GATED_MODEL_TYPES = frozenset({"llama", "llama4", "llama4_text", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
+                                "qwen3_moe", "deepseek_v2", "deepseek_v3", "gemma", "gemma2", "gemma3", "gemma3_text",
+                                "phi3", "glm", "glm4", "glm4_moe", "olmo", "olmo2", "granite", "granitemoe",
+                                "internlm2", "yi", "baichuan", "exaone", "cohere", "cohere2", "minicpm", "dbrx"})
 # Architectures whose MLP is a plain up -> activation -> down (no gate projection).
 _UNGATED_MODEL_TYPES = frozenset({"gpt2", "gpt_neox", "gptj", "gpt_bigcode", "falcon", "phi", "opt", "bloom",
                                   "starcoder2", "mpt", "bert", "roberta", "gpt_neo", "codegen"})
@@ -61,7 +66,23 @@ def parse_hf_config(raw: Mapping[str, Any], *, default_name: str = "model", sour
                        fields.raw.get("activation_function") or ("silu" if gated else "gelu")),
         mla=_mla(fields),
         moe=_moe(fields, model_type),
+        notes=_notes(fields.raw, model_type),
     )
+
+
+def _notes(raw: Mapping[str, Any], model_type: str) -> tuple[str, ...]:
+    """What the analysis assumes about this config and does not read from it."""
+    notes = []
+    if model_type not in _GATED_MODEL_TYPES | _UNGATED_MODEL_TYPES:
+        notes.append(f"model_type {model_type or '(none)'!r} is not a family deepgemm knows: its MLP is assumed "
+                     "gated (gate, up, down)")
+    if raw.get("sliding_window") and raw.get("use_sliding_window", True):
+        notes.append(f"sliding_window {raw['sliding_window']} is not modelled: attention spans the whole context")
+    quant = raw.get("quantization_config")
+    if isinstance(quant, Mapping) and quant.get("quant_method", "fp8") != "fp8":
+        notes.append(f"quantization_config ({quant.get('quant_method')}) is not modelled: the GEMMs are analysed in "
+                     "the --dtype precision")
+    return tuple(notes)
 
 
 def _head_dim(fields: _Fields, hidden: int, heads: int, source: str) -> int:

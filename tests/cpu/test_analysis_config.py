@@ -173,3 +173,20 @@ def test_llama4_reads_the_shared_expert_interleave_and_dense_width(experts: int,
     by_hand = (48 * 2 * (7168 + h) * h + moe_layers * (2 * experts * h + 2 * 2 * 3 * h * 8192)
                + (48 - moe_layers) * 2 * 3 * h * 16384 + 2 * 202048 * h)
     assert flops == by_hand and round(flops / 1e9, 3) == gflop
+
+
+def test_what_the_analysis_does_not_read_is_noted() -> None:
+    """An unknown family was analysed as SwiGLU, a sliding window and an int4 quantization were ignored, all
+    without a word."""
+    from deepgemm.analysis.hf_config import parse_hf_config
+
+    base = {"hidden_size": 1024, "num_attention_heads": 8, "intermediate_size": 4096, "num_hidden_layers": 2,
+            "vocab_size": 1000}
+    assert parse_hf_config({**base, "model_type": "llama"}).notes == ()
+    assert parse_hf_config({**base, "model_type": "qwen2", "sliding_window": 4096,
+                            "use_sliding_window": False}).notes == ()
+    (unknown,) = parse_hf_config({**base, "model_type": "nemotron"}).notes
+    assert "'nemotron' is not a family deepgemm knows" in unknown
+    notes = parse_hf_config({**base, "model_type": "mistral", "sliding_window": 4096,
+                             "quantization_config": {"quant_method": "awq", "bits": 4}}).notes
+    assert any("sliding_window 4096" in n for n in notes) and any("(awq)" in n for n in notes)
