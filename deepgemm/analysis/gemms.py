@@ -267,5 +267,29 @@ def assumptions(model: ModelSpec, workload: Workload) -> list[str]:
     if "decode" in workload.phases:
         tokens = "1 new token" if workload.decode_tokens == 1 else f"{workload.decode_tokens} new tokens"
         notes.append(f"decode: {tokens} per sequence against a KV cache of {workload.seq} tokens")
+    cut = _fp8_block_cuts(model, workload)
+    if cut:
+        notes.append(f"at tp {workload.tp} these weight shards are not whole 128x128 FP8 blocks: {', '.join(cut)}; "
+                     "serving engines pad or refuse such a split")
     notes.extend(model.notes)
     return notes
+
+
+def _fp8_block_cuts(model: ModelSpec, workload: Workload) -> list[str]:
+    """The split widths (name = width / tp) of an FP8 tensor-parallel run that cut a 128-wide scale block."""
+    if workload.precision != "fp8" or workload.tp == 1:
+        return []
+    widths = {}
+    if model.moe is None or model.moe.num_moe_layers(model.num_layers) < model.num_layers:  # dense MLP layers
+        widths["MLP width"] = model.intermediate_size
+    if model.mla is not None:
+        widths["attention heads x qk dim"] = model.num_heads * model.mla.qk_head_dim
+        widths["attention heads x v dim"] = model.num_heads * model.mla.v_head_dim
+    else:
+        widths["attention heads x head_dim"] = model.num_heads * model.head_dim
+    if model.moe is not None:
+        widths["expert width"] = model.moe.expert_intermediate_size
+        if model.moe.num_shared_experts:
+            widths["shared expert width"] = model.moe.shared_intermediate_size
+    return [f"{name} {width} / {workload.tp} = {width // workload.tp}" for name, width in widths.items()
+            if width % workload.tp == 0 and (width // workload.tp) % 128]

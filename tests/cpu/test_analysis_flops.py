@@ -174,3 +174,17 @@ def test_workload_rejects_nonsense() -> None:
         Workload(batch=0)
     with pytest.raises(ValueError, match="--train"):
         Workload(train=True, decode_tokens=1)
+
+
+def test_fp8_tensor_parallel_splits_that_cut_scale_blocks_are_noted() -> None:
+    """Qwen3-30B-A3B at tp 4 shards its 768-wide experts into 192 columns: not whole 128x128 FP8 blocks, which
+    engines pad or refuse; the analysis said nothing."""
+    from deepgemm.analysis.gemms import assumptions
+
+    notes = assumptions(PRESETS["qwen3-30b-a3b"], Workload(batch=1, seq=16, tp=4))
+    assert any("expert width 768 / 4 = 192" in note for note in notes)
+    assert not any("128x128 FP8 blocks" in note for note in assumptions(PRESETS["deepseek-v3"],
+                                                                         Workload(batch=1, seq=16, tp=8)))
+    assert not any("128x128 FP8 blocks" in note for note in assumptions(PRESETS["qwen3-30b-a3b"],
+                                                                         Workload(batch=1, seq=16, tp=4,
+                                                                                  precision="bf16")))
