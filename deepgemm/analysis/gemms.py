@@ -113,9 +113,11 @@ class _StepBuilder:
                       a=Operand(1, rows, k), b=Operand(groups, n, k), d=Operand(1, rows, n), groups=groups)
 
     def _batched(self, name: str, m: int, n: int, k: int, batch: int, *, b_matrices: int,
-                 a_on_chip: bool = False, d_on_chip: bool = False, b_on_chip: bool = False) -> GemmOp:
-        """An attention-core product in bf16, ``batch`` instances; ``b_matrices`` distinct B operands."""
-        return GemmOp(name=name, category=ATTENTION_CORE, phase=self.step.phase, kind="batched", m=m, n=n, k=k,
+                 a_on_chip: bool = False, d_on_chip: bool = False, b_on_chip: bool = False,
+                 category: str = ATTENTION_CORE) -> GemmOp:
+        """A batched product in bf16 (attention's own, or MLA's per-head weights), ``batch`` instances;
+        ``b_matrices`` distinct B operands."""
+        return GemmOp(name=name, category=category, phase=self.step.phase, kind="batched", m=m, n=n, k=k,
                       batch=batch, count=self.model.num_layers, precision="bf16",
                       a=Operand(batch, m, k, on_chip=a_on_chip), b=Operand(b_matrices, n, k, on_chip=b_on_chip),
                       d=Operand(batch, m, n, on_chip=d_on_chip))
@@ -179,10 +181,12 @@ class _StepBuilder:
         mla, step, heads = self.model.mla, self.step, self.heads
         assert mla is not None
         latent = mla.kv_lora_rank
+        # W_UK and W_UV are weights (kv_b_proj's halves) applied per head: projections, not attention products.
         absorb_q = self._batched("attn.q_absorb(W_UK)", step.tokens, latent, mla.qk_nope_head_dim, heads,
-                                 b_matrices=heads)
+                                 b_matrices=heads, category=ATTENTION_PROJ)
         core = self._scores_and_values(latent + mla.qk_rope_head_dim, latent, step.sequences, v_in_k=True)
-        absorb_v = self._batched("attn.v_absorb(W_UV)", step.tokens, mla.v_head_dim, latent, heads, b_matrices=heads)
+        absorb_v = self._batched("attn.v_absorb(W_UV)", step.tokens, mla.v_head_dim, latent, heads, b_matrices=heads,
+                                 category=ATTENTION_PROJ)
         return [absorb_q, *core, absorb_v]
 
     # -- feed-forward ----------------------------------------------------------------------------------------
