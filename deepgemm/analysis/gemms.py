@@ -113,9 +113,11 @@ class _StepBuilder:
                       a=Operand(1, rows, k), b=Operand(groups, n, k), d=Operand(1, rows, n), groups=groups)
 
     def _batched(self, name: str, m: int, n: int, k: int, batch: int, *, b_matrices: int,
-                 a_on_chip: bool = False, d_on_chip: bool = False, b_on_chip: bool = False) -> GemmOp:
-        """An attention-core product in bf16, ``batch`` instances; ``b_matrices`` distinct B operands."""
-        return GemmOp(name=name, category=ATTENTION_CORE, phase=self.step.phase, kind="batched", m=m, n=n, k=k,
+                 a_on_chip: bool = False, d_on_chip: bool = False, b_on_chip: bool = False,
+                 category: str = ATTENTION_CORE) -> GemmOp:
+        """A batched product in bf16 (attention's own, or MLA's per-head weights), ``batch`` instances;
+        ``b_matrices`` distinct B operands."""
+        return GemmOp(name=name, category=category, phase=self.step.phase, kind="batched", m=m, n=n, k=k,
                       batch=batch, count=self.model.num_layers, precision="bf16",
                       a=Operand(batch, m, k, on_chip=a_on_chip), b=Operand(b_matrices, n, k, on_chip=b_on_chip),
                       d=Operand(batch, m, n, on_chip=d_on_chip))
@@ -179,10 +181,12 @@ class _StepBuilder:
         mla, step, heads = self.model.mla, self.step, self.heads
         assert mla is not None
         latent = mla.kv_lora_rank
+        # W_UK and W_UV are weights (kv_b_proj's halves) applied per head: projections, not attention products.
         absorb_q = self._batched("attn.q_absorb(W_UK)", step.tokens, latent, mla.qk_nope_head_dim, heads,
-                                 b_matrices=heads)
+                                 b_matrices=heads, category=ATTENTION_PROJ)
         core = self._scores_and_values(latent + mla.qk_rope_head_dim, latent, step.sequences, v_in_k=True)
-        absorb_v = self._batched("attn.v_absorb(W_UV)", step.tokens, mla.v_head_dim, latent, heads, b_matrices=heads)
+        absorb_v = self._batched("attn.v_absorb(W_UV)", step.tokens, mla.v_head_dim, latent, heads, b_matrices=heads,
+                                 category=ATTENTION_PROJ)
         return [absorb_q, *core, absorb_v]
 
     # -- feed-forward ----------------------------------------------------------------------------------------
@@ -267,5 +271,29 @@ def assumptions(model: ModelSpec, workload: Workload) -> list[str]:
     if "decode" in workload.phases:
         tokens = "1 new token" if workload.decode_tokens == 1 else f"{workload.decode_tokens} new tokens"
         notes.append(f"decode: {tokens} per sequence against a KV cache of {workload.seq} tokens")
+    cut = _fp8_block_cuts(model, workload)
+    if cut:
+        notes.append(f"at tp {workload.tp} these weight shards are not whole 128x128 FP8 blocks: {', '.join(cut)}; "
+                     "serving engines pad or refuse such a split")
     notes.extend(model.notes)
     return notes
+
+
+def _fp8_block_cuts(model: ModelSpec, workload: Workload) -> list[str]:
+    """The split widths (name = width / tp) of an FP8 tensor-parallel run that cut a 128-wide scale block."""
+    if workload.precision != "fp8" or workload.tp == 1:
+        return []
+    widths = {}
+    if model.moe is None or model.moe.num_moe_layers(model.num_layers) < model.num_layers:  # dense MLP layers
+        widths["MLP width"] = model.intermediate_size
+    if model.mla is not None:
+        widths["attention heads x qk dim"] = model.num_heads * model.mla.qk_head_dim
+        widths["attention heads x v dim"] = model.num_heads * model.mla.v_head_dim
+    else:
+        widths["attention heads x head_dim"] = model.num_heads * model.head_dim
+    if model.moe is not None:
+        widths["expert width"] = model.moe.expert_intermediate_size
+        if model.moe.num_shared_experts:
+            widths["shared expert width"] = model.moe.shared_intermediate_size
+    return [f"{name} {width} / {workload.tp} = {width // workload.tp}" for name, width in widths.items()
+            if width % workload.tp == 0 and (width // workload.tp) % 128]

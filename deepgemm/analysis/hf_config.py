@@ -16,6 +16,11 @@ from typing import Any
 
 from deepgemm.analysis.models import MlaSpec, ModelConfigError, ModelSpec, MoeSpec
 
+# Architectures whose MLP has a gate projection (SwiGLU / GeGLU); another model_type is assumed gated, with a note.
+_GATED_MODEL_TYPES = frozenset({"llama", "llama4", "llama4_text", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
+                                "qwen3_moe", "deepseek_v2", "deepseek_v3", "gemma", "gemma2", "gemma3", "gemma3_text",
+                                "phi3", "glm", "glm4", "glm4_moe", "olmo", "olmo2", "granite", "granitemoe",
+                                "internlm2", "yi", "baichuan", "exaone", "cohere", "cohere2", "minicpm", "dbrx"})
 # Architectures whose MLP is a plain up -> activation -> down (no gate projection).
 _UNGATED_MODEL_TYPES = frozenset({"gpt2", "gpt_neox", "gptj", "gpt_bigcode", "falcon", "phi", "opt", "bloom",
                                   "starcoder2", "mpt", "bert", "roberta", "gpt_neo", "codegen"})
@@ -48,7 +53,9 @@ def parse_hf_config(raw: Mapping[str, Any], *, default_name: str = "model", sour
     return ModelSpec(
         name=str(fields.raw.get("_name_or_path") or default_name),
         hidden_size=hidden,
-        intermediate_size=fields.integer("intermediate_size", "n_inner", "ffn_dim", default=default_width),
+        # (Llama 4: intermediate_size_mlp is the dense layers' width, intermediate_size the experts')
+        intermediate_size=fields.integer("intermediate_size_mlp", "intermediate_size", "n_inner", "ffn_dim",
+                                         default=default_width),
         num_layers=fields.integer("num_hidden_layers", "n_layer", "num_layers"),
         num_heads=heads,
         num_kv_heads=kv_heads,
@@ -58,8 +65,24 @@ def parse_hf_config(raw: Mapping[str, Any], *, default_name: str = "model", sour
         activation=str(fields.raw.get("hidden_activation") or fields.raw.get("hidden_act") or
                        fields.raw.get("activation_function") or ("silu" if gated else "gelu")),
         mla=_mla(fields),
-        moe=_moe(fields),
+        moe=_moe(fields, model_type),
+        notes=_notes(fields.raw, model_type),
     )
+
+
+def _notes(raw: Mapping[str, Any], model_type: str) -> tuple[str, ...]:
+    """What the analysis assumes about this config and does not read from it."""
+    notes = []
+    if model_type not in _GATED_MODEL_TYPES | _UNGATED_MODEL_TYPES:
+        notes.append(f"model_type {model_type or '(none)'!r} is not a family deepgemm knows: its MLP is assumed "
+                     "gated (gate, up, down)")
+    if raw.get("sliding_window") and raw.get("use_sliding_window", True):
+        notes.append(f"sliding_window {raw['sliding_window']} is not modelled: attention spans the whole context")
+    quant = raw.get("quantization_config")
+    if isinstance(quant, Mapping) and quant.get("quant_method", "fp8") != "fp8":
+        notes.append(f"quantization_config ({quant.get('quant_method')}) is not modelled: the GEMMs are analysed in "
+                     "the --dtype precision")
+    return tuple(notes)
 
 
 def _head_dim(fields: _Fields, hidden: int, heads: int, source: str) -> int:
@@ -126,11 +149,13 @@ def _mla(fields: _Fields) -> MlaSpec | None:
     )
 
 
-def _moe(fields: _Fields) -> MoeSpec | None:
+def _moe(fields: _Fields, model_type: str) -> MoeSpec | None:
     num_experts = fields.integer("n_routed_experts", "num_local_experts", "num_experts", default=0, allow_zero=True)
     if num_experts == 0:  # absent, or 0: a dense model that spells the field out
         return None
-    num_shared = fields.integer("n_shared_experts", default=0, allow_zero=True)
+    # Llama 4's MoE layers always add one shared expert of the experts' width (no config key says so).
+    num_shared = fields.integer("n_shared_experts", default=1 if model_type.startswith("llama4") else 0,
+                                allow_zero=True)
     expert_width = fields.integer("moe_intermediate_size", "intermediate_size")
     shared_width = fields.integer("shared_expert_intermediate_size", default=num_shared * expert_width,
                                   allow_zero=True)
@@ -143,6 +168,7 @@ def _moe(fields: _Fields) -> MoeSpec | None:
         num_shared_experts=num_shared,
         shared_intermediate_size=shared_width,
         first_dense_layers=fields.integer("first_k_dense_replace", default=0, allow_zero=True),
-        layer_frequency=fields.integer("moe_layer_freq", "decoder_sparse_step", default=1),
+        # (Llama 4's interleave_moe_layer_step counts like Qwen's decoder_sparse_step: layer i when (i + 1) % step == 0)
+        layer_frequency=fields.integer("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step", default=1),
         layer_offset=0 if fields.raw.get("moe_layer_freq") is not None else 1,
     )

@@ -147,3 +147,46 @@ def test_moe_layer_frequency_counts_as_each_family_does() -> None:
     assert deepseek.moe is not None and qwen.moe is not None
     assert (deepseek.moe.num_moe_layers(27), qwen.moe.num_moe_layers(27)) == (14, 13)
 
+
+
+@pytest.mark.parametrize(("experts", "step", "moe_layers", "gflop"), [(16, 1, 48, 32.276), (128, 2, 24, 32.299)])
+def test_llama4_reads_the_shared_expert_interleave_and_dense_width(experts: int, step: int, moe_layers: int,
+                                                                   gflop: float) -> None:
+    """Llama 4 Scout / Maverick came out at two-thirds of their size: the shared expert was dropped and
+    interleave_moe_layer_step / intermediate_size_mlp ignored. By hand, per decoded token (linear layers and the LM
+    head): attention 2 * (7168 + 5120) * 5120, each MoE layer one routed and one shared SwiGLU expert of width 8192
+    plus the router, each dense layer a SwiGLU MLP of width 16384 (17.2B active parameters for Scout)."""
+    from deepgemm.analysis.gemms import Workload, enumerate_gemms
+    from deepgemm.analysis.hf_config import parse_hf_config
+    from deepgemm.analysis.ops import ATTENTION_CORE
+
+    text = {"model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192,
+            "intermediate_size_mlp": 16384, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+            "num_hidden_layers": 48, "vocab_size": 202048, "num_local_experts": experts, "num_experts_per_tok": 1,
+            "interleave_moe_layer_step": step}
+    model = parse_hf_config({"model_type": "llama4", "text_config": text})
+    assert model.moe is not None and model.moe.num_shared_experts == 1 and model.intermediate_size == 16384
+    assert model.moe.num_moe_layers(48) == moe_layers
+    ops = enumerate_gemms(model, Workload(batch=1, seq=16, decode_tokens=1, include_prefill=False))
+    flops = sum(op.flops for op in ops if op.category != ATTENTION_CORE)
+    h = 5120
+    by_hand = (48 * 2 * (7168 + h) * h + moe_layers * (2 * experts * h + 2 * 2 * 3 * h * 8192)
+               + (48 - moe_layers) * 2 * 3 * h * 16384 + 2 * 202048 * h)
+    assert flops == by_hand and round(flops / 1e9, 3) == gflop
+
+
+def test_what_the_analysis_does_not_read_is_noted() -> None:
+    """An unknown family was analysed as SwiGLU, a sliding window and an int4 quantization were ignored, all
+    without a word."""
+    from deepgemm.analysis.hf_config import parse_hf_config
+
+    base = {"hidden_size": 1024, "num_attention_heads": 8, "intermediate_size": 4096, "num_hidden_layers": 2,
+            "vocab_size": 1000}
+    assert parse_hf_config({**base, "model_type": "llama"}).notes == ()
+    assert parse_hf_config({**base, "model_type": "qwen2", "sliding_window": 4096,
+                            "use_sliding_window": False}).notes == ()
+    (unknown,) = parse_hf_config({**base, "model_type": "nemotron"}).notes
+    assert "'nemotron' is not a family deepgemm knows" in unknown
+    notes = parse_hf_config({**base, "model_type": "mistral", "sliding_window": 4096,
+                             "quantization_config": {"quant_method": "awq", "bits": 4}}).notes
+    assert any("sliding_window 4096" in n for n in notes) and any("(awq)" in n for n in notes)
