@@ -7,6 +7,8 @@
 # ab times other trees, carried under .ab (dev/rename_package.sh; AB_TREES names them, default deepgemm_old), interleaved
 # with this one (dev/ab_trees.py).
 # Where .peers/use_deepgemm.sh is carried, DeepGEMM HEAD is made importable first, so bench times it too.
+# BUDGET (seconds, default 570) bounds the whole call: every step's timeout is cut to what is left. An unknown step
+# name exits 2 at once; the exit status is 1 when a test step failed (or `ab` had no AB_TREES).
 # grouped / kgrouped run the grouped tests and dev/bench_grouped.py / dev/bench_kgrouped.py; ncu profiles NCU_SHAPES
 # (dev/profile_shape.py; NCU_TILE=BMxBN forces our tile) with the stall reasons; split tests and times the split
 # tail / stream tail / split-K (dev/bench_split.py); clusters tests and times the 2-CTA multicast builds
@@ -17,6 +19,16 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 DEEPGEMM_CACHE_DIR=${DEEPGEMM_CACHE_DIR:-/tmp/deepgemm-cache}
 steps=${*:-install smoke tests sanitize host sass bench}
 has() { [[ " $steps " == *" $1 "* ]]; }
+known=" $(sed -n 's/^# Steps: //p' "$0" | head -1) full "
+for step in $steps; do
+  [[ "$known" == *" $step "* ]] || { echo "gpu_check: unknown step '$step' (steps:$known)" >&2; exit 2; }
+done
+# One budget for the whole call (a device command is killed at 600 s): every step's timeout is cut to what is left,
+# so a slow step cannot take the later ones down with it. `left N`: min(N, seconds left), at least 1.
+deadline=$((SECONDS + ${BUDGET:-570}))
+left() { local rest=$((deadline - SECONDS)); (( rest < 1 )) && rest=1; echo $(( $1 < rest ? $1 : rest )); }
+status=0  # 1 once a test step fails (the exit status of the call)
+failed() { [ "$1" -eq 0 ] || status=1; }
 
 if has install; then
   python3 -m pip install -q --no-deps --no-build-isolation --no-index . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
@@ -24,7 +36,7 @@ if has install; then
   python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"
 fi
 if has smoke; then
-  timeout 120 python3 dev/sanitize_check.py 2>&1 | tee "$OUT/smoke.log" | tail -12
+  timeout "$(left 120)" python3 dev/sanitize_check.py 2>&1 | tee "$OUT/smoke.log" | tail -12
 fi
 # tests: the quick GPU subset (-m "gpu and quick": tests/gpu/conftest.py QUICK plus tests marked quick; meant to
 # finish within 5 minutes, compiles included), stopping at the first failure; QUICK_MARK overrides the selection.
@@ -33,32 +45,34 @@ fi
 # ran on CUDA tensors (the gpu_guard fixture, tests/gpu/guard.py). The memcheck subset is dev/sanitize_check.py: run
 # plainly by smoke and under compute-sanitizer memcheck by sanitize.
 if has tests; then
-  timeout 420 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider -m "${QUICK_MARK:-gpu and quick}" --durations=20 tests 2>&1 | tee "$OUT/pytest_gpu.log" | grep -E "passed|failed|Error|error" | tail -25
+  timeout "$(left 420)" python3 -m pytest -x --timeout "$(left 120)" -q -p no:cacheprovider -m "${QUICK_MARK:-gpu and quick}" --durations=20 tests 2>&1 | tee "$OUT/pytest_gpu.log" | grep -E "passed|failed|Error|error" | tail -25; failed "${PIPESTATUS[0]}"
 fi
 # all: every GPU test and racecheck in one call, as four processes at once (the GPU and 16 cores are shared; the
 # disk cache is process-safe): the quick subset, the random-shape suite's full part, the rest of the full suite,
 # and dev/racecheck_ab.sh. Each writes its own log; the summaries print at the end.
 if has all; then
-  pt() { timeout "${ALL_TIMEOUT:-420}" python3 -m pytest -q --timeout 200 -p no:cacheprovider "$@"; }
+  pt() { timeout "$(left "${ALL_TIMEOUT:-420}")" python3 -m pytest -q --timeout "$(left 200)" -p no:cacheprovider "$@"; }
   pt -m "gpu and quick" tests >"$OUT/all_quick.log" 2>&1 &
   pt -m "full and not quick" tests/gpu/test_random_shapes_gpu.py >"$OUT/all_random.log" 2>&1 &
-  pt -m "full and not quick" --ignore=tests/gpu/test_random_shapes_gpu.py tests >"$OUT/all_full.log" 2>&1 &
+  pt -m "full and not quick" --ignore=tests/gpu/test_random_shapes_gpu.py \
+    -k "not measured_ceilings and not end_to_end" tests >"$OUT/all_full.log" 2>&1 &  # (timing tests: see `full`)
   bash dev/racecheck_ab.sh >"$OUT/all_racecheck.txt" 2>&1 &
   wait
   for log in all_quick all_random all_full; do
     echo "$log: $(grep -E "^(FAILED|ERROR)" "$OUT/$log.log" | head -5) $(tail -1 "$OUT/$log.log")"
+    grep -qE "^(FAILED|ERROR)| (failed|error)" "$OUT/$log.log" && status=1
   done
   cat "$OUT/all_racecheck.txt"
 fi
 if has full; then
-  timeout "${FULL_TIMEOUT:-560}" python3 -m pytest --timeout 300 -q -p no:cacheprovider -m "${FULL_MARK:-full}" --durations=30 tests 2>&1 | tee "$OUT/pytest_full.log" | grep -E "passed|failed|Error|error|slowest|^[0-9.]+s (call|setup|teardown)" | tail -70
+  timeout "$(left "${FULL_TIMEOUT:-560}")" python3 -m pytest --timeout "$(left 300)" -q -p no:cacheprovider -m "${FULL_MARK:-full}" --durations=30 tests 2>&1 | tee "$OUT/pytest_full.log" | grep -E "passed|failed|Error|error|slowest|^[0-9.]+s (call|setup|teardown)" | tail -70; failed "${PIPESTATUS[0]}"
 fi
 if has sanitize; then
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 dev/sanitize_check.py >"$OUT/sanitizer.log" 2>&1
   echo "memcheck exit=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
 fi
 if has host; then
-  python3 dev/host_overhead.py 2>&1 | tee "$OUT/host.txt"
+  timeout "$(left 200)" python3 dev/host_overhead.py 2>&1 | tee "$OUT/host.txt"
 fi
 if has sass; then
   cubin=$(grep -l "fp8_gemm_nt n=7168 k=16384" "$DEEPGEMM_CACHE_DIR"/kernels/*/*/meta.json 2>/dev/null | head -1 | xargs -r dirname)/kernel.cubin
@@ -68,26 +82,26 @@ if has sass; then
   fi
 fi
 if has nn; then
-  timeout 400 python3 -m pytest -x --timeout 200 -q -p no:cacheprovider tests/gpu/test_ops_gpu.py 2>&1 | tee "$OUT/pytest_nn.log" | grep -E "passed|failed|Error|error" | tail -25
+  timeout "$(left 400)" python3 -m pytest -x --timeout "$(left 200)" -q -p no:cacheprovider tests/gpu/test_ops_gpu.py 2>&1 | tee "$OUT/pytest_nn.log" | grep -E "passed|failed|Error|error" | tail -25; failed "${PIPESTATUS[0]}"
 fi
 if has route; then
-  timeout 300 python3 dev/fp8_linear_route.py 2>&1 | tee "$OUT/route.md"
+  timeout "$(left 300)" python3 dev/fp8_linear_route.py 2>&1 | tee "$OUT/route.md"
 fi
 if has block; then
   for model in ${BLOCK_MODELS:-llama-3-8b qwen3-30b-a3b}; do
-    timeout 300 python3 -m deepgemm bench --model $model --tokens 1,64,4096 --json "$OUT/block_$model.json" --markdown "$OUT/block_$model.md" 2>&1 | tee "$OUT/block_$model.txt"
+    timeout "$(left 300)" python3 -m deepgemm bench --model $model --tokens 1,64,4096 --json "$OUT/block_$model.json" --markdown "$OUT/block_$model.md" 2>&1 | tee "$OUT/block_$model.txt"
   done
 fi
 # bf16: the BF16 GEMM GPU tests, then `deepgemm bench --dtype bf16` per layout on the DeepSeek-V3 suite (cuBLAS and,
 # where carried, DeepGEMM HEAD interleaved); BF16_LAYOUTS narrows the layouts.
 if has bf16; then
-  timeout 90 python3 dev/bf16_smoke.py 2>&1 | tee "$OUT/bf16_smoke.log" | tail -8
-  timeout 300 python3 -m pytest -x --timeout 60 -q -p no:cacheprovider tests/gpu/test_bf16_gemm_gpu.py 2>&1 | tee "$OUT/pytest_bf16.log" | grep -E "passed|failed|Error|error" | tail -25
+  timeout "$(left 90)" python3 dev/bf16_smoke.py 2>&1 | tee "$OUT/bf16_smoke.log" | tail -8
+  timeout "$(left 300)" python3 -m pytest -x --timeout "$(left 60)" -q -p no:cacheprovider tests/gpu/test_bf16_gemm_gpu.py 2>&1 | tee "$OUT/pytest_bf16.log" | grep -E "passed|failed|Error|error" | tail -25; failed "${PIPESTATUS[0]}"
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
     for layout in ${BF16_LAYOUTS:-nt nn tn tt}; do
-      timeout "${BF16_TIMEOUT:-300}" python3 -m deepgemm bench --dtype bf16 --layout "$layout" --suite deepseek-v3 \
-        --results-dir "$OUT/bench_bf16_$layout" >"$OUT/bench_bf16_$layout.log" 2>&1
-      grep -E "summary|rror" "$OUT/bench_bf16_$layout.log"
+      timeout "$(left "${BF16_TIMEOUT:-300}")" python3 -m deepgemm bench --dtype bf16 --layout "$layout" --suite deepseek-v3 \
+        --json "$OUT/bench_bf16_$layout.json" --markdown "/tmp/bench_bf16_$layout.md" >"/tmp/bench_bf16_$layout.log" 2>&1
+      grep -E "summary|rror" "/tmp/bench_bf16_$layout.log"
     done )
 fi
 if has racecheck; then
@@ -96,12 +110,17 @@ fi
 # ab: the packages of AB_TREES (default deepgemm_old; several are timed together), carried under .ab, with AB_ARGS
 # (e.g. "--m 512,1024 --more") passed on.
 if has ab; then
-  timeout "${AB_TIMEOUT:-300}" env PYTHONPATH=$PWD:$PWD/.ab python3 dev/ab_trees.py ${AB_TREES:-deepgemm_old} ${AB_ARGS:-} 2>&1 \
-    | tee "$OUT/ab_trees.md"
+  if [ -z "${AB_TREES:-}" ]; then
+    echo "ab: set AB_TREES to the packages carried under .ab ($(ls .ab 2>/dev/null | tr '\n' ' '))"; status=1
+  else
+    timeout "$(left "${AB_TIMEOUT:-300}")" env PYTHONPATH=$PWD:$PWD/.ab python3 dev/ab_trees.py $AB_TREES ${AB_ARGS:-} 2>&1 \
+      | tee "$OUT/ab_trees.md"
+  fi
 fi
 if has bench; then
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
-    python3 -m deepgemm bench --suite deepseek-v3 --json "$OUT/bench.json" --markdown "$OUT/bench.md" >"$OUT/bench.log" 2>&1 )
+    timeout "$(left 400)" python3 -m deepgemm bench --suite deepseek-v3 --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
+      >"$OUT/bench.log" 2>&1 )
   grep -E "deepgemm |deepseek|blockwise|geometric|rror|left out" "$OUT/bench.log"
 fi
 # repeat: the dense and MoE suites REPEAT times (default 2), JSON only ($OUT/bench_<i>.json, moe_<i>.json: few files, as
@@ -112,7 +131,8 @@ if has repeat; then
     for i in $(seq 1 "${REPEAT:-2}"); do
       for suite in deepseek-v3 deepseek-v3-moe; do
         name=$([ $suite = deepseek-v3 ] && echo bench || echo moe)_$i
-        python3 -m deepgemm bench --suite $suite --json "$OUT/$name.json" --markdown /tmp/$name.md >/tmp/$name.log 2>&1
+        timeout "$(left 400)" python3 -m deepgemm bench --suite $suite --json "$OUT/$name.json" --markdown /tmp/$name.md \
+          >/tmp/$name.log 2>&1
         echo "$name: $(grep -E "^summary|rror" /tmp/$name.log | cut -c1-150)"
       done
     done
@@ -123,18 +143,19 @@ fi
 # llm-prefill` (48 dense prefill shapes), results under $OUT.
 if has moe; then
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
-    python3 -m deepgemm bench --suite deepseek-v3-moe --json "$OUT/moe.json" --markdown "$OUT/moe.md" >"$OUT/moe.log" 2>&1 )
+    timeout "$(left 400)" python3 -m deepgemm bench --suite deepseek-v3-moe --json "$OUT/moe.json" --markdown "$OUT/moe.md" \
+      >"$OUT/moe.log" 2>&1 )
   grep -E "geometric|summary|rror|left out" "$OUT/moe.log"
 fi
 if has breadth; then
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
-    timeout "${BREADTH_TIMEOUT:-540}" python3 -m deepgemm bench --suite llm-prefill --json "$OUT/llm_prefill.json" \
+    timeout "$(left "${BREADTH_TIMEOUT:-540}")" python3 -m deepgemm bench --suite llm-prefill --json "$OUT/llm_prefill.json" \
       --markdown "$OUT/llm_prefill.md" >"$OUT/llm_prefill.log" 2>&1 )
   grep -E "geometric|summary|rror|left out" "$OUT/llm_prefill.log"
 fi
 if has grouped; then
-  timeout 300 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider tests/gpu/test_grouped_gpu.py 2>&1 | tee "$OUT/pytest_grouped.log" | grep -E "passed|failed|Error|error" | tail -15
-  timeout 200 python3 dev/bench_grouped.py 2>&1 | tee "$OUT/bench_grouped.md"
+  timeout "$(left 300)" python3 -m pytest -x --timeout "$(left 120)" -q -p no:cacheprovider tests/gpu/test_grouped_gpu.py 2>&1 | tee "$OUT/pytest_grouped.log" | grep -E "passed|failed|Error|error" | tail -15; failed "${PIPESTATUS[0]}"
+  timeout "$(left 200)" python3 dev/bench_grouped.py 2>&1 | tee "$OUT/bench_grouped.md"
 fi
 if has ncu; then
   for tag in ${NCU_SHAPES:-4096x7168x16384}; do
@@ -143,7 +164,7 @@ if has ncu; then
     for who in ours ${NCU_PEER:+peer}; do
       # The peer (NCU_PEER=1, DeepGEMM HEAD made importable first) on the same operands, the same metrics.
       ( [ "$who" = peer ] && [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
-        ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --section SpeedOfLight --section LaunchStats \
+        timeout "$(left 240)" ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --section SpeedOfLight --section LaunchStats \
           --metrics ${stalls}l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum,lts__t_sectors.sum,dram__bytes.sum,sm__cycles_active.avg,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_uniform.sum,smsp__inst_executed_op_shared_ld.sum \
           python3 dev/profile_shape.py $shape $([ "$who" = peer ] && echo --peer) $([ "$who" = ours ] && [ -n "${NCU_TILE:-}" ] && echo --tile "$NCU_TILE") >"$OUT/ncu_${tag}_$who.txt" 2>&1 )
       echo "ncu $tag $who:"; grep -E "Duration|SM Frequency|stalled|pipe_|bank_conflicts|wavefronts|inst_executed|sectors|dram__bytes|cycles_active|Grid Size|Registers Per|Shared Memory Config|Dynamic Shared|Cluster Size" "$OUT/ncu_${tag}_$who.txt" | awk '{print $1, $NF}' | head -40
@@ -161,18 +182,18 @@ if has ncusource; then
   for who in ours peer ${NCU_PACKAGE:+tree}; do
     ( if [ $who = peer ]; then [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh; args=--peer; else args=${NCU_TILE:+--tile $NCU_TILE}; fi
       if [ $who = tree ]; then export PYTHONPATH=$PYTHONPATH:$PWD/.ab; args="$args --package $NCU_PACKAGE"; fi
-      ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --set full --import-source no -f -o /tmp/ncu_$who \
+      timeout "$(left 240)" ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --set full --import-source no -f -o /tmp/ncu_$who \
         python3 dev/profile_shape.py $shape $args >/tmp/ncu_$who.log 2>&1
       ncu -i /tmp/ncu_$who.ncu-rep --page source --csv --print-source sass >"$OUT/${who}_source.csv" 2>&1
       echo "ncu $who ($shape):"
-      ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --metrics $l2 python3 dev/profile_shape.py $shape $args 2>&1 \
+      timeout "$(left 120)" ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --metrics $l2 python3 dev/profile_shape.py $shape $args 2>&1 \
         | grep -E "^\s+(gpu__|sm__|smsp__|lts__|dram__)" | awk '{print $1, $NF}' )
   done
   # The same metrics for ours and DeepGEMM's in one process on the same tensors (launches 3 and 4 of
   # `profile_shape.py --both`: ours, then DeepGEMM's), so placement cannot tell the L2 counters apart.
   echo "ncu ours then peer, one process ($shape):"
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
-    ncu --clock-control none -k regex:fp8_gemm --launch-skip 2 --launch-count 2 --metrics $l2 \
+    timeout "$(left 120)" ncu --clock-control none -k regex:fp8_gemm --launch-skip 2 --launch-count 2 --metrics $l2 \
       python3 dev/profile_shape.py $shape --both ${NCU_TILE:+--tile $NCU_TILE} 2>&1 \
       | grep -v "==PROF==" | grep -E "fp8_gemm.*\(|^\s+(gpu__|sm__|smsp__|lts__|dram__)" \
       | awk '/fp8_gemm/ {print substr($0, 1, 70); next} {print $1, $NF}' )
@@ -189,39 +210,43 @@ if has ncugrouped; then
   grep -E "profiled:|DG_|config|BLOCK|block_m|Duration|SM Frequency|stalled|pipe_tensor|inst_executed|sectors|dram__bytes|cycles_active|Grid Size|Registers Per|Cluster Size|fp8_gemm" "$OUT/ncu_grouped.txt" | awk '{$1=$1; print}' | cut -c1-160 | head -${NCU_GROUPED_LINES:-150}
 fi
 if has kgrouped; then
-  timeout 200 python3 dev/bench_kgrouped.py 2>&1 | tee "$OUT/bench_kgrouped.md"
+  timeout "$(left 200)" python3 dev/bench_kgrouped.py 2>&1 | tee "$OUT/bench_kgrouped.md"
 fi
 # bf16grouped: the BF16 grouped GPU tests, then dev/bench_grouped_bf16.py (the grouped forms against DeepGEMM HEAD
 # where carried, and torch._grouped_mm).
 if has bf16grouped; then
-  timeout 240 python3 -m pytest --timeout 150 -q -p no:cacheprovider tests/gpu/test_bf16_grouped_gpu.py 2>&1 | tee "$OUT/pytest_bf16_grouped.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -25
+  timeout "$(left 240)" python3 -m pytest --timeout "$(left 150)" -q -p no:cacheprovider tests/gpu/test_bf16_grouped_gpu.py 2>&1 | tee "$OUT/pytest_bf16_grouped.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -25; failed "${PIPESTATUS[0]}"
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
-    timeout 300 python3 dev/bench_grouped_bf16.py --json "$OUT/bench_grouped_bf16.json" 2>&1 | tee "$OUT/bench_grouped_bf16.md" )
+    timeout "$(left 300)" python3 dev/bench_grouped_bf16.py --json "$OUT/bench_grouped_bf16.json" 2>&1 | tee "$OUT/bench_grouped_bf16.md" )
 fi
 # bf16split: the BF16 split-K and FP8 split-tail GPU tests, then dev/bench_bf16_split.py (decode shapes, peers interleaved).
 if has bf16split; then
-  timeout 300 python3 -m pytest --timeout 120 -q -p no:cacheprovider tests/gpu/test_bf16_split_k_gpu.py \
+  timeout "$(left 300)" python3 -m pytest --timeout "$(left 120)" -q -p no:cacheprovider tests/gpu/test_bf16_split_k_gpu.py \
     tests/gpu/test_split_tail_gpu.py 2>&1 | tee "$OUT/pytest_bf16split.log" | grep -E "passed|failed|Error|error" | tail -25
+  failed "${PIPESTATUS[0]}"
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
-    timeout 240 python3 dev/bench_bf16_split.py 2>&1 | tee "$OUT/bench_bf16_split.md" )
+    timeout "$(left 240)" python3 dev/bench_bf16_split.py 2>&1 | tee "$OUT/bench_bf16_split.md" )
 fi
 if has split; then
-  timeout 300 python3 -m pytest -x --timeout 120 -q -p no:cacheprovider tests/gpu/test_split_tail_gpu.py 2>&1 | tee "$OUT/pytest_split.log" | grep -E "passed|failed|Error|error" | tail -8
-  timeout 300 python3 dev/bench_split.py 2>&1 | tee "$OUT/bench_split.md"
+  timeout "$(left 300)" python3 -m pytest -x --timeout "$(left 120)" -q -p no:cacheprovider tests/gpu/test_split_tail_gpu.py 2>&1 | tee "$OUT/pytest_split.log" | grep -E "passed|failed|Error|error" | tail -8; failed "${PIPESTATUS[0]}"
+  timeout "$(left 300)" python3 dev/bench_split.py 2>&1 | tee "$OUT/bench_split.md"
 fi
 # clusters: the 2-CTA multicast GPU tests (A and B), then dev/dense_tile_ab.py --clusters (the model's pick against its
 # multicast builds at M = 4096, DeepGEMM HEAD interleaved where carried).
 if has clusters; then
-  timeout 150 python3 -m pytest -q --timeout 120 -p no:cacheprovider tests/gpu/test_fp8_gemm_gpu.py -k multicast 2>&1 \
+  timeout "$(left 150)" python3 -m pytest -q --timeout "$(left 120)" -p no:cacheprovider tests/gpu/test_fp8_gemm_gpu.py -k multicast 2>&1 \
     | tee "$OUT/pytest_multicast.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -6
-  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh && export PYTHONPATH=$PWD:$PYTHONPATH
-    timeout 200 python3 dev/dense_tile_ab.py --clusters 2>&1 | tee "$OUT/cluster_ab.md" )
+  failed "${PIPESTATUS[0]}"
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    export PYTHONPATH=$PWD:$PYTHONPATH
+    timeout "$(left 200)" python3 dev/dense_tile_ab.py --clusters 2>&1 | tee "$OUT/cluster_ab.md" )
 fi
 # placement: dev/placement_ab.py $PLACEMENT_ARGS (ours against DeepGEMM HEAD with the tensors placed elsewhere in
 # device memory: how much the harness's placement moves a same-run ratio).
 if has placement; then
-  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh && export PYTHONPATH=$PWD:$PYTHONPATH
-    timeout "${PLACEMENT_TIMEOUT:-300}" python3 dev/placement_ab.py ${PLACEMENT_ARGS:-} 2>&1 | tee "$OUT/placement.md" )
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    export PYTHONPATH=$PWD:$PYTHONPATH
+    timeout "$(left "${PLACEMENT_TIMEOUT:-300}")" python3 dev/placement_ab.py ${PLACEMENT_ARGS:-} 2>&1 | tee "$OUT/placement.md" )
 fi
 # pdl: chains of quantize + GEMM links (and GEMM-only links) in one CUDA graph with programmatic dependent launch off
 # and on, interleaved (dev/pdl_ab.py $PDL_ARGS).
@@ -231,14 +256,16 @@ fi
 # floor: what the bench's method measures for (almost) no work: empty kernels, a tiny torch op, copies, decode GEMMs
 # (dev/harness_floor.py $FLOOR_ARGS).
 if has floor; then
-  timeout "${FLOOR_TIMEOUT:-200}" python3 dev/harness_floor.py ${FLOOR_ARGS:-} 2>&1 | tee "$OUT/floor.md"
+  timeout "$(left "${FLOOR_TIMEOUT:-200}")" python3 dev/harness_floor.py ${FLOOR_ARGS:-} 2>&1 | tee "$OUT/floor.md"
 fi
 # tiles: dev/dense_tile_ab.py $TILE_ARGS (default: the twelve M <= 128 DeepSeek-V3 shapes on a spread of tiles), the
 # model's pick and DeepGEMM HEAD interleaved; DG_PRINT_CONFIGS=1 shows DeepGEMM's config per shape; `--trees` finds the
 # packages carried under .ab.
 if has tiles; then
-  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh && export PYTHONPATH=$PWD:$PWD/.ab:$PYTHONPATH
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    export PYTHONPATH=$PWD:$PWD/.ab:$PYTHONPATH
     spread=64x16,64x32,64x64,64x96,64x128,64x128u,64x160,64x192,128x64,128x96,128x128,128x192
-    DG_PRINT_CONFIGS=1 timeout "${TILE_TIMEOUT:-300}" python3 dev/dense_tile_ab.py ${TILE_ARGS:---tiles $spread} 2>&1 \
+    DG_PRINT_CONFIGS=1 timeout "$(left "${TILE_TIMEOUT:-300}")" python3 dev/dense_tile_ab.py ${TILE_ARGS:---tiles $spread} 2>&1 \
       | tee "$OUT/tiles.md" )
 fi
+exit "$status"

@@ -9,7 +9,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/deepgemm-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD
-cat >"$OUT/race_shapes.py" <<'PY'
+cat >/tmp/race_shapes.py <<'PY'
 import torch, deepgemm
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
@@ -27,7 +27,7 @@ for m, n, k, bm, bn, sms, split in [(700, 1000, 2048, 192, 128, 30, True), (300,
 PY
 for name in tree; do
   DEEPGEMM_CACHE_DIR=/tmp/race-cache-$name timeout 110 compute-sanitizer --tool racecheck --print-limit 5 \
-    python3 "$OUT/race_shapes.py" >"$OUT/racecheck_$name.log" 2>&1
+    python3 /tmp/race_shapes.py >"$OUT/racecheck_$name.log" 2>&1
   echo "racecheck $name: exit=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck_$name.log" | tail -1) $(grep -c 'calc_diff' "$OUT/racecheck_$name.log") shapes"
   grep -E "Race reported|Write access|^racecheck" "$OUT/racecheck_$name.log" | head -8
 done

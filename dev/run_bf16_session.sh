@@ -26,8 +26,8 @@ fi
 export PYTHONPATH=$PWD:$PYTHONPATH
 for layout in ${BF16_LAYOUTS-nt nn tn tt}; do
   timeout 150 python3 -m deepgemm bench --dtype bf16 --layout "$layout" --suite deepseek-v3 \
-    --results-dir "$OUT/bench_$layout" >"$OUT/bench_$layout.log" 2>&1
-  grep -E "summary|rror" "$OUT/bench_$layout.log"
+    --json "$OUT/bench_$layout.json" --markdown "/tmp/bench_$layout.md" >"/tmp/bench_$layout.log" 2>&1
+  grep -E "summary|rror" "/tmp/bench_$layout.log"
 done
 for layout in ${PROBE_LAYOUTS-nn tn tt}; do
   timeout 60 python3 dev/bench_bf16_split.py --layout=$layout ${PROBE_SHAPES:-"128x24576x1536:64,192" \

@@ -194,6 +194,34 @@ def test_contiguous_psum_graph_replay_with_new_ends(seed: int, gpu_guard) -> Non
     assert gpu_guard.launches(ENTRY) >= before + len(layouts)  # the eager m_indices calls (replays are not counted)
 
 
+@pytest.mark.quick
+@pytest.mark.parametrize("rows,n,k", [(128, 256, 7168), (64, 2112, 7168), (1, 512, 4096)])
+def test_one_expert_at_decode_sizes(rows: int, n: int, k: int, seed: int, gpu_guard) -> None:
+    """One expert with decode-sized rows: the planner took such a launch for a dense decode GEMM and picked a
+    split-K tile, which the grouped kernels do not have (every call raised ValueError). Contiguous, psum and masked
+    forms against float64."""
+    count = min(rows, MASKED_BLOCK)  # the masked launch: one expert of max_m 64 holding `count` rows
+    for kind, geometry, expected_m in ((GemmKind.GROUPED_CONTIGUOUS, Bf16Geometry(padded(rows), 1), 0),
+                                       (GemmKind.GROUPED_MASKED, Bf16Geometry(MASKED_BLOCK, 1, MASKED_BLOCK),
+                                        api._masked_bucket(count, MASKED_BLOCK))):
+        assert not grouped_spec(kind, geometry, n, k, BF16, None, expected_m, sm_count(0)).config.split_k
+    m_indices = contiguous_layout([rows])
+    a, b = bf16(m_indices.numel(), k), bf16(1, n, k)
+    before = gpu_guard.launches(ENTRY)
+    out = nan_out(m_indices.numel(), n)
+    contiguous(a, b, out, m_indices)
+    by_psum = nan_out(m_indices.numel(), n)
+    contiguous_psum(a, b, by_psum, psum_of([rows]))
+    am = bf16(1, MASKED_BLOCK, k)
+    out_masked = nan_out(1, am.shape[1], n)
+    masked(am, b, out_masked, torch.tensor([count], dtype=torch.int32, device="cuda"), expected_m=count)
+    torch.cuda.synchronize()
+    assert gpu_guard.launches(ENTRY) == before + 3
+    check_contiguous(out, a, b, m_indices, f"one expert of {rows} rows n={n} k={k}")
+    assert torch.equal(by_psum, out)
+    check_masked(out_masked, am, b, [count], f"one masked expert of {count} rows n={n} k={k}")
+
+
 # ---------------------------------------------------------------- masked
 
 MAX_M = 256

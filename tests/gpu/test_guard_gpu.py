@@ -97,14 +97,22 @@ CALLS: dict[str, tuple[Callable[[], Call], str]] = {  # name -> (builder, entry 
 
 def _no_warm_launches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Empty launch-ready tables: a call can only go through the checked path (where the path is chosen)."""
+    import deepgemm.api.bf16 as api_bf16
+    import deepgemm.api.bf16_grouped as api_bf16_grouped
     import deepgemm.api.gemm as api_gemm
     import deepgemm.api.grouped as api_grouped
     import deepgemm.api.linear as api_linear
+    import deepgemm.api.quant as api_quant
 
-    monkeypatch.setattr(api_gemm, "_ready", {}, raising=False)
-    monkeypatch.setattr(api_gemm, "_fresh", {}, raising=False)
-    monkeypatch.setattr(api_grouped, "_ready", {}, raising=False)
-    monkeypatch.setattr(api_linear, "_ready", {}, raising=False)
+    # (no raising=False: a renamed table must fail here, not stay warm and skip the path choice)
+    monkeypatch.setattr(api_gemm, "_ready", {})
+    monkeypatch.setattr(api_gemm, "_fresh", {})
+    monkeypatch.setattr(api_grouped, "_ready", {})
+    monkeypatch.setattr(api_linear, "_ready", {})
+    monkeypatch.setattr(api_bf16, "_ready", {})
+    monkeypatch.setattr(api_bf16, "_fresh", {})
+    monkeypatch.setattr(api_bf16_grouped, "_ready", {})
+    monkeypatch.setattr(api_quant, "_kernel_ready", set())  # warm quantizer calls skip the path choice too
 
 
 def test_guard_is_installed(gpu_guard: GpuGuard) -> None:
