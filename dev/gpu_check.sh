@@ -251,7 +251,7 @@ fi
 # pdl: chains of quantize + GEMM links (and GEMM-only links) in one CUDA graph with programmatic dependent launch off
 # and on, interleaved (dev/pdl_ab.py $PDL_ARGS).
 if has pdl; then
-  timeout "${PDL_TIMEOUT:-300}" python3 dev/pdl_ab.py ${PDL_ARGS:-} 2>&1 | tee "$OUT/pdl.md"
+  timeout "$(left "${PDL_TIMEOUT:-300}")" python3 dev/pdl_ab.py ${PDL_ARGS:-} 2>&1 | tee "$OUT/pdl.md"
 fi
 # floor: what the bench's method measures for (almost) no work: empty kernels, a tiny torch op, copies, decode GEMMs
 # (dev/harness_floor.py $FLOOR_ARGS).
