@@ -123,6 +123,16 @@ def check_ks(ks: object, where: str, why: str = _FP8_KS_RULE) -> tuple[int, ...]
     return sizes
 
 
+def ks_entry(value: object, g: int, where: str) -> int:
+    """`ks[g]` as an int: ints and numpy integers, never floats or bools (the eager and the traced path's rule)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{where}: 'ks[{g}]' must be an int, got bool")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]  # (anything else raises TypeError)
+    except TypeError:
+        raise TypeError(f"{where}: 'ks[{g}]' must be an int, got {type(value).__name__}") from None
+
+
 def _validate_ks(ks: object, where: str, why: str) -> tuple[int, ...]:
     if isinstance(ks, torch.Tensor):
         require_tensor(ks, "ks", where)  # (a dense one)
@@ -139,12 +149,7 @@ def _validate_ks(ks: object, where: str, why: str) -> tuple[int, ...]:
                         f"{type(ks).__name__}")
     values = []
     for g, value in enumerate(ks):
-        try:
-            k = operator.index(value)  # ints and numpy integers, never floats
-        except TypeError:
-            raise TypeError(f"{where}: 'ks[{g}]' must be an int, got {type(value).__name__}") from None
-        if isinstance(value, bool):
-            raise TypeError(f"{where}: 'ks[{g}]' must be an int, got bool")
+        k = ks_entry(value, g, where)
         if k < 0 or k % K_ALIGNMENT:
             raise ValueError(f"{where}: 'ks[{g}]'={k} must be a non-negative multiple of {K_ALIGNMENT} ({why})")
         values.append(k)

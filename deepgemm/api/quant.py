@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from deepgemm.api.backend import backend_for
+from deepgemm.api.ready_launches import keep
 from deepgemm.kernels.common.layout import tma_aligned_rows
 from deepgemm.api.validation import (
     MAX_ROWS,
@@ -40,8 +41,7 @@ _TOKEN_GROUP_WARPS_PER_CTA = 8  # the per-token-group kernel's 256-thread CTAs: 
 # Inputs of the per-token-group quantizers that passed validation and took the kernel path without a copy, by
 # (shape, strides, dtype, device index, group size, silu_mul): a warm call with the same metadata goes straight to the
 # kernel (the checks, the stride test and the backend lookup cost ~2 us of Python per call).
-_kernel_ready: set[tuple] = set()
-_KERNEL_READY_CAPACITY = 4096
+_kernel_ready: dict[tuple, bool] = {}  # (a ready_launches table: the key is all there is to remember)
 _grad_enabled = torch.is_grad_enabled
 
 
@@ -55,9 +55,7 @@ def _kernel_ready_key(x: object, group_size: object, silu_mul: bool) -> tuple | 
 
 def _remember_kernel_ready(key: tuple | None) -> None:
     if key is not None:
-        if len(_kernel_ready) >= _KERNEL_READY_CAPACITY:
-            _kernel_ready.clear()
-        _kernel_ready.add(key)
+        keep(_kernel_ready, key, True)
 
 
 def empty_token_group_scales(m: int, groups: int, device: torch.device) -> torch.Tensor:

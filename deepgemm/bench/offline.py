@@ -121,9 +121,14 @@ def _checked(plan: OfflinePlan, rules: Callable[..., None], gpu: GpuSpec) -> Off
     try:
         rules(*plan.shape, num_sms=gpu.num_sms)
     except Exception as exc:  # noqa: BLE001 - one shape's refusal is reported in its row
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        return dataclasses.replace(plan, error=f"{type(exc).__name__}: {first_line[:160]}", failed=True)
+        return _failed(plan, exc)
     return plan
+
+
+def _failed(plan: OfflinePlan, exc: Exception) -> OfflinePlan:
+    """The plan with the error's type and first line, marked failed."""
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return dataclasses.replace(plan, error=f"{type(exc).__name__}: {first_line[:160]}", failed=True)
 
 
 def _compiled(plan: OfflinePlan, precompile: Callable[..., Any], gpu: GpuSpec) -> OfflinePlan:
@@ -131,8 +136,7 @@ def _compiled(plan: OfflinePlan, precompile: Callable[..., Any], gpu: GpuSpec) -
     try:
         info = precompile(*plan.shape, num_sms=gpu.num_sms, gpu=gpu.device_name)
     except Exception as exc:  # noqa: BLE001 - one shape's failure is reported in its row
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        return dataclasses.replace(plan, error=f"{type(exc).__name__}: {first_line[:160]}", failed=True)
+        return _failed(plan, exc)
     config = dataclasses.asdict(info.config)
     for name in ("block_k", "num_math_warpgroups"):  # properties of some configs
         value = getattr(info.config, name, None)

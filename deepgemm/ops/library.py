@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-import operator
 from collections.abc import Sequence
 
+from deepgemm.api.kgrouped import ks_entry
 from deepgemm.api.validation import require_pair, require_rank, require_tensor
 
 NAMESPACE = "deepgemm"
@@ -66,15 +66,7 @@ def traced_ks(where: str, ks: object) -> list[int]:
     if not isinstance(ks, Sequence) or isinstance(ks, (str, bytes)):
         raise TypeError(f"{where}: under torch.compile 'ks' must be a list or tuple of ints (tokens per group; a "
                         f"tensor's values cannot be traced), got {type(ks).__name__}")
-    sizes = []
-    for g, value in enumerate(ks):
-        if isinstance(value, bool):
-            raise TypeError(f"{where}: 'ks[{g}]' must be an int, got bool")
-        try:
-            sizes.append(operator.index(value))
-        except TypeError:
-            raise TypeError(f"{where}: 'ks[{g}]' must be an int, got {type(value).__name__}") from None
-    return sizes
+    return [ks_entry(value, g, where) for g, value in enumerate(ks)]
 
 
 def refuse_validate_when_compiling(where: str) -> None:

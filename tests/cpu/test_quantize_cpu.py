@@ -338,7 +338,7 @@ def test_warm_token_group_calls_skip_the_checks(monkeypatch: pytest.MonkeyPatch,
         checked.append("silu")
         return real_silu_check(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(api, "_kernel_ready", set())
+    monkeypatch.setattr(api, "_kernel_ready", {})
     monkeypatch.setattr(api, "backend_for", lambda *tensors, **kw: "sm90")
     monkeypatch.setattr(api, "quantize_per_token_group_cuda", kernel)
     monkeypatch.setattr(api, "check_quantize_input", counted)

@@ -112,7 +112,7 @@ def _no_warm_launches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(api_bf16, "_ready", {})
     monkeypatch.setattr(api_bf16, "_fresh", {})
     monkeypatch.setattr(api_bf16_grouped, "_ready", {})
-    monkeypatch.setattr(api_quant, "_kernel_ready", set())  # warm quantizer calls skip the path choice too
+    monkeypatch.setattr(api_quant, "_kernel_ready", {})  # warm quantizer calls skip the path choice too
 
 
 def test_guard_is_installed(gpu_guard: GpuGuard) -> None:
