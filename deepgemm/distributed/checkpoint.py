@@ -26,6 +26,7 @@ from deepgemm.nn.checkpoint import (
     _FP8_FORMATS,
     _Checkpoint,
     _check_quantization_config,
+    _check_same_tensor,
     _checkpoint_files,
     _dtype_name,
     _key,
@@ -136,7 +137,8 @@ def shard_fp8_checkpoint(model: nn.Module, path: str | os.PathLike[str], *, stri
     Raises:
         ImportError, FileNotFoundError: as for deepgemm.nn.load_fp8_checkpoint.
         ValueError: the checkpoint does not fit the model (missing or unexpected keys under strict, a shape or
-            dtype that differs, an FP8 weight without its scales, an nn.Linear whose checkpoint weight is FP8),
+            dtype that differs, an FP8 weight without its scales, an nn.Linear whose checkpoint weight is FP8, a tied
+            tensor stored under two of its names with different values),
             a model tensor is on the meta device, or config.json describes another quantization.
 
     Example::
@@ -172,6 +174,7 @@ def shard_fp8_checkpoint(model: nn.Module, path: str | os.PathLike[str], *, stri
                     missing.append(_key(name, "bias"))
         slots: list[tuple[str, torch.Tensor]] = []
         absent: list[tuple[str, int]] = []  # (name, tensor id): missing unless the tensor loads under another name
+        first_key: dict[int, str] = {}  # tensor id -> the name it loads under (tied tensors: the first present)
         refresh: list[Fp8Linear] = []
         for name, module in model.named_modules():
             if id(module) in in_layer:
@@ -200,9 +203,13 @@ def shard_fp8_checkpoint(model: nn.Module, path: str | os.PathLike[str], *, stri
                                      f"is {tensor.dtype}{hint}")
                 if tensor.is_meta:
                     raise ValueError(f"{WHERE}: {key!r} is on the meta device; build the model on its device first")
-                slots.append((key, tensor))
                 consumed.add(key)
-        loaded = {id(tensor) for _, tensor in slots}  # a tied tensor stored under one of its names loads once
+                first = first_key.setdefault(id(tensor), key)
+                if first == key:
+                    slots.append((key, tensor))
+                else:  # a tied tensor stored under several names loads once, from copies that must agree
+                    _check_same_tensor(first, key, ckpt, WHERE)
+        loaded = set(first_key)
         missing += [key for key, tensor_id in absent if tensor_id not in loaded]
         report = LoadReport(missing=sorted(missing), unexpected=sorted(set(ckpt.where) - consumed))
         if strict and (report.missing or report.unexpected):

@@ -268,6 +268,14 @@ def _key(prefix: str, attribute: str) -> str:
     return f"{prefix}.{attribute}" if prefix else attribute
 
 
+def _check_same_tensor(key: str, other: str, ckpt: _Checkpoint, where: str = "load_fp8_checkpoint") -> None:
+    """A tied tensor stored under two names loads once, so both copies must hold the same bytes."""
+    if ckpt.meta(key) != ckpt.meta(other) or not torch.equal(ckpt.read(key).reshape(-1).view(torch.uint8),
+                                                             ckpt.read(other).reshape(-1).view(torch.uint8)):
+        raise ValueError(f"{where}: {key!r} and {other!r} name one tied tensor of the model, but the checkpoint "
+                         "stores two different tensors under them")
+
+
 def _shape_error(key: str, checkpoint: tuple[int, ...], model: tuple[int, ...]) -> ValueError:
     return ValueError(f"load_fp8_checkpoint: {key!r} has shape {list(checkpoint)} in the checkpoint, the model "
                       f"expects {list(model)}")
@@ -408,6 +416,8 @@ def _plan(model: nn.Module, ckpt: _Checkpoint,
             continue
         slot.key = present[0]
         _check_slot(slot.key, slot, ckpt)
+        for other in present[1:]:
+            _check_same_tensor(slot.key, other, ckpt)
         consumed.update(present)  # a tied tensor stored under several names loads once
     return layers, [s for s in slots.values() if s.key is not None], missing, consumed
 
@@ -513,8 +523,9 @@ def load_fp8_checkpoint(model: nn.Module, path: str | os.PathLike[str], *,
         FileNotFoundError: `path` is neither a .safetensors file nor a folder holding them, or the index names a
             file that is not there.
         ValueError: the checkpoint does not fit the model (missing or unexpected keys under strict, a shape or
-            dtype that differs, an FP8 weight without its scales), config.json describes another quantization,
-            the index cannot be read, or `device` is meta.
+            dtype that differs, an FP8 weight without its scales, a tied tensor stored under two of its names with
+            different values), config.json describes another quantization, the index cannot be read, or `device`
+            is meta.
 
     Example::
 

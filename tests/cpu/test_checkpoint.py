@@ -376,6 +376,26 @@ def test_tied_weights_load_once(tmp_path: Path) -> None:
     assert torch.equal(model.lm_head.weight, tensors["model.embed_tokens.weight"])
 
 
+def test_tied_weight_stored_twice_must_agree(tmp_path: Path) -> None:
+    """A tied tensor stored under two names loads once; it loaded the first name's values and ignored the second's
+    without a word when they differed."""
+    tensors = checkpoint_tensors(seeded())
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    model = bf16_model()
+    model.lm_head.weight = model.model.embed_tokens.weight
+    report = load_fp8_checkpoint(model, write_checkpoint(tmp_path / "same", tensors))  # equal copies: fine
+    assert report.missing == [] and report.unexpected == []
+    assert torch.equal(model.lm_head.weight, tensors["lm_head.weight"])
+    tensors["lm_head.weight"][3, 5] += 1
+    model = bf16_model()
+    model.lm_head.weight = model.model.embed_tokens.weight
+    before = model.lm_head.weight.clone()
+    with pytest.raises(ValueError, match=r"'lm_head\.weight'.*'model\.embed_tokens\.weight'|"
+                                         r"'model\.embed_tokens\.weight'.*'lm_head\.weight'"):
+        load_fp8_checkpoint(model, write_checkpoint(tmp_path / "differ", tensors))
+    assert torch.equal(model.lm_head.weight, before)  # checked before anything was loaded
+
+
 def test_without_safetensors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     folder = write_checkpoint(tmp_path, checkpoint_tensors(seeded()))
     monkeypatch.setitem(sys.modules, "safetensors", None)

@@ -417,6 +417,16 @@ def checkpoint_errors(rank: int, world_size: int, *, seed: int, folder: str, **_
     dist.barrier()
     tied_report = shard_fp8_checkpoint(tied, tied_path)
     messages["tied"] = f"{tied_report.missing} {float(tied.head.weight[1, 0])}"
+    # The same pair stored under both names with different values: refused (one of them was dropped silently).
+    twice_path = Path(folder) / "tied_twice.safetensors"
+    if rank == 0:
+        save_file({"embed.weight": torch.arange(512.0).view(16, 32), "head.weight": torch.zeros(16, 32)},
+                  str(twice_path))
+    dist.barrier()
+    try:
+        shard_fp8_checkpoint(tied, twice_path)
+    except ValueError as error:
+        messages["tied_twice"] = f"{error} {float(tied.head.weight[1, 0])}"
     try:  # an FP8 format the model's tensor does not have is refused, not converted
         holder = nn.Module()
         holder.register_buffer("experts", torch.zeros(4, 128, dtype=torch.float8_e4m3fn))
@@ -566,6 +576,8 @@ def test_checkpoint_errors(pool: Pool, seed: int, small_fp8_route: int, tmp_path
         assert "missing" in messages["missing"] and "up.weight" in messages["missing"], messages
         assert "up.weight" in messages["not_strict"]
         assert messages["tied"] == "[] 32.0", messages  # was: lm_head-style 'head.weight' reported missing
+        assert "'embed.weight' and 'head.weight' name one tied tensor" in messages.get("tied_twice", ""), messages
+        assert messages["tied_twice"].endswith(" 32.0"), messages  # checked before anything was loaded
         assert "'experts' is float8_e5m2 in the checkpoint" in messages["e5m2"], messages
 
 
