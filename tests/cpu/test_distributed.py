@@ -9,7 +9,6 @@ their shares). The small_fp8_route threshold is passed to the workers, which are
 
 from __future__ import annotations
 
-import os
 import queue
 import re
 import traceback
