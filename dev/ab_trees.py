@@ -22,9 +22,7 @@ import argparse
 import importlib
 import random
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -32,13 +30,13 @@ import torch  # noqa: E402
 
 import deepgemm  # noqa: E402
 from deepgemm.bench.suites import suite_shapes  # noqa: E402
-from deepgemm.tuning.timing import FLUSH_BYTES, bench_gpu_interleaved  # noqa: E402
+from deepgemm.tuning.timing import FLUSH_MODES, FlushMode, bench_gpu_interleaved  # noqa: E402
 
 from dev.bench_grouped import contiguous_inputs, issue5_cases, masked_inputs  # noqa: E402
 from dev.bench_kgrouped import fp8_operands, group_tokens  # noqa: E402
 from tests.helpers import random_operands  # noqa: E402
 
-FLUSH: list[Callable[[], Any] | None] = [None]  # the flush --flush picked (None: the timer's zeroing)
+FLUSH_MODE: list[FlushMode] = ["zero"]  # the L2 flush --flush picked
 
 
 # (case class, other trees' time / this tree's, whether each one's output is bitwise this tree's) per timed row, for
@@ -61,7 +59,7 @@ def row(label: str, calls: list, outs: list[torch.Tensor], valid: torch.Tensor |
         call()
     torch.cuda.synchronize()
     same = [torch.equal(out[valid], outs[0][valid]) if valid is not None else torch.equal(out, outs[0]) for out in outs[1:]]
-    times = [t.median_us for t in bench_gpu_interleaved(calls, flush=FLUSH[0])]
+    times = [t.median_us for t in bench_gpu_interleaved(calls, flush_mode=FLUSH_MODE[0])]
     RESULTS.append((case_class(label), [t / times[0] for t in times[1:]], same))
     cells = [f"{t:.1f}" for t in times] + [f"{t / times[0]:.3f}" for t in times[1:]]
     return (f"| {label} | {' | '.join(cells)} | {flops / times[0] / 1e6:.0f} | "
@@ -95,15 +93,13 @@ def main() -> None:
     parser.add_argument("--only", type=lambda text: text.split(","), default=None)
     parser.add_argument("--m", type=lambda text: [int(m) for m in text.split(",")], default=[])
     parser.add_argument("--more", action="store_true")
-    parser.add_argument("--flush", choices=("zero", "read"), default="zero",
+    parser.add_argument("--flush", choices=FLUSH_MODES, default="zero",
                         help="L2 flush before each sample: zero a 256 MiB buffer (the bench's; leaves dirty lines) or "
                              "read it (leaves clean lines, as a previous GEMM's weight reads do)")
     parser.add_argument("--compile-only", action="store_true", help="only compile every tree's kernels (no GPU needed)")
     args = parser.parse_args()
     names, only, extra_m, more, compile_only = args.packages, args.only, args.m, args.more, args.compile_only
-    if args.flush == "read":
-        buffer = torch.ones(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-        FLUSH[0] = lambda: buffer.max()
+    FLUSH_MODE[0] = args.flush
     trees = [deepgemm] + [importlib.import_module(name) for name in names]
     print(f"this tree: {Path(deepgemm.__file__).parent}; others: {', '.join(names)}")
 

@@ -28,7 +28,7 @@ from deepgemm.bench.block_tensors import Routing, make_inputs, make_weights
 from deepgemm.bench.peers import Unavailable
 from deepgemm.bench.runner import environment as gpu_environment
 from deepgemm.errors import UnsupportedError
-from deepgemm.tuning.timing import FLUSH_BYTES, Timing, bench_gpu_interleaved
+from deepgemm.tuning.timing import FLUSH_BYTES, FlushMode, Timing, bench_gpu_interleaved
 from deepgemm.utils import calc_diff
 
 Progress = Callable[[Sequence[int], str, Callable[[int], str]], Iterator[int]]
@@ -39,13 +39,14 @@ class BlockSettings:
     iters: int = 30
     warmup: int = 5
     flush_l2: bool = True
+    flush_mode: FlushMode = "zero"  # how (deepgemm.tuning.timing.FLUSH_MODES)
     use_graph: bool = True
     seed: int = 0
     skip: tuple[str, ...] = ()  # peers left out on request (SKIPPABLE)
 
     def to_json(self) -> dict[str, Any]:
         return {"iters": self.iters, "warmup": self.warmup, "flush_l2_bytes": FLUSH_BYTES if self.flush_l2 else 0,
-                "use_graph": self.use_graph, "seed": self.seed, "skip": list(self.skip),
+                "flush_mode": self.flush_mode, "use_graph": self.use_graph, "seed": self.seed, "skip": list(self.skip),
                 "decode_max_tokens": DECODE_MAX_TOKENS}
 
 
@@ -197,7 +198,7 @@ def _time_group(fns: dict[str, Callable[[], Any]], settings: BlockSettings) -> d
 
     def time(group: list[Callable[[], Any]]) -> list[Timing]:
         return bench_gpu_interleaved(group, iters=settings.iters, warmup=settings.warmup, flush_l2=settings.flush_l2,
-                                     use_graph=settings.use_graph)
+                                     use_graph=settings.use_graph, flush_mode=settings.flush_mode)
 
     try:
         return dict(zip(fns, time(list(fns.values()))))

@@ -88,6 +88,14 @@ def problems(results: BenchResults) -> list[str]:
     return lines
 
 
+def _flush_phrase(settings: dict) -> str:
+    """How the run flushed L2 (settings of a results file; files before flush_mode zeroed)."""
+    mib = settings.get("flush_l2_bytes", 0) >> 20
+    if not mib:
+        return "L2 not flushed"
+    return f"L2 flushed by reading {mib} MiB" if settings.get("flush_mode") == "read" else f"L2 flushed with {mib} MiB"
+
+
 def markdown_summary(results: BenchResults, *, plots: Sequence[str] = ()) -> str:
     env = results.environment
     lines = ["# deepgemm benchmark", ""]
@@ -99,7 +107,7 @@ def markdown_summary(results: BenchResults, *, plots: Sequence[str] = ()) -> str
         layout = f" (layout {settings['layout']})" if settings.get("dtype") == "bf16" and "layout" in settings else ""
         lines.append(f"- dtype {settings.get('dtype', '?')}{layout}, "
                      f"{settings.get('iters', '?')} samples after {settings.get('warmup', '?')} warm-up calls, "
-                     f"L2 flushed with {settings.get('flush_l2_bytes', 0) >> 20} MiB before each, "
+                     f"{_flush_phrase(settings)} before each, "
                      f"CUDA graph replay: {settings.get('use_graph', '?')}")
     lines.append(f"- {ceilings_line(results.ceilings)}")
     if results.created:

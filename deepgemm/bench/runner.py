@@ -18,7 +18,7 @@ from deepgemm.bench.peers import P, Implementation, Prepared, Unavailable, imple
 from deepgemm.bench.results import BenchResults, Measurement
 from deepgemm.bench.suites import Shape, format_shape
 from deepgemm.errors import UnsupportedError
-from deepgemm.tuning.timing import FLUSH_BYTES, Timing, bench_gpu_interleaved
+from deepgemm.tuning.timing import FLUSH_BYTES, FlushMode, Timing, bench_gpu_interleaved
 from deepgemm.utils import calc_diff
 
 Progress = Callable[[Sequence[Shape], str, Callable[[Shape], str]], Iterator[Shape]]
@@ -30,6 +30,7 @@ class BenchSettings:
     iters: int = 30
     warmup: int = 5
     flush_l2: bool = True
+    flush_mode: FlushMode = "zero"  # how (deepgemm.tuning.timing.FLUSH_MODES)
     use_graph: bool = True
     seed: int = 0
     suite: str | None = None
@@ -38,7 +39,8 @@ class BenchSettings:
 
     def to_json(self) -> dict[str, Any]:
         return {"dtype": self.precision, "layout": self.layout, "iters": self.iters, "warmup": self.warmup,
-                "flush_l2_bytes": FLUSH_BYTES if self.flush_l2 else 0, "use_graph": self.use_graph,
+                "flush_l2_bytes": FLUSH_BYTES if self.flush_l2 else 0, "flush_mode": self.flush_mode,
+                "use_graph": self.use_graph,
                 "seed": self.seed, "suite": self.suite, "skip": list(self.skip)}
 
 
@@ -158,7 +160,7 @@ def measure_all(implementations: Sequence[Implementation[P]], problem: P, settin
 
     def time_interleaved(fns: list[Callable[[], Any]]) -> list[Timing]:
         return bench_gpu_interleaved(fns, iters=settings.iters, warmup=settings.warmup, flush_l2=settings.flush_l2,
-                                     use_graph=settings.use_graph)
+                                     use_graph=settings.use_graph, flush_mode=settings.flush_mode)
 
     timings: dict[int, Timing | BaseException] = {}
     alone: set[int] = set()  # same-operation implementations timed one by one after the interleaved timing failed

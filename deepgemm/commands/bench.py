@@ -36,6 +36,7 @@ from deepgemm.bench.results_dir import DEFAULT_RESULTS_ROOT, ResultPaths, result
 from deepgemm.bench.moe_cases import MOE_SUITES, is_moe_suite, moe_suite
 from deepgemm.bench.runner import BenchSettings, cuda_device_problem, run_bench, run_moe_bench
 from deepgemm.bench.suites import Shape, format_shape, parse_shape, suite_names, suite_shapes
+from deepgemm.tuning.timing import FLUSH_MODES
 
 DEFAULT_SUITE = "deepseek-v3"
 
@@ -69,6 +70,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--iters", type=_positive_int, default=30, help="timed samples per implementation (30)")
     parser.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed calls first (5)")
     parser.add_argument("--no-flush", dest="flush_l2", action="store_false", help="keep L2 warm between samples")
+    parser.add_argument("--flush", dest="flush_mode", choices=FLUSH_MODES, default="zero",
+                        help="how L2 is flushed before each sample: zero (write a 256 MiB buffer, the default and "
+                             "DeepGEMM's method; the dirty lines it leaves are written back during the timed call) or "
+                             "read (read it: clean lines, as a model's earlier weight reads leave them; decode-size "
+                             "GEMMs time lower)")
     parser.add_argument("--no-graph", dest="use_graph", action="store_false", help="launch eagerly, no CUDA graph")
     parser.add_argument("--datasheet", action="store_true",
                         help="percentages against the --gpu datasheet peaks instead of measured ceilings")
@@ -186,7 +192,7 @@ def _measure(args: argparse.Namespace, shapes: list[Shape], gpu: GpuSpec | None,
         ceilings = measure_ceilings(device, spec)
     say(ceilings_line(ceilings))
     settings = BenchSettings(precision=args.dtype, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2,
-                             use_graph=args.use_graph, seed=args.seed, suite=moe or args.suite, skip=tuple(args.skip),
+                             flush_mode=args.flush_mode, use_graph=args.use_graph, seed=args.seed, suite=moe or args.suite, skip=tuple(args.skip),
                              layout=args.layout)
     if moe:
         return run_moe_bench(moe_suite(moe), settings, ceilings, progress=track)
@@ -303,7 +309,7 @@ def _run_model(args: argparse.Namespace) -> int:
             "without a GPU[/bold]")
         say("results: none written (nothing was measured)")
         return 0
-    settings = BlockSettings(iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2,
+    settings = BlockSettings(iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2, flush_mode=args.flush_mode,
                              use_graph=args.use_graph, seed=args.seed, skip=tuple(args.skip))
     results = run_block_bench(model, [plan.tokens for plan in plans], settings, progress=track, log=say)
     paths = _result_paths(args, f"bench-block-{model.name}")
