@@ -69,3 +69,13 @@ def test_compare_notes_a_different_mode() -> None:
     zero, read = (_results({"flush_l2_bytes": 256 << 20, "flush_mode": mode}) for mode in ("zero", "read"))
     assert any("--flush zero, this run with --flush read" in note for note in compare(zero, read).notes)
     assert not compare(zero, _results({"flush_l2_bytes": 256 << 20})).notes  # no mode recorded: zeroing
+
+
+def test_zero_writes_the_buffer_and_read_only_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    buffer = torch.arange(1, 1025, dtype=torch.int32)  # (a CPU stand-in for the 256 MiB device buffer)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(timing, "_flush_buffer", lambda device: buffer)
+    timing.l2_flush("read")()
+    assert torch.equal(buffer, torch.arange(1, 1025, dtype=torch.int32))
+    timing.l2_flush("zero")()
+    assert not buffer.any()
