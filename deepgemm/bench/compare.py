@@ -123,8 +123,8 @@ def compare(baseline: BenchResults, current: BenchResults, *, fail_below: float 
                      "operand layouts")
     old_flush, new_flush = (results.settings.get("flush_mode", "zero") for results in (baseline, current))
     if old_flush != new_flush:
-        notes.append(f"baseline flushed L2 with --flush {old_flush}, this run with --flush {new_flush}: decode-size times "
-                     "differ by the write-back of the zeroing flush's dirty lines")
+        notes.append(f"baseline flushed L2 with --flush {old_flush}, this run with --flush {new_flush}: decode-size "
+                     "times differ by the write-back of the zeroing flush's dirty lines")
     return Comparison(tuple(rows), fail_below, tuple(notes), relative_to)
 
 

@@ -40,8 +40,7 @@ class BenchSettings:
     def to_json(self) -> dict[str, Any]:
         return {"dtype": self.precision, "layout": self.layout, "iters": self.iters, "warmup": self.warmup,
                 "flush_l2_bytes": FLUSH_BYTES if self.flush_l2 else 0, "flush_mode": self.flush_mode,
-                "use_graph": self.use_graph,
-                "seed": self.seed, "suite": self.suite, "skip": list(self.skip)}
+                "use_graph": self.use_graph, "seed": self.seed, "suite": self.suite, "skip": list(self.skip)}
 
 
 def cuda_device_problem() -> str | None:

@@ -192,8 +192,8 @@ def _measure(args: argparse.Namespace, shapes: list[Shape], gpu: GpuSpec | None,
         ceilings = measure_ceilings(device, spec)
     say(ceilings_line(ceilings))
     settings = BenchSettings(precision=args.dtype, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2,
-                             flush_mode=args.flush_mode, use_graph=args.use_graph, seed=args.seed, suite=moe or args.suite, skip=tuple(args.skip),
-                             layout=args.layout)
+                             flush_mode=args.flush_mode, use_graph=args.use_graph, seed=args.seed,
+                             suite=moe or args.suite, skip=tuple(args.skip), layout=args.layout)
     if moe:
         return run_moe_bench(moe_suite(moe), settings, ceilings, progress=track)
     return run_bench(shapes, settings, ceilings, progress=track)

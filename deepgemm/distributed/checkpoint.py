@@ -138,8 +138,8 @@ def shard_fp8_checkpoint(model: nn.Module, path: str | os.PathLike[str], *, stri
         ImportError, FileNotFoundError: as for deepgemm.nn.load_fp8_checkpoint.
         ValueError: the checkpoint does not fit the model (missing or unexpected keys under strict, a shape or
             dtype that differs, an FP8 weight without its scales, an nn.Linear whose checkpoint weight is FP8, a tied
-            tensor stored under two of its names with different values),
-            a model tensor is on the meta device, or config.json describes another quantization.
+            tensor stored under two of its names with different values), a model tensor is on the meta device, or
+            config.json describes another quantization.
 
     Example::
 
