@@ -175,7 +175,8 @@ fi
 # (NCU_TILE forces the tile, dev/dense_tile_ab.py's suffixes) and DeepGEMM HEAD, plus the L2 traffic split (SM reads,
 # hits, misses, fabric); $OUT/{ours,peer}_source.csv, summarized by dev/ncu_source.py. NCU_PACKAGE=NAME adds another
 # tree's build of the same tile (carried under .ab, dev/rename_package.sh) as $OUT/tree_source.csv. The L2 metrics are
-# also taken for ours and DeepGEMM's in one process on the same tensors.
+# also taken for ours and DeepGEMM's in one process on the same tensors; every metric line also goes to
+# $OUT/ncu_metrics.txt.
 if has ncusource; then
   l2=gpu__time_duration.sum,sm__cycles_active.avg,smsp__inst_executed.sum,lts__t_sectors.sum,lts__t_requests.sum,lts__t_sectors_srcunit_tex.sum,lts__t_sectors_srcunit_tex_lookup_hit.sum,lts__t_sectors_srcunit_tex_lookup_miss.sum,lts__t_sectors_srcunit_ltcfabric.sum,dram__bytes_read.sum
   shape=$(echo ${NCU_SHAPES:-512x4096x7168} | cut -d' ' -f1 | tr x ' ')
@@ -185,18 +186,18 @@ if has ncusource; then
       timeout "$(left 240)" ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --set full --import-source no -f -o /tmp/ncu_$who \
         python3 dev/profile_shape.py $shape $args >/tmp/ncu_$who.log 2>&1
       ncu -i /tmp/ncu_$who.ncu-rep --page source --csv --print-source sass >"$OUT/${who}_source.csv" 2>&1
-      echo "ncu $who ($shape):"
+      echo "ncu $who ($shape):" | tee -a "$OUT/ncu_metrics.txt"
       timeout "$(left 120)" ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --metrics $l2 python3 dev/profile_shape.py $shape $args 2>&1 \
-        | grep -E "^\s+(gpu__|sm__|smsp__|lts__|dram__)" | awk '{print $1, $NF}' )
+        | grep -E "^\s+(gpu__|sm__|smsp__|lts__|dram__)" | awk '{print $1, $NF}' | tee -a "$OUT/ncu_metrics.txt" )
   done
   # The same metrics for ours and DeepGEMM's in one process on the same tensors (launches 3 and 4 of
   # `profile_shape.py --both`: ours, then DeepGEMM's), so placement cannot tell the L2 counters apart.
-  echo "ncu ours then peer, one process ($shape):"
+  echo "ncu ours then peer, one process ($shape):" | tee -a "$OUT/ncu_metrics.txt"
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
     timeout "$(left 120)" ncu --clock-control none -k regex:fp8_gemm --launch-skip 2 --launch-count 2 --metrics $l2 \
       python3 dev/profile_shape.py $shape --both ${NCU_TILE:+--tile $NCU_TILE} 2>&1 \
       | grep -v "==PROF==" | grep -E "fp8_gemm.*\(|^\s+(gpu__|sm__|smsp__|lts__|dram__)" \
-      | awk '/fp8_gemm/ {print substr($0, 1, 70); next} {print $1, $NF}' )
+      | awk '/fp8_gemm/ {print substr($0, 1, 70); next} {print $1, $NF}' | tee -a "$OUT/ncu_metrics.txt" )
   python3 dev/ncu_source.py "$OUT/ours_source.csv" "$OUT/peer_source.csv" ${NCU_PACKAGE:+"$OUT/tree_source.csv"} --top 12
 fi
 # ncugrouped: ncu over `dev/grouped_tile_ab.py --profile $NCU_GROUPED_ARGS` (every fp8_gemm kernel it launches, ours and

@@ -44,22 +44,21 @@ class Timing:
 
 
 def bench_gpu(fn: Callable[[], Any], *, iters: int = 30, warmup: int = 5, flush_l2: bool = True,
-              use_graph: bool = True, flush: Callable[[], Any] | None = None, flush_mode: FlushMode = "zero") -> Timing:
+              use_graph: bool = True, flush_mode: FlushMode = "zero") -> Timing:
     """Time ``fn`` on the current CUDA device.
 
     ``warmup`` eager calls first (they also trigger any JIT compilation), then ``fn`` is captured in a
     CUDA graph (if that fails, e.g. for an op that cannot be captured, it is launched eagerly and
     ``Timing.graph`` is False). Each of the ``iters`` samples flushes L2 through a 256 MiB buffer (``flush_mode``:
-    zeroing it, or reading it), then records a start event, replays, and records an end event. ``flush`` replaces
-    that flush (probes comparing flushes); ``flush_l2=False`` runs none.
+    zeroing it, or reading it), then records a start event, replays, and records an end event; ``flush_l2=False``
+    runs none.
     """
     return bench_gpu_interleaved([fn], iters=iters, warmup=warmup, flush_l2=flush_l2, use_graph=use_graph,
-                                 flush=flush, flush_mode=flush_mode)[0]
+                                 flush_mode=flush_mode)[0]
 
 
 def bench_gpu_interleaved(fns: Sequence[Callable[[], Any]], *, iters: int = 30, warmup: int = 5, flush_l2: bool = True,
-                          use_graph: bool = True, flush: Callable[[], Any] | None = None,
-                          flush_mode: FlushMode = "zero") -> list[Timing]:
+                          use_graph: bool = True, flush_mode: FlushMode = "zero") -> list[Timing]:
     """Time several functions in rounds: each round takes one sample of every function (L2 flushed before
     each, as in ``bench_gpu``), starting with a different one each round.
 
@@ -80,10 +79,7 @@ def bench_gpu_interleaved(fns: Sequence[Callable[[], Any]], *, iters: int = 30, 
         graphs.append(graph)
         launches.append(graph.replay if graph is not None else fn)
         launches[-1]()
-    if not flush_l2:
-        flush = None
-    elif flush is None:
-        flush = l2_flush(flush_mode)
+    flush = l2_flush(flush_mode) if flush_l2 else None
     count = len(launches)
     events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
               for _ in range(count)]
@@ -120,7 +116,7 @@ def _capture(fn: Callable[[], Any]) -> Any | None:
 
 
 def l2_flush(mode: FlushMode) -> Callable[[], Any]:
-    """The flush of `mode` (FLUSH_MODES) on the current CUDA device, for bench_gpu's ``flush``."""
+    """The flush of `mode` (FLUSH_MODES) on the current CUDA device."""
     import torch
 
     if mode not in FLUSH_MODES:
