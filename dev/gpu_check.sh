@@ -117,11 +117,17 @@ if has ab; then
       | tee "$OUT/ab_trees.md"
   fi
 fi
+# bench: BENCH_SUITES (default deepseek-v3) one after another, L2 flushed the BENCH_FLUSH way (zero or read; default
+# zero); $OUT/bench.json for deepseek-v3, $OUT/<suite>.json for the others.
 if has bench; then
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
-    timeout "$(left 400)" python3 -m deepgemm bench --suite deepseek-v3 --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
-      >"$OUT/bench.log" 2>&1 )
-  grep -E "deepgemm |deepseek|blockwise|geometric|rror|left out" "$OUT/bench.log"
+    for suite in ${BENCH_SUITES:-deepseek-v3}; do
+      name=$([ "$suite" = deepseek-v3 ] && echo bench || echo "$suite")
+      timeout "$(left 400)" python3 -m deepgemm bench --suite "$suite" --flush "${BENCH_FLUSH:-zero}" --json "$OUT/$name.json" \
+        --markdown "/tmp/$name.md" >"/tmp/$name.log" 2>&1
+      echo "$suite (flush ${BENCH_FLUSH:-zero}):"
+      grep -E "deepgemm |deepseek|blockwise|geometric|rror|left out" "/tmp/$name.log"
+    done )
 fi
 # repeat: the dense and MoE suites REPEAT times (default 2), JSON only ($OUT/bench_<i>.json, moe_<i>.json: few files, as
 # a device call returns at most eight), the summary lines printed, then the per-run ratio tables (dev/runs_table.py, printed
@@ -179,8 +185,10 @@ fi
 # $OUT/ncu_metrics.txt.
 if has ncusource; then
   l2=gpu__time_duration.sum,sm__cycles_active.avg,smsp__inst_executed.sum,lts__t_sectors.sum,lts__t_requests.sum,lts__t_sectors_srcunit_tex.sum,lts__t_sectors_srcunit_tex_lookup_hit.sum,lts__t_sectors_srcunit_tex_lookup_miss.sum,lts__t_sectors_srcunit_ltcfabric.sum,dram__bytes_read.sum
+  l2=$l2,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex.sum,lts__t_sectors_srcunit_ltcfabric_lookup_hit.sum,lts__t_sectors_srcunit_ltcfabric_lookup_miss.sum,lts__t_sectors_srcnode_gpc.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
   shape=$(echo ${NCU_SHAPES:-512x4096x7168} | cut -d' ' -f1 | tr x ' ')
-  for who in ours peer ${NCU_PACKAGE:+tree}; do
+  # NCU_SOURCE=0: only the one-process metrics below (no per-instruction profiles).
+  for who in $([ "${NCU_SOURCE:-1}" = 0 ] || echo ours peer ${NCU_PACKAGE:+tree}); do
     ( if [ $who = peer ]; then [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh; args=--peer; else args=${NCU_TILE:+--tile $NCU_TILE}; fi
       if [ $who = tree ]; then export PYTHONPATH=$PYTHONPATH:$PWD/.ab; args="$args --package $NCU_PACKAGE"; fi
       timeout "$(left 240)" ncu --clock-control none -k regex:fp8_gemm --launch-skip 1 --launch-count 1 --set full --import-source no -f -o /tmp/ncu_$who \
@@ -198,7 +206,7 @@ if has ncusource; then
       python3 dev/profile_shape.py $shape --both ${NCU_TILE:+--tile $NCU_TILE} 2>&1 \
       | grep -v "==PROF==" | grep -E "fp8_gemm.*\(|^\s+(gpu__|sm__|smsp__|lts__|dram__)" \
       | awk '/fp8_gemm/ {print substr($0, 1, 70); next} {print $1, $NF}' | tee -a "$OUT/ncu_metrics.txt" )
-  python3 dev/ncu_source.py "$OUT/ours_source.csv" "$OUT/peer_source.csv" ${NCU_PACKAGE:+"$OUT/tree_source.csv"} --top 12
+  [ "${NCU_SOURCE:-1}" = 0 ] || python3 dev/ncu_source.py "$OUT/ours_source.csv" "$OUT/peer_source.csv" ${NCU_PACKAGE:+"$OUT/tree_source.csv"} --top 12
 fi
 # ncugrouped: ncu over `dev/grouped_tile_ab.py --profile $NCU_GROUPED_ARGS` (every fp8_gemm kernel it launches, ours and
 # DeepGEMM HEAD's, in the order it prints; DG_PRINT_CONFIGS=1 shows DeepGEMM's config), the same metrics as ncu.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # BF16 device call: install, the BF16 GPU tests (BF16_TESTS: split-K and the layout suite), memcheck of
 # dev/sanitize_check.py (SANITIZE=1), `deepgemm bench --dtype bf16` in every layout of BF16_LAYOUTS with DeepGEMM HEAD
-# and cuBLAS, the split-K / tuned-tile probe in PROBE_LAYOUTS, the k-grouped tile probe (KGROUPED_CASES) and with
+# and cuBLAS, the split-K / tuned-tile probe in PROBE_LAYOUTS, the k-grouped tile probe (KGROUPED_CASES; KGROUPED=0 skips it) and with
 # DENSE_FP32=1 its dense FP32-output chunked-epilogue A/B. An empty list skips its step. Logs under $OUT; the tables
 # print last.
 set -uo pipefail
@@ -24,6 +24,22 @@ if [ -n "${SANITIZE:-}" ]; then
 fi
 [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
 export PYTHONPATH=$PWD:$PYTHONPATH
+# WARM=1: one untimed pass first, every layout of BF16_LAYOUTS and every third of the suite in its own process at the
+# same time (--iters 1), so DeepGEMM's JIT compiles (seconds per shape and layout) run in parallel on the host's cores;
+# the timed runs below then find every kernel compiled.
+if [ -n "${WARM:-}" ]; then
+  for layout in ${BF16_LAYOUTS-nt nn tn tt}; do
+    for third in 0 1 2; do
+      # shellcheck disable=SC2046 - one --shape argument per shape
+      timeout ${WARM_TIMEOUT:-240} python3 -m deepgemm bench --dtype bf16 --layout "$layout" --iters 1 --warmup 1 --no-graph \
+        $(python3 -c "from deepgemm.bench.suites import suite_shapes
+print(' '.join(f'--shape {m},{n},{k}' for m, n, k in suite_shapes('deepseek-v3')[$third::3]))") \
+        --json "/tmp/warm_${layout}_$third.json" --markdown "/tmp/warm_${layout}_$third.md" >"/tmp/warm_${layout}_$third.log" 2>&1 &
+    done
+  done
+  wait
+  echo "warm: $(grep -h "^summary" /tmp/warm_*.log | wc -l) passes; $(grep -lE "rror" /tmp/warm_*.log | wc -l) with errors"
+fi
 for layout in ${BF16_LAYOUTS-nt nn tn tt}; do
   timeout 150 python3 -m deepgemm bench --dtype bf16 --layout "$layout" --suite deepseek-v3 \
     --json "$OUT/bench_$layout.json" --markdown "/tmp/bench_$layout.md" >"/tmp/bench_$layout.log" 2>&1
@@ -34,8 +50,8 @@ for layout in ${PROBE_LAYOUTS-nn tn tt}; do
     "128x7168x16384:64,128" "128x7168x2048:64,128" "64x7168x2048:64,128"} 2>&1 | grep -v '^|---'
 done
 [ -n "${DENSE_FP32:-}" ] && timeout 60 python3 dev/kgrouped_bf16_tiles.py --dense 2>&1 | grep -v '^|---'
-# shellcheck disable=SC2086 - a list of cases (empty: the probe's defaults)
-timeout 150 python3 dev/kgrouped_bf16_tiles.py ${KGROUPED_CASES:-} 2>&1
+# shellcheck disable=SC2086 - a list of cases (empty: the probe's defaults; KGROUPED=0 skips the probe)
+[ "${KGROUPED:-1}" = 0 ] || timeout 150 python3 dev/kgrouped_bf16_tiles.py ${KGROUPED_CASES:-} 2>&1
 # FP8 masked groups at N = 7168, K = 2048: 128 x 192 against the model's 128 x 128 (DeepGEMM HEAD interleaved).
 if [ -n "${MASKED_AB:-}" ]; then
   for scale in 1.0 1.22; do
