@@ -3,11 +3,13 @@ against cuBLAS (torch.matmul) and DeepGEMM HEAD (when importable), all interleav
 (CUDA-graph replay, L2 flushed before each call, median of 30). Each output is checked against float64.
 Prints a markdown table: µs, GB/s (A + B + D once), % of the 4.3 TB/s copy rate, best peer µs / ours.
 Usage: bench_bf16_split.py [--layout=L] [MxNxK[:bm,bn[,s];...] ...]   (default: the DeepSeek-V3 decode shapes and a
-few Llama / Qwen ones; explicit tiles are plain, or split-K with ",s")
+few Llama / Qwen ones; explicit tiles are plain, split-K with ",s", or plain on the full grid with ",u"; a pick with a
+balanced grid is also timed on the full grid)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,9 @@ SPLIT_TILES = [(64, 64), (64, 128)]
 COPY_BYTES_PER_S = 4.3e12
 
 
-def candidates(m: int, n: int, k: int, layout: str, sms: int, explicit: list[tuple[int, int, bool]]) -> list[tuple[str, Any]]:
-    """(name, config): the model's pick, its best plain tile (if the pick splits), split builds that split, and the
-    explicit tiles."""
+def candidates(m: int, n: int, k: int, layout: str, sms: int, explicit: list[tuple[int, int, str]]) -> list[tuple[str, Any]]:
+    """(name, config): the model's pick, its best plain tile (if the pick splits), split builds that split, the pick
+    on the full grid (if its grid is balanced), and the explicit tiles ("s": split-K, "u": on the full grid)."""
     from deepgemm.kernels.common.split_scratch import split_tail_ranges
     from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config, ranked_configs
     from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem
@@ -44,8 +46,13 @@ def candidates(m: int, n: int, k: int, layout: str, sms: int, explicit: list[tup
             config = make_config(problem, bm, bn, split_k=True)
             if config != ranked[0]:
                 out.append(("split", config))
-    for bm, bn, split in explicit:
-        out.append(("split" if split else "tile", make_config(problem, bm, bn, split_k=split)))
+    if ranked[0].balanced_grid:
+        out.append(("full grid", dataclasses.replace(ranked[0], balanced_grid=False)))
+    for bm, bn, mode in explicit:
+        config = make_config(problem, bm, bn, split_k=mode == "s")
+        if mode == "u":
+            config = dataclasses.replace(config, balanced_grid=False)
+        out.append(("split" if mode == "s" else "tile", config))
     return out
 
 
@@ -75,7 +82,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for spec in specs:
         shape, _, tiles = spec.partition(":")
-        explicit = [(int(t.split(",")[0]), int(t.split(",")[1]), t.endswith(",s")) for t in tiles.split(";") if t]
+        explicit = [(int(t.split(",")[0]), int(t.split(",")[1]), t.split(",")[2] if t.count(",") > 1 else "")
+                    for t in tiles.split(";") if t]
         m, n, k = (int(v) for v in shape.split("x"))
         a = torch.randn((m, k) if layout[0] == "n" else (k, m), device="cuda").to(torch.bfloat16)
         b = torch.randn((n, k) if layout[1] == "t" else (k, n), device="cuda").to(torch.bfloat16)

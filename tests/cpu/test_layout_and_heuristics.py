@@ -490,7 +490,7 @@ def test_make_config_takes_a_pipeline_depth_within_what_fits() -> None:
     (1, 132, 1),
 ])
 def test_balanced_grid_keeps_the_waves_and_evens_the_tiles(tiles: int, slots: int, grid: int) -> None:
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import balanced_grid
+    from deepgemm.kernels.common.grid import balanced_grid
 
     assert balanced_grid(tiles, slots) == grid
     waves = -(-tiles // slots)
@@ -499,7 +499,7 @@ def test_balanced_grid_keeps_the_waves_and_evens_the_tiles(tiles: int, slots: in
 
 
 def test_balanced_grid_rejects_empty_input() -> None:
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import balanced_grid
+    from deepgemm.kernels.common.grid import balanced_grid
 
     with pytest.raises(ValueError, match="positive"):
         balanced_grid(0, 132)
@@ -533,3 +533,22 @@ def test_removed_switch_warns_and_changes_nothing(name: str, monkeypatch: pytest
         warn_removed_environment()
     assert REMOVED_ENVIRONMENT[name].startswith("GemmConfig.")
     assert choose_fp8_gemm_config(4096, 2112, 7168, 132) == before
+
+
+def test_bf16_balanced_grid_dense_unsplit_from_k_1024() -> None:
+    """BF16 dense unsplit configs launch a balanced grid from K = 1024 (the FP8 rule); split-K, grouped and
+    k-grouped configs never do, and the label says which."""
+    import torch
+
+    from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config
+    from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem, bf16_spec, grouped_problem, Bf16Geometry
+    from deepgemm.kernels.common.kind import GemmKind
+
+    dense = bf16_spec(4096, 2112, 7168, "nt", torch.bfloat16, None, 132).config
+    assert dense.balanced_grid and dense.label().endswith(" bal")
+    assert not bf16_spec(4096, 32768, 512, "nt", torch.bfloat16, None, 132).config.balanced_grid
+    problem = bf16_problem(64, 2112, 7168, "nt", torch.bfloat16, None, 132)
+    assert not make_config(problem, 64, 64, split_k=True).balanced_grid
+    for kind in (GemmKind.GROUPED_CONTIGUOUS, GemmKind.K_GROUPED):
+        grouped = grouped_problem(kind, Bf16Geometry(8192, 4), 4096, 7168, torch.bfloat16, None, 2048, 132)
+        assert not make_config(grouped, 128, 128).balanced_grid

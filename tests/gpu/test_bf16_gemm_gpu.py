@@ -104,6 +104,32 @@ def test_bitwise_repeatable(layout: str, seed: int, gpu_guard) -> None:
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("layout", ["nt", "tt"])
+def test_balanced_grid_gives_every_cta_the_same_tiles(layout: str, seed: int, gpu_guard) -> None:
+    """Dense unsplit plans with K >= 1024 launch the fewest CTAs that keep the wave count (4096 x 2112 in 128 x 176
+    tiles: 384 tiles, 128 CTAs of three on 132 SMs); balanced_grid=False keeps one CTA per SM. Both compute the
+    same, bit for bit, and match float64."""
+    import dataclasses
+
+    from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config
+    from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem, get_bf16_plan
+
+    m, n, k = 4096, 2112, 1024
+    a, b = bf16_layout_operands(layout, m, n, k)
+    outs = []
+    for balanced, sms, grid in ((True, 132, 128), (False, 132, 132), (True, 100, 96)):
+        config = make_config(bf16_problem(m, n, k, layout, torch.bfloat16, None, sms), 128, 176)
+        assert config.balanced_grid  # the default from K = 1024
+        plan = get_bf16_plan(0, m, n, k, layout, torch.bfloat16, None, dataclasses.replace(config, balanced_grid=balanced))
+        assert plan.grid == grid
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        plan.launch(a, b, out)
+        outs.append(out)
+    check_bf16_gemm(outs[0], bf16_gemm_reference(a, b, layout, compute_dtype=torch.float64), f"{layout} balanced grid")
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.quick
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_warm_calls_without_out_write_every_new_output(layout: str, seed: int, gpu_guard,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:

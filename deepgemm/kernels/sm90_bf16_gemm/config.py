@@ -55,7 +55,9 @@ class Bf16GemmConfig:
     """Tile and pipeline of one instantiation: block_m 64 or 128 (one or two math warpgroups), block_n a multiple of
     8 up to 256 (of 64 when B is MN-major), group_rows the raster band height, num_sms the persistent grid cap;
     split_k (dense): a last wave of at most half the grid runs cut into K ranges (SplitTailTileScheduler); store_n:
-    0 stores a warpgroup's tile through one staging buffer, else in store_n-column chunks through two."""
+    0 stores a warpgroup's tile through one staging buffer, else in store_n-column chunks through two;
+    balanced_grid (dense, not split): the fewest CTAs that keep the wave count (common.grid.balanced_grid), a launch
+    choice only (the kernel walks tiles by gridDim.x)."""
 
     block_m: int
     block_n: int
@@ -64,6 +66,7 @@ class Bf16GemmConfig:
     num_sms: int
     split_k: bool = False
     store_n: int = 0
+    balanced_grid: bool = False
 
     @property
     def num_threads(self) -> int:
@@ -83,5 +86,6 @@ class Bf16GemmConfig:
     def label(self) -> str:
         split = " splitk" if self.split_k else ""
         chunks = f" store{self.store_n}" if self.store_n else ""
+        balanced = " bal" if self.balanced_grid else ""
         return (f"bm{self.block_m} bn{self.block_n} st{self.num_stages} g{self.group_rows} sms{self.num_sms}"
-                f"{split}{chunks}")
+                f"{split}{chunks}{balanced}")

@@ -12,6 +12,7 @@ from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
 from deepgemm.jit.tma import encode_2d
 from deepgemm.kernels.common.device import sm_count
+from deepgemm.kernels.common.grid import balanced_grid
 from deepgemm.kernels.common.hopper import elem_bytes
 from deepgemm.kernels.common.layout import tma_row_stride
 from deepgemm.kernels.common.loader import load_kernel
@@ -67,6 +68,8 @@ class Bf16GemmPlan:
         else:
             tiles = ceil_div(self.m, c.block_m) * n_blocks
         self.grid = max(1, min(c.num_sms, tiles))
+        if c.balanced_grid and spec.kind == GemmKind.DENSE and not c.split_k:
+            self.grid = balanced_grid(tiles, self.grid)  # every CTA the same number of tiles
         self.block = c.num_threads
         self._args: dict[tuple, PackedArgs] = {}
         self._configs: dict[int, object] = {}

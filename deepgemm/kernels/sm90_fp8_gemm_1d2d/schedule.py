@@ -1,4 +1,5 @@
-"""Grid and tail scheduling of the FP8 1D2D kernel, mirrored on the host: balanced grids, split and stream tails.
+"""Grid and tail scheduling of the FP8 1D2D kernel, mirrored on the host: when grids are balanced, split and stream
+tails.
 
 The split and stream tail functions mirror SplitTailTileScheduler and StreamTailTileScheduler
 (scheduler/persistent_tiles.cuh): the host sizes workspaces and counts K ranges with them.
@@ -18,16 +19,6 @@ BALANCED_GRID_MIN_K = 1024
 def balanced_grid_applies(k: int) -> bool:
     """Whether make_config gives a dense GEMM with this K a balanced grid by default (GemmConfig.balanced_grid)."""
     return k >= BALANCED_GRID_MIN_K
-
-
-def balanced_grid(tiles: int, slots: int) -> int:
-    """The fewest CTAs that run `tiles` in as many waves as `slots` CTAs would: every CTA then gets the same
-    number of tiles (512 tiles on 132 SMs: 128 CTAs of four, not 116 of four and 16 of three). The time in
-    waves is unchanged; the SMs left idle leave power to the busy ones (the M = 4096 kernels run at the
-    H200's power cap)."""
-    if tiles <= 0 or slots <= 0:
-        raise ValueError(f"balanced_grid needs positive tiles and slots, got {tiles}, {slots}")
-    return ceil_div(tiles, ceil_div(tiles, slots))
 
 
 def model_split_tail(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> bool:
