@@ -23,7 +23,8 @@ SPLIT_TILES = [(64, 64), (64, 128)]
 COPY_BYTES_PER_S = 4.3e12
 
 
-def candidates(m: int, n: int, k: int, layout: str, sms: int, explicit: list[tuple[int, int, str]]) -> list[tuple[str, Any]]:
+def candidates(m: int, n: int, k: int, layout: str, sms: int,
+               explicit: list[tuple[int, int, str]]) -> list[tuple[str, Any]]:
     """(name, config): the model's pick, its best plain tile (if the pick splits), split builds that split, the pick
     on the full grid (if its grid is balanced), and the explicit tiles ("s": split-K, "u": on the full grid)."""
     from deepgemm.kernels.common.split_scratch import split_tail_ranges

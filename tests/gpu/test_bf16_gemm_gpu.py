@@ -120,12 +120,14 @@ def test_balanced_grid_gives_every_cta_the_same_tiles(layout: str, seed: int, gp
     for balanced, sms, grid in ((True, 132, 128), (False, 132, 132), (True, 100, 96)):
         config = make_config(bf16_problem(m, n, k, layout, torch.bfloat16, None, sms), 128, 176)
         assert config.balanced_grid  # the default from K = 1024
-        plan = get_bf16_plan(0, m, n, k, layout, torch.bfloat16, None, dataclasses.replace(config, balanced_grid=balanced))
+        config = dataclasses.replace(config, balanced_grid=balanced)
+        plan = get_bf16_plan(0, m, n, k, layout, torch.bfloat16, None, config)
         assert plan.grid == grid
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         plan.launch(a, b, out)
         outs.append(out)
-    check_bf16_gemm(outs[0], bf16_gemm_reference(a, b, layout, compute_dtype=torch.float64), f"{layout} balanced grid")
+    ref = bf16_gemm_reference(a, b, layout, compute_dtype=torch.float64)
+    check_bf16_gemm(outs[0], ref, f"{layout} balanced grid")
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
