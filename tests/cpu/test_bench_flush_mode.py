@@ -40,6 +40,11 @@ def test_the_mode_reaches_the_timer_and_the_results(monkeypatch: pytest.MonkeyPa
 def test_an_unknown_mode_is_refused_before_any_gpu_work() -> None:
     with pytest.raises(ValueError, match="flush mode must be one of zero, read, got 'write'"):
         timing.l2_flush("write")  # type: ignore[arg-type]
+    calls: list[int] = []
+    for bench in (timing.bench_gpu, lambda fn, **kw: timing.bench_gpu_interleaved([fn], **kw)):
+        with pytest.raises(ValueError, match="flush mode must be one of zero, read, got 'write'"):
+            bench(lambda: calls.append(1), flush_mode="write")  # type: ignore[operator]
+    assert calls == [], "the function under test was called (warm-ups) before the mode was checked"
 
 
 def test_the_cli_refuses_an_unknown_mode(capsys: pytest.CaptureFixture[str]) -> None:
