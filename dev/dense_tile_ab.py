@@ -2,7 +2,7 @@
 
   python dev/dense_tile_ab.py [MxNxK ...] [--tiles 64x192,128x128u,64x16us16,...] [--clusters] [--compile-only]
 
-Builds per shape: the model's pick; each `--tiles` tile (BMxBN, suffix `u` / `p`: one / two accumulators, then `k`:
+`--flush read` flushes L2 by reading (clean lines) instead of zeroing. Builds per shape: the model's pick; each `--tiles` tile (BMxBN, suffix `u` / `p`: one / two accumulators, then `k`:
 chunked epilogue stores (block_m 256: 8 KB staging per warpgroup, room for a stage more), then `sN`: N stages, else the
 deepest pipeline that fits; then `c`: A multicast over 2-CTA clusters along N; then `g`: one CTA per SM instead of the
 balanced grid; no split); with `--clusters` the pick's A multicast
@@ -22,7 +22,10 @@ import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from deepgemm.tuning.timing import FlushMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -115,6 +118,8 @@ def main() -> None:
     parser.add_argument("--sms", type=int, default=None, help="SM count (default: the GPU's, else 132)")
     parser.add_argument("--trees", default="", help="comma-separated packages of other trees (dev/rename_package.sh, "
                         "on PYTHONPATH): each build is also timed from each of them, as BUILD@PACKAGE")
+    parser.add_argument("--flush", choices=("zero", "read"), default="zero",
+                        help="how L2 is flushed before each sample (deepgemm bench --flush)")
     args = parser.parse_args()
 
     import torch
@@ -140,7 +145,7 @@ def main() -> None:
         for spec, kernel in zip(ordered, compiled):
             print(spec.label(), kernel.resources)
         return
-    time_shapes(plans, sms, trees)
+    time_shapes(plans, sms, trees, args.flush)
 
 
 def tree_config(package: str, config):  # noqa: ANN001, ANN201 - this tree's GemmConfig -> the other tree's
@@ -182,7 +187,7 @@ def peer_call(a, b, out):  # noqa: ANN001, ANN201 - our operands, a [M, N] outpu
     return lambda: gemm((a[0], sfa), (b[0], sfb), out)
 
 
-def time_shapes(plans: dict, sms: int, trees: list[str]) -> None:
+def time_shapes(plans: dict, sms: int, trees: list[str], flush: "FlushMode" = "zero") -> None:
     import torch
 
     import deepgemm
@@ -222,7 +227,7 @@ def time_shapes(plans: dict, sms: int, trees: list[str]) -> None:
             torch.cuda.synchronize()
             rows.append(("DeepGEMM HEAD", deepseek.version(), "-", "-", f"{deepgemm.calc_diff(peer_out, ref):.1e}"))
             fns.append(run_peer)
-        timings = bench_gpu_interleaved(fns, iters=30, warmup=5)
+        timings = bench_gpu_interleaved(fns, iters=30, warmup=5, flush_mode=flush)
         base_us = timings[0].median_us
         peer_us = timings[-1].median_us if has_peer else None
         gbytes = (m * k + n * k + 2 * m * n) / 1e9
