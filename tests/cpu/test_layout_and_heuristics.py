@@ -510,7 +510,7 @@ def test_balanced_grid_is_a_config_field_from_k_1024() -> None:
     may turn it off, and grouped configs never have it."""
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_config
     from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind, GemmProblem
-    from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import balanced_grid_applies
+    from deepgemm.kernels.common.grid import balanced_grid_applies
 
     assert not balanced_grid_applies(512) and balanced_grid_applies(1024) and balanced_grid_applies(16384)
     assert choose_fp8_gemm_config(4096, 4096, 7168, 132).balanced_grid

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from deepgemm.kernels.common.grid import balanced_grid_applies
 from deepgemm.kernels.common.hopper import SMEM_CAPACITY
 from deepgemm.kernels.common.split_scratch import split_tail_ranges
 from deepgemm.kernels.sm90_bf16_gemm.config import ATOM, BLOCK_K, Bf16GemmConfig, bf16_smem_bytes, store_chunk_columns
@@ -43,9 +44,6 @@ DECODE_SPLIT_MAX_BLOCK_N = 48  # a plain pick this narrow is widened to DECODE_S
 DECODE_SPLIT_BLOCK_N = 64
 DECODE_SPLIT_MIN_RANGES = 4    # a wider pick is split as it is when it leaves this many SMs per tile
 DECODE_SPLIT_TUNER_BLOCK_N = (64, 128)  # split-K widths the tuner times at decode sizes besides the rule's pick
-# Dense unsplit GEMMs with at least this K launch a balanced grid (Bf16GemmConfig.balanced_grid), the FP8 kernel's
-# rule (0.5-2.4% faster there at K >= 1536 under the power cap, 5% slower at K = 512).
-BALANCED_GRID_MIN_K = 1024
 
 
 @dataclass(frozen=True)
@@ -164,13 +162,13 @@ def tile_allowed(problem: Bf16Problem, block_m: int, block_n: int) -> bool:
 def make_config(problem: Bf16Problem, block_m: int, block_n: int, split_k: bool = False) -> Bf16GemmConfig:
     """The full config of a tile: as many stages as fit (wide FP32 tiles with a chunked epilogue, store_n_for), the
     raster band for this grid (dense and each k-grouped group; the M-grouped kinds walk their own tile order), and a
-    balanced grid for dense unsplit GEMMs of K >= BALANCED_GRID_MIN_K."""
+    balanced grid for dense unsplit GEMMs where balanced_grid_applies (common.grid)."""
     banded = problem.groups == 1 or problem.k_grouped
     group = group_rows_for(ceil_div(problem.m, block_m), ceil_div(problem.n, block_n), problem.num_sms) if banded else 1
     store_n = store_n_for(block_m, block_n, problem.out_bytes, split_k)
     stages = stages_for(block_m, block_n, problem.out_bytes, split_k, store_n)
     dense = problem.groups == 1 and not problem.k_grouped and not problem.m_grouped
-    balanced = dense and not split_k and problem.k >= BALANCED_GRID_MIN_K
+    balanced = dense and not split_k and balanced_grid_applies(problem.k)
     return Bf16GemmConfig(block_m, block_n, stages, group, problem.num_sms, split_k, store_n, balanced)
 
 

@@ -15,8 +15,9 @@ import math
 from dataclasses import dataclass
 
 from deepgemm.errors import UnsupportedError
+from deepgemm.kernels.common.grid import balanced_grid_applies
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig, math_warpgroups
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import balanced_grid_applies, model_split_tail, split_tail_applies
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import model_split_tail, split_tail_applies
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import chunked_store_for, fp8_gemm_smem_bytes, max_stages
 from deepgemm.utils import align_up, ceil_div
 

@@ -1,5 +1,5 @@
-"""Grid and tail scheduling of the FP8 1D2D kernel, mirrored on the host: when grids are balanced, split and stream
-tails.
+"""Tail scheduling of the FP8 1D2D kernel, mirrored on the host: split and stream tails (the balanced grid is
+kernels/common/grid.py's, shared with the BF16 kernel).
 
 The split and stream tail functions mirror SplitTailTileScheduler and StreamTailTileScheduler
 (scheduler/persistent_tiles.cuh): the host sizes workspaces and counts K ranges with them.
@@ -10,15 +10,6 @@ from __future__ import annotations
 # The split tail's arithmetic is shared with the BF16 kernel's split-K (re-exported for this family's modules).
 from deepgemm.kernels.common.split_scratch import split_tail_ranges as split_tail_ranges
 from deepgemm.utils import ceil_div
-
-# Dense GEMMs with at least this K get a balanced grid (balanced_grid): measured on the H200 0.5-2.4% faster
-# on six shapes with K of 1536-16384, 5% slower at K = 512 (4096 x 32768 x 512: 32 waves, 4 tiles in the last).
-BALANCED_GRID_MIN_K = 1024
-
-
-def balanced_grid_applies(k: int) -> bool:
-    """Whether make_config gives a dense GEMM with this K a balanced grid by default (GemmConfig.balanced_grid)."""
-    return k >= BALANCED_GRID_MIN_K
 
 
 def model_split_tail(m: int, n: int, k: int, block_m: int, block_n: int, num_sms: int) -> bool:
