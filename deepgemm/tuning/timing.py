@@ -69,8 +69,7 @@ def bench_gpu_interleaved(fns: Sequence[Callable[[], Any]], *, iters: int = 30, 
 
     if iters < 1:
         raise ValueError(f"iters must be >= 1, got {iters}")
-    if flush_l2:
-        _check_flush_mode(flush_mode)  # before any warm-up call
+    flush = l2_flush(flush_mode) if flush_l2 else None  # (an unknown mode is refused before any warm-up call)
     launches: list[Callable[[], Any]] = []
     graphs = []
     for fn in fns:
@@ -81,7 +80,6 @@ def bench_gpu_interleaved(fns: Sequence[Callable[[], Any]], *, iters: int = 30, 
         graphs.append(graph)
         launches.append(graph.replay if graph is not None else fn)
         launches[-1]()
-    flush = l2_flush(flush_mode) if flush_l2 else None
     count = len(launches)
     events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
               for _ in range(count)]
@@ -121,14 +119,10 @@ def l2_flush(mode: FlushMode) -> Callable[[], Any]:
     """The flush of `mode` (FLUSH_MODES) on the current CUDA device."""
     import torch
 
-    _check_flush_mode(mode)
-    buffer = _flush_buffer(torch.cuda.current_device())
-    return buffer.zero_ if mode == "zero" else buffer.max  # (max: one pass over the buffer, its result dropped)
-
-
-def _check_flush_mode(mode: str) -> None:
     if mode not in FLUSH_MODES:
         raise ValueError(f"flush mode must be one of {', '.join(FLUSH_MODES)}, got {mode!r}")
+    buffer = _flush_buffer(torch.cuda.current_device())
+    return buffer.zero_ if mode == "zero" else buffer.max  # (max: one pass over the buffer, its result dropped)
 
 
 @cache
