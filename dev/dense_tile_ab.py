@@ -2,7 +2,8 @@
 
   python dev/dense_tile_ab.py [MxNxK ...] [--tiles 64x192,128x128u,64x16us16,...] [--clusters] [--compile-only]
 
-`--flush read` flushes L2 by reading (clean lines) instead of zeroing. Builds per shape: the model's pick; each `--tiles` tile (BMxBN, suffix `u` / `p`: one / two accumulators, then `k`:
+`--flush read` flushes L2 by reading (clean lines) instead of zeroing.
+Builds per shape: the model's pick; each `--tiles` tile (BMxBN, suffix `u` / `p`: one / two accumulators, then `k`:
 chunked epilogue stores (block_m 256: 8 KB staging per warpgroup, room for a stage more), then `sN`: N stages, else the
 deepest pipeline that fits; then `c`: A multicast over 2-CTA clusters along N; then `g`: one CTA per SM instead of the
 balanced grid; no split); with `--clusters` the pick's A multicast
@@ -110,6 +111,8 @@ def estimate_us(m: int, n: int, k: int, config) -> float:  # noqa: ANN001 - a Ge
 
 
 def main() -> None:
+    from deepgemm.tuning.timing import FLUSH_MODES
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shapes", nargs="*", help="MxNxK")
     parser.add_argument("--tiles", default="", help="comma-separated BMxBN[u|p]")
@@ -118,7 +121,7 @@ def main() -> None:
     parser.add_argument("--sms", type=int, default=None, help="SM count (default: the GPU's, else 132)")
     parser.add_argument("--trees", default="", help="comma-separated packages of other trees (dev/rename_package.sh, "
                         "on PYTHONPATH): each build is also timed from each of them, as BUILD@PACKAGE")
-    parser.add_argument("--flush", choices=("zero", "read"), default="zero",
+    parser.add_argument("--flush", choices=FLUSH_MODES, default="zero",
                         help="how L2 is flushed before each sample (deepgemm bench --flush)")
     args = parser.parse_args()
 
