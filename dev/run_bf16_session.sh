@@ -28,12 +28,16 @@ export PYTHONPATH=$PWD:$PYTHONPATH
 # same time (--iters 1), so DeepGEMM's JIT compiles (seconds per shape and layout) run in parallel on the host's cores;
 # the timed runs below then find every kernel compiled.
 if [ -n "${WARM:-}" ]; then
+  thirds=()  # the suite's shapes as --shape arguments, every third one
+  for third in 0 1 2; do
+    thirds+=("$(python3 -c "from deepgemm.bench.suites import suite_shapes
+print(' '.join(f'--shape {m},{n},{k}' for m, n, k in suite_shapes('deepseek-v3')[$third::3]))")")
+  done
   for layout in ${BF16_LAYOUTS-nt nn tn tt}; do
     for third in 0 1 2; do
-      # shellcheck disable=SC2046 - one --shape argument per shape
+      # shellcheck disable=SC2086 - one --shape argument per shape
       timeout ${WARM_TIMEOUT:-240} python3 -m deepgemm bench --dtype bf16 --layout "$layout" --iters 1 --warmup 1 --no-graph \
-        $(python3 -c "from deepgemm.bench.suites import suite_shapes
-print(' '.join(f'--shape {m},{n},{k}' for m, n, k in suite_shapes('deepseek-v3')[$third::3]))") \
+        ${thirds[$third]} \
         --json "/tmp/warm_${layout}_$third.json" --markdown "/tmp/warm_${layout}_$third.md" >"/tmp/warm_${layout}_$third.log" 2>&1 &
     done
   done
