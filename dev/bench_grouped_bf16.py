@@ -19,6 +19,9 @@ drawn uniformly in 0.7-1.3x the expected count with --seed (0: the same counts a
 ks rounded to multiples of 128. Inputs are random BF16 with per-row magnitudes, never zeros (the recipe of
 tests.helpers.random_activations / random_grouped_weights before their FP8 quantization, drawn on the GPU).
 
+`deepgemm bench --suite deepseek-v3-moe --dtype bf16` times the same cases and counts (stored and comparable like
+every suite; no psum column).
+
 Usage: python3 dev/bench_grouped_bf16.py [--only contiguous|masked|kgrouped] [--quick] [--seed S] [--json PATH]
 The Markdown table is printed last; progress lines go to stderr; --json is rewritten after every case.
 """

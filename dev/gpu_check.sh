@@ -145,13 +145,17 @@ if has repeat; then
     python3 dev/runs_table.py "$OUT"/bench_*.json
     python3 dev/runs_table.py "$OUT"/moe_*.json )
 fi
-# moe / breadth: `deepgemm bench --suite deepseek-v3-moe` (grouped cases, DeepGEMM interleaved) and `--suite
-# llm-prefill` (48 dense prefill shapes), results under $OUT.
+# moe / breadth: `deepgemm bench --suite deepseek-v3-moe` (grouped cases, DeepGEMM interleaved) in each of MOE_DTYPES
+# (default fp8; bf16 adds torch._grouped_mm and the k-grouped cases: $OUT/moe_bf16.*) and `--suite llm-prefill` (48
+# dense prefill shapes), results under $OUT.
 if has moe; then
-  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
-    timeout "$(left 400)" python3 -m deepgemm bench --suite deepseek-v3-moe --json "$OUT/moe.json" --markdown "$OUT/moe.md" \
-      >"$OUT/moe.log" 2>&1 )
-  grep -E "geometric|summary|rror|left out" "$OUT/moe.log"
+  for dtype in ${MOE_DTYPES:-fp8}; do
+    name=$([ "$dtype" = fp8 ] && echo moe || echo "moe_$dtype")
+    ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+      timeout "$(left 400)" python3 -m deepgemm bench --suite deepseek-v3-moe --dtype "$dtype" --json "$OUT/$name.json" \
+        --markdown "$OUT/$name.md" >"$OUT/$name.log" 2>&1 )
+    grep -E "geometric|summary|rror|left out" "$OUT/$name.log"
+  done
 fi
 if has breadth; then
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh

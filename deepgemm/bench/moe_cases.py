@@ -1,8 +1,10 @@
-"""Named sets of MoE grouped GEMM cases (contiguous and masked layouts) for ``deepgemm bench --suite``.
+"""Named sets of MoE grouped GEMM cases for ``deepgemm bench --suite``: the forward pass's m-grouped GEMMs
+(contiguous and masked layouts) and, in BF16, the expert weight gradients (k-grouped).
 
 A case fixes every expert's token count, drawn once per suite from a seeded generator as MoE routing spreads tokens:
 expected x U(0.7, 1.3), in a fixed order, so every run and every stored results file times the same rows. A case is
-stored like a dense shape, as (valid rows, N, K) with its label in the measurement's note.
+stored like a dense shape with its label in the measurement's ``case``: (valid rows, N, K) for an m-grouped case,
+(M, N, total tokens) for a k-grouped one.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
+from deepgemm.analysis.gpus import Precision
 from deepgemm.bench.suites import Shape
 
-MoeKind = Literal["contiguous", "masked"]
+MoeKind = Literal["contiguous", "masked", "k-grouped"]
 ROW_SPREAD = (0.7, 1.3)
 CONTIGUOUS_ALIGNMENT = 128  # rows per expert segment (padded with -1), as the contiguous layout needs
+K_ALIGNMENT = 128  # k-grouped: every expert's token count is a multiple of 128
+FP8_SCALE_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -23,19 +28,23 @@ class MoeCase:
     kind: MoeKind
     groups: int
     expected_m: int
-    counts: tuple[int, ...]  # valid rows per expert
+    counts: tuple[int, ...]  # valid rows per expert (k-grouped: tokens per expert, the K of its GEMM)
     n: int
-    k: int
+    k: int  # k-grouped: all experts' tokens, sum(counts)
     max_m: int = 0  # masked: rows each group's slice holds
+    m: int = 0  # k-grouped: rows of every expert's output (out[g] is m x n)
 
     @property
     def label(self) -> str:
+        if self.kind == "k-grouped":
+            return f"{self.kind} {self.groups}x~{self.expected_m} M={self.m} N={self.n}"
         bound = f" (max_m {self.max_m})" if self.kind == "masked" else ""
         return f"{self.kind} {self.groups}x~{self.expected_m}{bound} N={self.n} K={self.k}"
 
     @property
     def valid_rows(self) -> int:
-        return sum(self.counts)
+        """Output rows the call defines: the routed tokens of an m-grouped case, M of a k-grouped one."""
+        return self.m if self.kind == "k-grouped" else sum(self.counts)
 
     @property
     def shape(self) -> Shape:
@@ -49,11 +58,18 @@ class MoeCase:
             rows += [group] * count + [-1] * (padded - count)
         return rows
 
-    def hbm_bytes(self) -> int:
-        """A and D on valid rows, every expert's weights, and the FP32 scales of both."""
-        k_blocks = -(-self.k // 128)
+    def hbm_bytes(self, precision: Precision = "fp8") -> int:
+        """m-grouped: A and D (BF16) on valid rows, every expert's weights, and in FP8 the FP32 scales of both.
+        k-grouped (BF16 operands, FP32 out added into in place): A and B once, every expert's out read and written."""
+        if self.kind == "k-grouped":
+            if precision != "bf16":
+                raise ValueError("the k-grouped cases are BF16 (k_grouped_bf16_gemm_tn_contiguous)")
+            return 2 * self.k * (self.m + self.n) + 2 * 4 * self.groups * self.m * self.n
         rows = self.valid_rows
-        scales = 4 * (rows * k_blocks + self.groups * -(-self.n // 128) * k_blocks)
+        if precision == "bf16":
+            return 2 * (rows * self.k + self.groups * self.n * self.k + rows * self.n)
+        k_blocks = -(-self.k // 128)
+        scales = FP8_SCALE_BYTES * (rows * k_blocks + self.groups * -(-self.n // 128) * k_blocks)
         return rows * self.k + self.groups * self.n * self.k + 2 * rows * self.n + scales
 
 
@@ -64,6 +80,8 @@ _DEEPSEEK_V3_MASKED = ((1, 1024, 4096, 4096, 7168), (2, 512, 4096, 4096, 7168), 
                        (1, 1024, 4096, 7168, 2048), (2, 512, 4096, 7168, 2048), (4, 256, 4096, 7168, 2048),
                        (32, 16, 128, 4096, 7168), (256, 8, 128, 2048, 7168), (64, 32, 128, 7168, 2048),
                        (8, 64, 128, 4096, 7168))
+# Their weight gradients (BF16 only): dW_g = dY_g^T X_g over each expert's tokens, M = N = 4096 or 7168.
+_DEEPSEEK_V3_K_GROUPED = ((4, 4096, 4096, 4096), (4, 4096, 7168, 7168), (8, 4096, 4096, 4096), (8, 4096, 7168, 7168))
 
 
 def _counts(groups: int, expected: int, rng: random.Random, cap: int | None) -> tuple[int, ...]:
@@ -71,15 +89,25 @@ def _counts(groups: int, expected: int, rng: random.Random, cap: int | None) -> 
     return tuple(min(cap or 1 << 30, max(1, round(expected * rng.uniform(low, high)))) for _ in range(groups))
 
 
-def deepseek_v3_moe(seed: int = 0) -> tuple[MoeCase, ...]:
-    """The 14 cases, counts drawn in one fixed order (dev/bench_grouped.py draws the same ones)."""
+def _tokens(groups: int, expected: int, rng: random.Random) -> tuple[int, ...]:
+    low, high = ROW_SPREAD
+    return tuple(K_ALIGNMENT * max(1, round(expected * rng.uniform(low, high) / K_ALIGNMENT)) for _ in range(groups))
+
+
+def deepseek_v3_moe(seed: int = 0, precision: Precision = "fp8") -> tuple[MoeCase, ...]:
+    """The 14 m-grouped cases, and in BF16 the 4 k-grouped ones after them; counts drawn in one fixed order
+    (dev/bench_grouped.py and dev/bench_grouped_bf16.py draw the same ones)."""
     rng = random.Random(seed)
     contiguous = [MoeCase("contiguous", g, e, _counts(g, e, rng, None), n, k) for g, e, n, k in _DEEPSEEK_V3_CONTIGUOUS]
     masked = [MoeCase("masked", g, e, _counts(g, e, rng, max_m), n, k, max_m) for g, e, max_m, n, k in _DEEPSEEK_V3_MASKED]
-    cases = tuple(contiguous + masked)
+    cases = contiguous + masked
+    if precision == "bf16":
+        for g, e, m, n in _DEEPSEEK_V3_K_GROUPED:
+            ks = _tokens(g, e, rng)
+            cases.append(MoeCase("k-grouped", g, e, ks, n, sum(ks), m=m))
     if len({case.shape for case in cases}) != len(cases):  # results files key measurements by shape
         raise AssertionError("two MoE cases of one suite store the same (rows, N, K)")
-    return cases
+    return tuple(cases)
 
 
 MOE_SUITES = {"deepseek-v3-moe": deepseek_v3_moe}
@@ -89,5 +117,6 @@ def is_moe_suite(name: str) -> bool:
     return name.strip().lower() in MOE_SUITES
 
 
-def moe_suite(name: str) -> tuple[MoeCase, ...]:
-    return MOE_SUITES[name.strip().lower()]()
+def moe_suite(name: str, precision: Precision = "fp8") -> tuple[MoeCase, ...]:
+    """The suite's cases in `precision` (BF16 adds the k-grouped weight gradients)."""
+    return MOE_SUITES[name.strip().lower()](precision=precision)

@@ -1,4 +1,5 @@
-"""Random operands of one MoE grouped case on the GPU (FP8 with deepgemm's scales) and its float64 reference."""
+"""Random operands of one MoE grouped case on the GPU (FP8 with deepgemm's scales, or BF16) and its float64
+reference."""
 
 from __future__ import annotations
 
@@ -15,18 +16,21 @@ from deepgemm.bench.suites import Shape
 @dataclass
 class MoeProblem:
     """One case's operands. Contiguous: A [rows, K] (rows: every segment padded to 128) with ``m_indices``;
-    masked: A [G, max_m, K] with ``masked_m``; B [G, N, K] with 128 x 128 scales per expert. ``valid_rows`` selects
-    the output rows a call defines, in the order of :meth:`reference`."""
+    masked: A [G, max_m, K] with ``masked_m``; B [G, N, K]. FP8: A and B are (payload, scales) pairs, 1 x 128 and
+    128 x 128 per expert; BF16: tensors. ``valid_rows`` selects the output rows a call defines, in the order of
+    :meth:`reference`. k-grouped (BF16): A [K_total, M] and B [K_total, N] token-major, ``grouping`` the tokens per
+    expert (host ints), ``addend`` the FP32 [G, M, N] values ``out`` holds before a call (C = out)."""
 
     case: MoeCase
-    a: tuple[Any, Any]
-    b: tuple[Any, Any]
-    grouping: Any  # m_indices (contiguous) or masked_m (masked), int32 on the device
-    valid_rows: Any  # bool mask over the output's rows (contiguous [rows], masked [G, max_m])
-    _exact_a: Any = field(repr=False)  # float64 A values the FP8 operands stand for, valid rows in order
+    a: Any
+    b: Any
+    grouping: Any  # m_indices (contiguous) or masked_m (masked), int32 on the device; k-grouped: ks, host ints
+    valid_rows: Any  # bool mask over the output's rows (contiguous [rows], masked [G, max_m]); k-grouped: None
+    _exact_a: Any = field(repr=False)  # float64 A values the operands stand for, valid rows in order
     _exact_b: Any = field(repr=False)
     _row_groups: list[tuple[int, int, int]] = field(repr=False)  # (group, first row in _exact_a, rows)
     precision: Precision = "fp8"
+    addend: Any = None
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -49,28 +53,64 @@ class MoeProblem:
     def label(self) -> str:
         return self.case.label
 
+    @property
+    def device(self) -> Any:
+        return self.grouping.device if self.case.kind != "k-grouped" else self.a.device
+
     def output(self) -> Any:
+        """A fresh output: BF16 poisoned with NaN (a valid row the call leaves unwritten fails the accuracy check);
+        k-grouped: FP32 holding the addend, which the call adds into."""
         import torch
 
+        if self.case.kind == "k-grouped":
+            return self.addend.clone()
         rows = (self.case.groups, self.case.max_m) if self.case.kind == "masked" else (len(self.case.m_indices()),)
-        # NaN-poisoned: a valid row the call leaves unwritten fails the accuracy check.
-        return torch.full((*rows, self.n), float("nan"), dtype=torch.bfloat16, device=self.a[0].device)
+        return torch.full((*rows, self.n), float("nan"), dtype=torch.bfloat16, device=self.device)
 
     def reference(self) -> Any:
-        """float64 [valid rows, N]: every expert's rows times its own weights."""
+        """float64: every expert's rows times its own weights, [valid rows, N]; k-grouped: out after one call,
+        [G, M, N] = addend + each expert's A_g^T B_g."""
         if "ref" not in self._cache:
-            import torch
+            if self.case.kind == "k-grouped":
+                self._cache["ref"] = self.addend.double() + self.product_reference()
+            else:
+                import torch
 
-            parts = [self._exact_a[first:first + rows] @ self._exact_b[group].t()
-                     for group, first, rows in self._row_groups]
-            self._cache["ref"] = torch.cat(parts)
+                parts = [self._exact_a[first:first + rows] @ self._exact_b[group].t()
+                         for group, first, rows in self._row_groups]
+                self._cache["ref"] = torch.cat(parts)
         return self._cache["ref"]
 
+    def segment_ends(self) -> list[int]:
+        """Where each expert's valid rows (k-grouped: tokens) end, back to back without padding."""
+        return [first + rows for _, first, rows in self._row_groups]
 
-def make_moe_problem(case: MoeCase, *, device: Any, seed: int = 0) -> MoeProblem:
+    def product_reference(self) -> Any:
+        """k-grouped: float64 [G, M, N] of each expert's A_g^T B_g alone (what an implementation without C writes)."""
+        if "product" not in self._cache:
+            import torch
+
+            self._cache["product"] = torch.stack([
+                self.a[first:first + tokens].double().t() @ self.b[first:first + tokens].double()
+                for _, first, tokens in self._row_groups])
+        return self._cache["product"]
+
+
+def _row_groups(counts: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(group, first row, rows) of back-to-back segments."""
+    groups, first = [], 0
+    for group, count in enumerate(counts):
+        groups.append((group, first, count))
+        first += count
+    return groups
+
+
+def make_moe_problem(case: MoeCase, *, device: Any, seed: int = 0, precision: Precision = "fp8") -> MoeProblem:
     import torch
 
     generator = torch.Generator(device=device).manual_seed(seed)
+    if case.kind == "k-grouped":
+        return _k_grouped_problem(case, device, generator)
     groups, n, k = case.groups, case.n, case.k
     if case.kind == "contiguous":
         m_indices = torch.tensor(case.m_indices(), dtype=torch.int32, device=device)
@@ -79,6 +119,17 @@ def make_moe_problem(case: MoeCase, *, device: Any, seed: int = 0) -> MoeProblem
         rows = groups * case.max_m
     x = torch.randn((rows, k), generator=generator, device=device, dtype=torch.float32)
     w = torch.randn((groups, n, k), generator=generator, device=device, dtype=torch.float32)
+    if precision == "bf16":
+        a_bf16, b_bf16 = x.bfloat16(), w.bfloat16()
+        if case.kind == "contiguous":
+            valid = m_indices >= 0
+            return MoeProblem(case, a_bf16, b_bf16, m_indices, valid, a_bf16[valid].double(), b_bf16.double(),
+                              _row_groups(case.counts), "bf16")
+        masked_m = torch.tensor(case.counts, dtype=torch.int32, device=device)
+        valid = torch.arange(case.max_m, device=device)[None, :] < masked_m[:, None]
+        a_bf16 = a_bf16.view(groups, case.max_m, k)
+        return MoeProblem(case, a_bf16, b_bf16, masked_m, valid, a_bf16[valid].double(), b_bf16.double(),
+                          _row_groups(case.counts), "bf16")
     a_fp8, sfa = quantize_per_token_group(x, GROUP)
     weights = [quantize_per_block(w[g], GROUP) for g in range(groups)]
     b = (torch.stack([q for q, _ in weights]), torch.stack([s for _, s in weights]))
@@ -96,8 +147,16 @@ def make_moe_problem(case: MoeCase, *, device: Any, seed: int = 0) -> MoeProblem
         # One [G * max_m, K] quantization viewed per group, as quantize_per_token_group hands it to a masked GEMM.
         a = (a_fp8.view(groups, case.max_m, k), sfa.reshape(groups, case.max_m, -1))
         exact_a = exact_a_all.view(groups, case.max_m, k)[valid]
-    row_groups, first = [], 0
-    for group, count in enumerate(case.counts):
-        row_groups.append((group, first, count))
-        first += count
-    return MoeProblem(case, a, b, grouping, valid, exact_a, exact_b, row_groups)
+    return MoeProblem(case, a, b, grouping, valid, exact_a, exact_b, _row_groups(case.counts))
+
+
+def _k_grouped_problem(case: MoeCase, device: Any, generator: Any) -> MoeProblem:
+    """BF16 dY [K_total, M] and X [K_total, N] token-major, and an FP32 addend of the products' magnitude (so a call
+    that drops C misses by as much as one that drops the product)."""
+    import torch
+
+    a = torch.randn((case.k, case.m), generator=generator, device=device, dtype=torch.float32).bfloat16()
+    b = torch.randn((case.k, case.n), generator=generator, device=device, dtype=torch.float32).bfloat16()
+    addend = torch.randn((case.groups, case.m, case.n), generator=generator, device=device, dtype=torch.float32)
+    addend.mul_(float(case.expected_m) ** 0.5)
+    return MoeProblem(case, a, b, list(case.counts), None, None, None, _row_groups(case.counts), "bf16", addend)

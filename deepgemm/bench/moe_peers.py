@@ -1,17 +1,22 @@
-"""The implementations an MoE suite runs: deepgemm's grouped GEMM of the case's layout and DeepGEMM's (deepseek-ai)
-where it is installed, on the same operands, timed interleaved (one operation). The names are the dense run's, so
-results files, --compare and --relative-to treat both suites alike."""
+"""The implementations an MoE suite runs: deepgemm's grouped GEMM of the case's layout, DeepGEMM's (deepseek-ai)
+where it is installed and, in BF16, ``torch._grouped_mm``, on the same operands, timed interleaved (one operation).
+The names are the dense run's of the same dtype, so results files, --compare and --relative-to treat both suites
+alike."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from deepgemm.analysis.gpus import Precision
+from deepgemm.api import bf16_grouped as api_bf16_grouped
 from deepgemm.api import grouped as api_grouped
 from deepgemm.bench import deepseek
 from deepgemm.bench.moe_inputs import MoeProblem
 from deepgemm.bench.peers import Implementation, Prepared, Unavailable
 
 OPERATION = "fp8-grouped"
+BF16_OPERATION = "bf16-grouped"
 
 
 def _valid_rows(problem: MoeProblem) -> Any:
@@ -61,9 +66,124 @@ def _prepare_deepseek(problem: MoeProblem) -> Prepared:
     return Prepared(run, problem.reference, case.hbm_bytes(), note, _valid_rows(problem))
 
 
+# -- BF16 -------------------------------------------------------------------------------------------------------
+
+def _prepare_deepgemm_bf16(problem: MoeProblem) -> Prepared:
+    case, a, b, out = problem.case, problem.a, problem.b, problem.output()
+    bytes_ = case.hbm_bytes("bf16")
+    if case.kind == "k-grouped":
+        ks = problem.grouping
+
+        def run_k() -> Any:  # out += A_g^T B_g: C = out, in place, as gradient accumulation runs it
+            return api_bf16_grouped.k_grouped_bf16_gemm_tn_contiguous(a, b, out, ks, c=out)
+
+        return Prepared(run_k, problem.reference, bytes_, "C = out (in place)")
+    if case.kind == "contiguous":
+        def run() -> Any:
+            return api_bf16_grouped.m_grouped_bf16_gemm_nt_contiguous(a, b, out, problem.grouping)
+    else:
+        def run() -> Any:
+            return api_bf16_grouped.m_grouped_bf16_gemm_nt_masked(a, b, out, problem.grouping, case.expected_m)
+    return Prepared(run, problem.reference, bytes_, "", _valid_rows(problem))
+
+
+def _prepare_deepseek_bf16(problem: MoeProblem) -> Prepared:
+    try:
+        module = deepseek.load()
+    except deepseek.PeerMissing as exc:
+        raise Unavailable(str(exc)) from None
+    import torch
+
+    case, a, b, out = problem.case, problem.a, problem.b, problem.output()
+    name = ("k_grouped_bf16_gemm_tn_contiguous" if case.kind == "k-grouped"
+            else f"m_grouped_bf16_gemm_nt_{case.kind}")
+    gemm = getattr(module, name, None)
+    if gemm is None:
+        raise Unavailable(f"this DeepGEMM ({deepseek.version()}) has no {name}")
+    select: Callable[[Any], Any] | None = _valid_rows(problem)
+    note = deepseek.version()
+    if case.kind == "k-grouped":
+        ks = problem.grouping
+        ks_tensor = torch.tensor(ks, dtype=torch.int32, device=problem.device)  # its grouped_layout: ks on the device
+        extra: tuple[Any, ...] = (ks, ks_tensor, out)  # c = d: in place, as ours
+        select, note = None, f"C = out (in place); {note}"
+    elif case.kind == "contiguous":
+        alignment = deepseek.m_alignment()
+        if alignment is None or 128 % alignment:
+            raise Unavailable(f"DeepGEMM's contiguous alignment ({alignment}) does not divide our 128-row segments")
+        extra = (problem.grouping,)
+    else:
+        extra = (problem.grouping, case.expected_m)
+
+    def run() -> Any:
+        gemm(a, b, out, *extra)  # writes `out`, returns nothing
+        return out
+
+    return Prepared(run, problem.reference, case.hbm_bytes("bf16"), note, select)
+
+
+def _prepare_torch_grouped_mm(problem: MoeProblem) -> Prepared:
+    """torch._grouped_mm on the same operands: contiguous on the valid rows only (gathered once, offs = segment
+    ends), masked over every slot of each group (it has no mask), k-grouped as A^T B with offs along the tokens (no
+    C; FP32 out where this torch takes out_dtype=float32, else BF16)."""
+    import torch
+
+    grouped_mm = getattr(torch, "_grouped_mm", None)
+    if grouped_mm is None:
+        raise Unavailable(f"this torch ({torch.__version__}) has no torch._grouped_mm")
+    case, a, b = problem.case, problem.a, problem.b
+    ends = problem.segment_ends()
+    if case.kind == "k-grouped":
+        a_t = a.t()  # [M, K_total], unit stride along M
+        offs = torch.tensor(ends, dtype=torch.int32, device=problem.device)
+        out_dtype, note = torch.float32, "no C: writes A_g^T B_g (FP32)"
+        try:
+            grouped_mm(a_t, b, offs=offs, out_dtype=out_dtype)
+        except Exception as exc:  # noqa: BLE001 - a refusal of FP32 out leaves BF16 out, said in the note
+            out_dtype = torch.bfloat16
+            note = f"no C: writes A_g^T B_g in BF16 (out_dtype=float32 refused: {type(exc).__name__})"
+        out_bytes = case.groups * case.m * case.n * (4 if out_dtype == torch.float32 else 2)
+
+        def run_k() -> Any:
+            return grouped_mm(a_t, b, offs=offs, out_dtype=out_dtype)
+
+        return Prepared(run_k, problem.product_reference, 2 * case.k * (case.m + case.n) + out_bytes, note)
+    w_t = b.transpose(-2, -1)
+    if case.kind == "contiguous":
+        x = a[problem.valid_rows]  # the routed rows back to back, expert by expert (copied before timing)
+        offs = torch.tensor(ends, dtype=torch.int32, device=problem.device)
+
+        def run() -> Any:
+            return grouped_mm(x, w_t, offs=offs, out_dtype=torch.bfloat16)
+
+        return Prepared(run, problem.reference, case.hbm_bytes("bf16"), "on the routed rows only (no padding)")
+
+    def run_masked() -> Any:
+        return grouped_mm(a, w_t)
+
+    return Prepared(run_masked, problem.reference, case.hbm_bytes("bf16"),
+                    f"computes all {case.groups}x{case.max_m} rows (no mask)", _valid_rows(problem))
+
+
 DEEPGEMM_MOE = Implementation("deepgemm", "deepgemm.m_grouped_fp8_gemm_nt_contiguous / _masked (the case's layout)",
                               "fp8", _prepare_deepgemm, OPERATION)
 DEEPSEEK_MOE = Implementation("deepseek-deepgemm", "DeepGEMM (deepseek-ai) deep_gemm.m_grouped_fp8_gemm_nt_contiguous "
                               "/ _masked, when installed", "fp8", _prepare_deepseek, OPERATION,
                               missing=deepseek.missing)
 MOE_IMPLEMENTATIONS: tuple[Implementation[MoeProblem], ...] = (DEEPGEMM_MOE, DEEPSEEK_MOE)
+
+DEEPGEMM_MOE_BF16 = Implementation("deepgemm-bf16", "deepgemm.m_grouped_bf16_gemm_nt_contiguous / _masked (the case's "
+                                   "layout), k_grouped_bf16_gemm_tn_contiguous (C = out)", "bf16",
+                                   _prepare_deepgemm_bf16, BF16_OPERATION)
+DEEPSEEK_MOE_BF16 = Implementation("deepseek-deepgemm-bf16", "DeepGEMM (deepseek-ai) deep_gemm.m_grouped_bf16_gemm_nt_"
+                                   "contiguous / _masked, k_grouped_bf16_gemm_tn_contiguous (C = d), when installed",
+                                   "bf16", _prepare_deepseek_bf16, BF16_OPERATION, missing=deepseek.missing)
+TORCH_GROUPED_MM = Implementation("torch-grouped-mm", "torch._grouped_mm (contiguous: routed rows only; masked: every "
+                                  "slot; k-grouped: no C)", "bf16", _prepare_torch_grouped_mm, BF16_OPERATION)
+MOE_BF16_IMPLEMENTATIONS: tuple[Implementation[MoeProblem], ...] = (DEEPGEMM_MOE_BF16, DEEPSEEK_MOE_BF16,
+                                                                    TORCH_GROUPED_MM)
+
+
+def moe_implementations(precision: Precision) -> tuple[Implementation[MoeProblem], ...]:
+    """What an MoE suite run of `precision` times."""
+    return MOE_BF16_IMPLEMENTATIONS if precision == "bf16" else MOE_IMPLEMENTATIONS

@@ -45,7 +45,7 @@ class Measurement:
     calc_diff: float | None = None
     bytes: int = 0
     note: str = ""
-    case: str = ""  # an MoE case's label (its shape is valid rows x N x K); "" for a dense shape
+    case: str = ""  # an MoE case's label (shape: valid rows x N x K; k-grouped: M x N x tokens); "" for dense
 
     @property
     def shape(self) -> Shape:
@@ -53,8 +53,10 @@ class Measurement:
 
     @property
     def where(self) -> str:
-        """The shape as reports name it: M x N x K, or an MoE case's label with its valid rows."""
-        return f"{self.case} ({self.m} rows)" if self.case else format_shape(self.shape)
+        """The shape as reports name it: M x N x K, or an MoE case's label with its valid rows (k-grouped: tokens)."""
+        if not self.case:
+            return format_shape(self.shape)
+        return f"{self.case} ({self.k} tokens)" if self.case.startswith("k-grouped") else f"{self.case} ({self.m} rows)"
 
     @property
     def flops(self) -> int:

@@ -13,7 +13,7 @@ from deepgemm.analysis.roofline import Ceilings
 from deepgemm.bench.inputs import make_problem
 from deepgemm.bench.moe_cases import MoeCase
 from deepgemm.bench.moe_inputs import make_moe_problem
-from deepgemm.bench.moe_peers import MOE_IMPLEMENTATIONS
+from deepgemm.bench.moe_peers import moe_implementations
 from deepgemm.bench.peers import P, Implementation, Prepared, Unavailable, implementations_for
 from deepgemm.bench.results import BenchResults, Measurement
 from deepgemm.bench.suites import Shape, format_shape
@@ -80,13 +80,14 @@ def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilin
 
 def run_moe_bench(cases: Sequence[MoeCase], settings: BenchSettings, ceilings: Ceilings, *,
                   progress: Progress) -> BenchResults:
-    """An MoE suite: each case's grouped GEMM, ours and DeepGEMM's where installed, stored under (valid rows, N, K)
-    with the case's label in each measurement's `case`."""
-    if settings.precision != "fp8" or settings.layout != "nt":
-        raise ValueError("argument --suite: the MoE suites time the FP8 NT grouped GEMMs (no --dtype bf16 or --layout)")
+    """An MoE suite: each case's grouped GEMM, ours, DeepGEMM's where installed and in BF16 torch._grouped_mm, stored
+    under the case's shape (valid rows, N, K; k-grouped: M, N, tokens) with its label in each measurement's `case`."""
+    if settings.layout != "nt":
+        raise ValueError("argument --layout: the MoE suites time the NT grouped GEMMs (k-grouped: TN), no --layout")
     by_shape = {case.shape: case for case in cases}
-    chosen, left_out = runnable(MOE_IMPLEMENTATIONS, settings.skip)
-    return _run(list(by_shape), lambda shape: make_moe_problem(by_shape[shape], device="cuda", seed=settings.seed),
+    chosen, left_out = runnable(moe_implementations(settings.precision), settings.skip)
+    return _run(list(by_shape), lambda shape: make_moe_problem(by_shape[shape], device="cuda", seed=settings.seed,
+                                                               precision=settings.precision),
                 chosen, left_out, settings, ceilings, progress, lambda shape: by_shape[shape].label)
 
 

@@ -34,11 +34,13 @@ from deepgemm.bench.report import (
 from deepgemm.bench.results import BenchResults, ResultsFormatError
 from deepgemm.bench.results_dir import DEFAULT_RESULTS_ROOT, ResultPaths, result_paths
 from deepgemm.bench.moe_cases import MOE_SUITES, is_moe_suite, moe_suite
+from deepgemm.bench.moe_peers import moe_implementations
 from deepgemm.bench.runner import BenchSettings, cuda_device_problem, run_bench, run_moe_bench
 from deepgemm.bench.suites import Shape, format_shape, parse_shape, suite_names, suite_shapes
 from deepgemm.tuning.timing import FLUSH_MODES
 
 DEFAULT_SUITE = "deepseek-v3"
+DTYPES = ("fp8", "bf16")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,18 +50,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "before every sample), or, with --compare, check the results against a stored baseline.")
     shapes = parser.add_mutually_exclusive_group()
     shapes.add_argument("--suite", help=f"named shape set: {', '.join(suite_names())} (default {DEFAULT_SUITE}); or MoE "
-                                        f"grouped GEMM cases (contiguous and masked, FP8): {', '.join(MOE_SUITES)}")
+                                        f"grouped GEMM cases (contiguous and masked; with --dtype bf16 also k-grouped): "
+                                        f"{', '.join(MOE_SUITES)}")
     shapes.add_argument("--shape", type=parse_shape, action="append", metavar="M,N,K", help="a shape; repeatable")
     shapes.add_argument("--model", metavar="NAME|config.json",
                         help=f"time one transformer block's linear layers as PyTorch modules instead ({', '.join(PRESETS)}"
                              ", or a Hugging Face config.json)")
     parser.add_argument("--tokens", type=_token_counts, metavar="T,T,...",
                         help=f"with --model: token counts (default {','.join(map(str, DEFAULT_TOKENS))})")
-    parser.add_argument("--dtype", choices=("fp8", "bf16"), default="fp8", help="operand precision (default fp8)")
-    parser.add_argument("--layout", choices=BF16_LAYOUTS, default="nt",
+    parser.add_argument("--dtype", choices=DTYPES,
+                        help="operand precision (default fp8; with --compare, the baseline's)")
+    parser.add_argument("--layout", choices=BF16_LAYOUTS,
                         help="with --dtype bf16: the operands' stored forms, bf16_gemm_<layout> against "
                              "torch.matmul and DeepGEMM in the same layout (default nt: A [M,K], B [N,K]; nn: B [K,N]; "
-                             "tn: A [K,M]; tt)")
+                             "tn: A [K,M]; tt; with --compare, the baseline's)")
     parser.add_argument("--json", type=Path, metavar="PATH",
                         help="write the results here (format: docs/cli.md) instead of into the results folder")
     parser.add_argument("--markdown", type=Path, metavar="PATH",
@@ -100,17 +104,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _skippable() -> list[str]:
-    return [name for name, impl in ALL_IMPLEMENTATIONS.items() if not impl.is_deepgemm]
+    impls = [*ALL_IMPLEMENTATIONS.values(), *moe_implementations("fp8"), *moe_implementations("bf16")]
+    return list(dict.fromkeys(impl.name for impl in impls if not impl.is_deepgemm))
 
 
 def run(args: argparse.Namespace) -> int:
     if args.model is not None or args.tokens is not None:
         return _run_model(args)
-    if args.layout != "nt" and args.dtype != "bf16":
-        return usage_error("bench", f"argument --layout: {args.layout} needs --dtype bf16 (FP8 runs time fp8_gemm_nt)")
     try:
         baseline = BenchResults.load(args.compare) if args.compare else None
         current = BenchResults.load(args.results) if args.results else None
+        _settle_operands(args, baseline)
+    except ResultsFormatError as exc:
+        return usage_error("bench", f"argument --compare/--results: {exc}")
+    if args.layout != "nt" and args.dtype != "bf16":
+        return usage_error("bench", f"argument --layout: {args.layout} needs --dtype bf16 (FP8 runs time fp8_gemm_nt)")
+    try:
         shapes = _shapes(args, baseline)
         gpu = get_gpu(args.gpu) if args.gpu else None
     except ResultsFormatError as exc:
@@ -128,9 +137,9 @@ def run(args: argparse.Namespace) -> int:
                                               relative_to=args.relative_to))
         no_gpu = cuda_device_problem()
         moe = _moe_suite_name(args, baseline)
-        if moe is not None and (args.dtype != "fp8" or args.layout != "nt"):
-            return usage_error("bench", f"argument --suite: {moe} times the FP8 NT grouped GEMMs (no --dtype bf16 "
-                                        "or --layout)")
+        if moe is not None and args.layout != "nt":
+            return usage_error("bench", f"argument --layout: {moe} times the NT grouped GEMMs (k-grouped: TN), "
+                                        "no --layout")
         if no_gpu is not None:
             if moe is not None:
                 return usage_error("bench", f"argument --suite: {moe} needs a GPU ({no_gpu}); without one only "
@@ -148,6 +157,18 @@ def run(args: argparse.Namespace) -> int:
         return usage_error("bench", str(exc))
 
 
+def _settle_operands(args: argparse.Namespace, baseline: BenchResults | None) -> None:
+    """--dtype and --layout where given, else the baseline's (a comparison re-runs what it compares with), else fp8 nt.
+    Raises ResultsFormatError for a baseline naming a dtype or layout this version does not run."""
+    stored = baseline.settings if baseline is not None else {}
+    for name, choices, default in (("dtype", DTYPES, "fp8"), ("layout", BF16_LAYOUTS, "nt")):
+        if getattr(args, name) is None:
+            value = stored.get(name, default)
+            if value not in choices:
+                raise ResultsFormatError(f"the baseline's settings.{name} {value!r} is not one of {', '.join(choices)}")
+            setattr(args, name, value)
+
+
 def _moe_suite_name(args: argparse.Namespace, baseline: BenchResults | None) -> str | None:
     """The MoE suite this run times: --suite, or (without --suite and --shape) the baseline's."""
     if args.shape:
@@ -161,7 +182,7 @@ def _shapes(args: argparse.Namespace, baseline: BenchResults | None) -> list[Sha
         return list(dict.fromkeys(args.shape))
     moe = _moe_suite_name(args, baseline)
     if moe is not None:
-        return [case.shape for case in moe_suite(moe)]
+        return [case.shape for case in moe_suite(moe, args.dtype)]
     if args.suite:
         return list(suite_shapes(args.suite))
     if baseline is not None:
@@ -195,7 +216,7 @@ def _measure(args: argparse.Namespace, shapes: list[Shape], gpu: GpuSpec | None,
                              flush_mode=args.flush_mode, use_graph=args.use_graph, seed=args.seed,
                              suite=moe or args.suite, skip=tuple(args.skip), layout=args.layout)
     if moe:
-        return run_moe_bench(moe_suite(moe), settings, ceilings, progress=track)
+        return run_moe_bench(moe_suite(moe, args.dtype), settings, ceilings, progress=track)
     return run_bench(shapes, settings, ceilings, progress=track)
 
 
@@ -284,7 +305,7 @@ def _run_model(args: argparse.Namespace) -> int:
     others = [flag for flag, given in (("--compare", args.compare), ("--results", args.results),
                                        ("--relative-to", args.relative_to),
                                        ("--dtype bf16", args.dtype == "bf16"),
-                                       (f"--layout {args.layout}", args.layout != "nt"))
+                                       (f"--layout {args.layout}", args.layout not in (None, "nt")))
               if given]
     if others:
         return usage_error("bench", f"argument --model: not with {', '.join(others)}")

@@ -78,7 +78,7 @@ def test_problem_reports_its_case() -> None:
 
 def test_cli_routes_the_moe_suite(monkeypatch: pytest.MonkeyPatch, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
     """`--suite deepseek-v3-moe` (and a baseline recorded from it) times the MoE cases; without a GPU, and with
-    --dtype bf16, it refuses with exit code 2 naming --suite."""
+    a --layout, it refuses with exit code 2 naming the argument."""
     from deepgemm.analysis.roofline import Ceilings
     from deepgemm.bench.results import BenchResults, Measurement
     from deepgemm.cli import main
@@ -87,7 +87,8 @@ def test_cli_routes_the_moe_suite(monkeypatch: pytest.MonkeyPatch, tmp_path, cap
     assert main(["bench", "--suite", "deepseek-v3-moe"]) == 2
     assert "argument --suite: deepseek-v3-moe needs a GPU" in capsys.readouterr().err
     monkeypatch.setattr(bench, "cuda_device_problem", lambda: None)
-    assert main(["bench", "--suite", "deepseek-v3-moe", "--dtype", "bf16"]) == 2
+    assert main(["bench", "--suite", "deepseek-v3-moe", "--dtype", "bf16", "--layout", "tn"]) == 2
+    assert "argument --layout: deepseek-v3-moe times the NT grouped GEMMs" in capsys.readouterr().err
     cases = deepseek_v3_moe()
     seen: list[tuple[list[tuple[int, int, int]], str | None]] = []
 
