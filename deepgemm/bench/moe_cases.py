@@ -1,5 +1,5 @@
 """Named sets of MoE grouped GEMM cases for ``deepgemm bench --suite``: the forward pass's m-grouped GEMMs
-(contiguous and masked layouts) and, in BF16, the expert weight gradients (k-grouped).
+(contiguous and masked layouts) and the expert weight gradients (k-grouped).
 
 A case fixes every expert's token count, drawn once per suite from a seeded generator as MoE routing spreads tokens:
 expected x U(0.7, 1.3), in a fixed order, so every run and every stored results file times the same rows. A case is
@@ -60,15 +60,17 @@ class MoeCase:
 
     def hbm_bytes(self, precision: Precision = "fp8") -> int:
         """m-grouped: A and D (BF16) on valid rows, every expert's weights, and in FP8 the FP32 scales of both.
-        k-grouped (BF16 operands, FP32 out added into in place): A and B once, every expert's out read and written."""
+        k-grouped (FP32 out added into in place): A and B once (in FP8 with their 1 x 128 scales), every expert's out
+        read and written."""
+        k_blocks = -(-self.k // 128)
         if self.kind == "k-grouped":
-            if precision != "bf16":
-                raise ValueError("the k-grouped cases are BF16 (k_grouped_bf16_gemm_tn_contiguous)")
-            return 2 * self.k * (self.m + self.n) + 2 * 4 * self.groups * self.m * self.n
+            out = 2 * 4 * self.groups * self.m * self.n
+            if precision == "bf16":
+                return 2 * self.k * (self.m + self.n) + out
+            return self.k * (self.m + self.n) + FP8_SCALE_BYTES * k_blocks * (self.m + self.n) + out
         rows = self.valid_rows
         if precision == "bf16":
             return 2 * (rows * self.k + self.groups * self.n * self.k + rows * self.n)
-        k_blocks = -(-self.k // 128)
         scales = FP8_SCALE_BYTES * (rows * k_blocks + self.groups * -(-self.n // 128) * k_blocks)
         return rows * self.k + self.groups * self.n * self.k + 2 * rows * self.n + scales
 
@@ -80,8 +82,13 @@ _DEEPSEEK_V3_MASKED = ((1, 1024, 4096, 4096, 7168), (2, 512, 4096, 4096, 7168), 
                        (1, 1024, 4096, 7168, 2048), (2, 512, 4096, 7168, 2048), (4, 256, 4096, 7168, 2048),
                        (32, 16, 128, 4096, 7168), (256, 8, 128, 2048, 7168), (64, 32, 128, 7168, 2048),
                        (8, 64, 128, 4096, 7168))
-# Their weight gradients (BF16 only): dW_g = dY_g^T X_g over each expert's tokens, M = N = 4096 or 7168.
-_DEEPSEEK_V3_K_GROUPED = ((4, 4096, 4096, 4096), (4, 4096, 7168, 7168), (8, 4096, 4096, 4096), (8, 4096, 7168, 7168))
+# Their weight gradients dW_g = dY_g^T X_g over each expert's tokens, (groups, expected tokens, M, N). FP8: the
+# experts' own weights (gate/up 4096 x 7168, down 7168 x 2048) at 4 x ~8192 and 8 x ~4096 tokens, DeepGEMM's own
+# benchmark cases; BF16: issue 23's M = N = 4096 and 7168 at ~4096 tokens.
+_DEEPSEEK_V3_K_GROUPED = {
+    "fp8": ((4, 8192, 4096, 7168), (4, 8192, 7168, 2048), (8, 4096, 4096, 7168), (8, 4096, 7168, 2048)),
+    "bf16": ((4, 4096, 4096, 4096), (4, 4096, 7168, 7168), (8, 4096, 4096, 4096), (8, 4096, 7168, 7168)),
+}
 
 
 def _counts(groups: int, expected: int, rng: random.Random, cap: int | None) -> tuple[int, ...]:
@@ -95,16 +102,15 @@ def _tokens(groups: int, expected: int, rng: random.Random) -> tuple[int, ...]:
 
 
 def deepseek_v3_moe(seed: int = 0, precision: Precision = "fp8") -> tuple[MoeCase, ...]:
-    """The 14 m-grouped cases, and in BF16 the 4 k-grouped ones after them; counts drawn in one fixed order
+    """The 14 m-grouped cases, then the precision's 4 k-grouped ones; counts drawn in one fixed order
     (dev/bench_grouped.py and dev/bench_grouped_bf16.py draw the same ones)."""
     rng = random.Random(seed)
     contiguous = [MoeCase("contiguous", g, e, _counts(g, e, rng, None), n, k) for g, e, n, k in _DEEPSEEK_V3_CONTIGUOUS]
     masked = [MoeCase("masked", g, e, _counts(g, e, rng, max_m), n, k, max_m) for g, e, max_m, n, k in _DEEPSEEK_V3_MASKED]
     cases = contiguous + masked
-    if precision == "bf16":
-        for g, e, m, n in _DEEPSEEK_V3_K_GROUPED:
-            ks = _tokens(g, e, rng)
-            cases.append(MoeCase("k-grouped", g, e, ks, n, sum(ks), m=m))
+    for g, e, m, n in _DEEPSEEK_V3_K_GROUPED[precision]:
+        ks = _tokens(g, e, rng)
+        cases.append(MoeCase("k-grouped", g, e, ks, n, sum(ks), m=m))
     if len({case.shape for case in cases}) != len(cases):  # results files key measurements by shape
         raise AssertionError("two MoE cases of one suite store the same (rows, N, K)")
     return tuple(cases)
@@ -118,5 +124,5 @@ def is_moe_suite(name: str) -> bool:
 
 
 def moe_suite(name: str, precision: Precision = "fp8") -> tuple[MoeCase, ...]:
-    """The suite's cases in `precision` (BF16 adds the k-grouped weight gradients)."""
+    """The suite's cases in `precision` (the k-grouped weight gradients differ: see _DEEPSEEK_V3_K_GROUPED)."""
     return MOE_SUITES[name.strip().lower()](precision=precision)

@@ -18,8 +18,9 @@ class MoeProblem:
     """One case's operands. Contiguous: A [rows, K] (rows: every segment padded to 128) with ``m_indices``;
     masked: A [G, max_m, K] with ``masked_m``; B [G, N, K]. FP8: A and B are (payload, scales) pairs, 1 x 128 and
     128 x 128 per expert; BF16: tensors. ``valid_rows`` selects the output rows a call defines, in the order of
-    :meth:`reference`. k-grouped (BF16): A [K_total, M] and B [K_total, N] token-major, ``grouping`` the tokens per
-    expert (host ints), ``addend`` the FP32 [G, M, N] values ``out`` holds before a call (C = out)."""
+    :meth:`reference`. k-grouped: ``grouping`` the tokens per expert (host ints), ``addend`` the FP32 [G, M, N]
+    values ``out`` holds before a call (C = out); BF16 A [K_total, M] and B [K_total, N] token-major, FP8 A
+    [M, K_total] and B [N, K_total] with 1 x 128 scales along the tokens (quantize_per_token_group of dY^T, X^T)."""
 
     case: MoeCase
     a: Any
@@ -55,7 +56,7 @@ class MoeProblem:
 
     @property
     def device(self) -> Any:
-        return self.grouping.device if self.case.kind != "k-grouped" else self.a.device
+        return self.grouping.device if self.case.kind != "k-grouped" else self.addend.device
 
     def output(self) -> Any:
         """A fresh output: BF16 poisoned with NaN (a valid row the call leaves unwritten fails the accuracy check);
@@ -81,18 +82,22 @@ class MoeProblem:
                 self._cache["ref"] = torch.cat(parts)
         return self._cache["ref"]
 
-    def segment_ends(self) -> list[int]:
-        """Where each expert's valid rows (k-grouped: tokens) end, back to back without padding."""
-        return [first + rows for _, first, rows in self._row_groups]
+    def segments(self) -> list[tuple[int, int]]:
+        """(first, count) of each expert's valid rows (k-grouped: tokens), back to back without padding."""
+        return [(first, rows) for _, first, rows in self._row_groups]
 
     def product_reference(self) -> Any:
         """k-grouped: float64 [G, M, N] of each expert's A_g^T B_g alone (what an implementation without C writes)."""
         if "product" not in self._cache:
             import torch
 
-            self._cache["product"] = torch.stack([
-                self.a[first:first + tokens].double().t() @ self.b[first:first + tokens].double()
-                for _, first, tokens in self._row_groups])
+            if self.precision == "bf16":
+                products = [self.a[first:first + tokens].double().t() @ self.b[first:first + tokens].double()
+                            for _, first, tokens in self._row_groups]
+            else:
+                products = [self._exact_a[:, first:first + tokens] @ self._exact_b[:, first:first + tokens].t()
+                            for _, first, tokens in self._row_groups]
+            self._cache["product"] = torch.stack(products)
         return self._cache["product"]
 
 
@@ -110,7 +115,7 @@ def make_moe_problem(case: MoeCase, *, device: Any, seed: int = 0, precision: Pr
 
     generator = torch.Generator(device=device).manual_seed(seed)
     if case.kind == "k-grouped":
-        return _k_grouped_problem(case, device, generator)
+        return _k_grouped_problem(case, device, generator, precision)
     groups, n, k = case.groups, case.n, case.k
     if case.kind == "contiguous":
         m_indices = torch.tensor(case.m_indices(), dtype=torch.int32, device=device)
@@ -150,13 +155,20 @@ def make_moe_problem(case: MoeCase, *, device: Any, seed: int = 0, precision: Pr
     return MoeProblem(case, a, b, grouping, valid, exact_a, exact_b, _row_groups(case.counts))
 
 
-def _k_grouped_problem(case: MoeCase, device: Any, generator: Any) -> MoeProblem:
-    """BF16 dY [K_total, M] and X [K_total, N] token-major, and an FP32 addend of the products' magnitude (so a call
-    that drops C misses by as much as one that drops the product)."""
+def _k_grouped_problem(case: MoeCase, device: Any, generator: Any, precision: Precision) -> MoeProblem:
+    """dY [K_total, M] and X [K_total, N] token-major (BF16, or quantized per 1 x 128 token group after a transpose,
+    as FP8 Wgrad takes them), and an FP32 addend of the products' magnitude (so a call that drops C misses by as much
+    as one that drops the product)."""
     import torch
 
-    a = torch.randn((case.k, case.m), generator=generator, device=device, dtype=torch.float32).bfloat16()
-    b = torch.randn((case.k, case.n), generator=generator, device=device, dtype=torch.float32).bfloat16()
+    dy = torch.randn((case.k, case.m), generator=generator, device=device, dtype=torch.float32)
+    x = torch.randn((case.k, case.n), generator=generator, device=device, dtype=torch.float32)
     addend = torch.randn((case.groups, case.m, case.n), generator=generator, device=device, dtype=torch.float32)
     addend.mul_(float(case.expected_m) ** 0.5)
-    return MoeProblem(case, a, b, list(case.counts), None, None, None, _row_groups(case.counts), "bf16", addend)
+    ks, segments = list(case.counts), _row_groups(case.counts)
+    if precision == "bf16":
+        return MoeProblem(case, dy.bfloat16(), x.bfloat16(), ks, None, None, None, segments, "bf16", addend)
+    a = quantize_per_token_group(dy.t(), GROUP)  # [M, K_total]: scales per row and 128 tokens
+    b = quantize_per_token_group(x.t(), GROUP)
+    exact_a, exact_b = dequantize(*a, GROUP, 1), dequantize(*b, GROUP, 1)
+    return MoeProblem(case, a, b, ks, None, exact_a, exact_b, segments, "fp8", addend)

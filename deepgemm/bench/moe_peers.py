@@ -11,6 +11,7 @@ from typing import Any
 from deepgemm.analysis.gpus import Precision
 from deepgemm.api import bf16_grouped as api_bf16_grouped
 from deepgemm.api import grouped as api_grouped
+from deepgemm.api import kgrouped as api_kgrouped
 from deepgemm.bench import deepseek
 from deepgemm.bench.moe_inputs import MoeProblem
 from deepgemm.bench.peers import Implementation, Prepared, Unavailable
@@ -25,6 +26,11 @@ def _valid_rows(problem: MoeProblem) -> Any:
 
 def _prepare_deepgemm(problem: MoeProblem) -> Prepared:
     case, out = problem.case, problem.output()
+    if case.kind == "k-grouped":
+        def run_k() -> Any:  # out += A_g B_g^T per expert: C = out, in place, as gradient accumulation runs it
+            return api_kgrouped.k_grouped_fp8_gemm_tn_contiguous(problem.a, problem.b, out, problem.grouping, c=out)
+
+        return Prepared(run_k, problem.reference, case.hbm_bytes(), "C = out (in place)")
     if case.kind == "contiguous":
         def run() -> Any:
             return api_grouped.m_grouped_fp8_gemm_nt_contiguous(problem.a, problem.b, out, problem.grouping)
@@ -41,10 +47,12 @@ def _prepare_deepseek(problem: MoeProblem) -> Prepared:
     except deepseek.PeerMissing as exc:
         raise Unavailable(str(exc)) from None
     case = problem.case
-    name = f"m_grouped_fp8_gemm_nt_{case.kind}"
+    name = "k_grouped_fp8_gemm_nt_contiguous" if case.kind == "k-grouped" else f"m_grouped_fp8_gemm_nt_{case.kind}"
     gemm = getattr(module, name, None)
     if gemm is None:
         raise Unavailable(f"this DeepGEMM ({deepseek.version()}) has no {name}")
+    if case.kind == "k-grouped":
+        return _prepare_deepseek_k_grouped(problem, module, gemm)
     if case.kind == "contiguous":
         alignment = deepseek.m_alignment()
         if alignment is None or 128 % alignment:
@@ -64,6 +72,41 @@ def _prepare_deepseek(problem: MoeProblem) -> Prepared:
 
     note = "; ".join(dict.fromkeys(filter(None, (note_a, note_b, deepseek.version()))))
     return Prepared(run, problem.reference, case.hbm_bytes(), note, _valid_rows(problem))
+
+
+def _expert_blocks(operand: Any, problem: MoeProblem) -> Any:
+    """[rows, K_total] (tokens along K) as DeepGEMM's Hopper k-grouped GEMM takes it: each expert's [rows, k_g] block
+    K-major and contiguous, the blocks back to back in one flat tensor (copied once, before timing)."""
+    import torch
+
+    raw = operand.view(torch.uint8)  # (FP8 element copies through its bytes)
+    blocks = [raw[:, first:first + tokens].reshape(-1) for first, tokens in problem.segments()]
+    return torch.cat(blocks).view(operand.dtype)
+
+
+def _prepare_deepseek_k_grouped(problem: MoeProblem, module: Any, gemm: Any) -> Prepared:
+    """DeepGEMM's k_grouped_fp8_gemm_nt_contiguous (its Hopper Wgrad): the same FP8 values and 1 x 128 scales, A and B
+    re-laid once per expert block, ks on the device as its grouped_layout, c = d (in place, as ours)."""
+    import torch
+
+    case, out = problem.case, problem.output()
+    (a_q, sfa), (b_q, sfb) = problem.a, problem.b
+    align = getattr(module, "get_mn_major_tma_aligned_tensor", None)  # its scale layout, made once before timing
+    notes = ["C = out (in place)"]
+    if align is not None:
+        sfa, sfb = align(sfa), align(sfb)
+    else:
+        notes.append("scales laid out by DeepGEMM on every call (no get_mn_major_tma_aligned_tensor)")
+    a, b = (_expert_blocks(a_q, problem), sfa), (_expert_blocks(b_q, problem), sfb)
+    ks = problem.grouping
+    ks_tensor = torch.tensor(ks, dtype=torch.int32, device=problem.device)
+
+    def run() -> Any:
+        gemm(a, b, out, ks, ks_tensor, out)  # writes `out`, returns nothing
+        return out
+
+    notes.append(deepseek.version())
+    return Prepared(run, problem.reference, case.hbm_bytes(), "; ".join(notes))
 
 
 # -- BF16 -------------------------------------------------------------------------------------------------------
@@ -132,7 +175,7 @@ def _prepare_torch_grouped_mm(problem: MoeProblem) -> Prepared:
     if grouped_mm is None:
         raise Unavailable(f"this torch ({torch.__version__}) has no torch._grouped_mm")
     case, a, b = problem.case, problem.a, problem.b
-    ends = problem.segment_ends()
+    ends = [first + rows for first, rows in problem.segments()]
     if case.kind == "k-grouped":
         a_t = a.t()  # [M, K_total], unit stride along M
         offs = torch.tensor(ends, dtype=torch.int32, device=problem.device)
@@ -165,10 +208,11 @@ def _prepare_torch_grouped_mm(problem: MoeProblem) -> Prepared:
                     f"computes all {case.groups}x{case.max_m} rows (no mask)", _valid_rows(problem))
 
 
-DEEPGEMM_MOE = Implementation("deepgemm", "deepgemm.m_grouped_fp8_gemm_nt_contiguous / _masked (the case's layout)",
-                              "fp8", _prepare_deepgemm, OPERATION)
+DEEPGEMM_MOE = Implementation("deepgemm", "deepgemm.m_grouped_fp8_gemm_nt_contiguous / _masked (the case's layout), "
+                              "k_grouped_fp8_gemm_tn_contiguous (C = out)", "fp8", _prepare_deepgemm, OPERATION)
 DEEPSEEK_MOE = Implementation("deepseek-deepgemm", "DeepGEMM (deepseek-ai) deep_gemm.m_grouped_fp8_gemm_nt_contiguous "
-                              "/ _masked, when installed", "fp8", _prepare_deepseek, OPERATION,
+                              "/ _masked, k_grouped_fp8_gemm_nt_contiguous (c = d), when installed", "fp8",
+                              _prepare_deepseek, OPERATION,
                               missing=deepseek.missing)
 MOE_IMPLEMENTATIONS: tuple[Implementation[MoeProblem], ...] = (DEEPGEMM_MOE, DEEPSEEK_MOE)
 

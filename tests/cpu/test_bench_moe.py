@@ -17,12 +17,20 @@ SEED = 5
 def test_suite_cases_are_fixed_and_distinct() -> None:
     cases = deepseek_v3_moe()
     assert cases == moe_suite("DeepSeek-V3-MoE") and is_moe_suite("deepseek-v3-moe") and not is_moe_suite("deepseek-v3")
-    assert [c.kind for c in cases].count("contiguous") == 4 and [c.kind for c in cases].count("masked") == 10
+    kinds = [c.kind for c in cases]
+    assert (kinds.count("contiguous"), kinds.count("masked"), kinds.count("k-grouped")) == (4, 10, 4)
     assert len({c.shape for c in cases}) == len(cases)
     for case in cases:
         low, high = round(0.7 * case.expected_m), round(1.3 * case.expected_m)
+        if case.kind == "k-grouped":  # tokens rounded to multiples of 128
+            assert all(t % 128 == 0 and low - 64 <= t <= high + 64 for t in case.counts)
+            assert case.shape == (case.m, case.n, sum(case.counts))
+            continue
         assert all(max(1, low) <= c <= (min(high, case.max_m) if case.max_m else high) for c in case.counts)
         assert case.shape == (sum(case.counts), case.n, case.k)
+    # FP8 Wgrad on the experts' own weights: gate/up dW [4096, 7168], down dW [7168, 2048].
+    assert [(c.groups, c.m, c.n) for c in cases[14:]] == [(4, 4096, 7168), (4, 7168, 2048), (8, 4096, 7168),
+                                                          (8, 7168, 2048)]
     # The first case's draw (seed 0): issue 5's counts, the ones dev/bench_grouped.py times.
     assert cases[0].label == "contiguous 4x~8192 N=4096 K=7168" and cases[0].valid_rows == 34154
     assert cases[4].label == "masked 1x~1024 (max_m 4096) N=4096 K=7168"
@@ -41,6 +49,8 @@ def test_hbm_bytes_count_valid_rows_weights_and_scales() -> None:
     rows = 30
     scales = 4 * (rows * 3 + 2 * 2 * 3)
     assert case.hbm_bytes() == rows * 384 + 2 * 256 * 384 + 2 * rows * 256 + scales
+    k_grouped = MoeCase("k-grouped", 2, 128, (128, 256), 136, 384, m=72)  # 3 token blocks of A and B, FP32 out
+    assert k_grouped.hbm_bytes() == 384 * (72 + 136) + 4 * 3 * (72 + 136) + 2 * 4 * 2 * 72 * 136
 
 
 @pytest.mark.parametrize("case", [
@@ -135,5 +145,71 @@ def test_dev_bench_grouped_draws_the_suites_counts() -> None:
     from dev.bench_grouped import issue5_cases
 
     contiguous, masked = issue5_cases()
-    assert [tuple(c.counts) for c in contiguous + masked] == [c.counts for c in deepseek_v3_moe()]
-    assert [c.label for c in contiguous + masked] == [c.label for c in deepseek_v3_moe()]
+    m_grouped = deepseek_v3_moe()[:14]
+    assert [tuple(c.counts) for c in contiguous + masked] == [c.counts for c in m_grouped]
+    assert [c.label for c in contiguous + masked] == [c.label for c in m_grouped]
+
+
+K_GROUPED = MoeCase("k-grouped", 3, 256, (128, 384, 0), 136, 512, m=72)
+
+
+def _deepgemm_stand_in(calls: list[tuple]):  # noqa: ANN202 - a module
+    """A deep_gemm whose k_grouped_fp8_gemm_nt_contiguous reads its operands as DeepGEMM's Hopper Wgrad does: each
+    expert's [rows, k_g] e4m3 block K-major, back to back in one flat tensor, with [rows, K_total / 128] scales."""
+    import types
+
+    from deepgemm.bench.inputs import dequantize
+
+    module = types.ModuleType("deep_gemm")
+    module.__version__ = "0.0-test"  # type: ignore[attr-defined]
+
+    def k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, ks_tensor, c):  # noqa: ANN001, ANN202
+        calls.append((list(ks), ks_tensor.tolist(), ks_tensor.dtype, c is d, a[0].dim(), b[0].dim()))
+        first = offset_a = offset_b = 0
+        (flat_a, sfa), (flat_b, sfb) = a, b
+        m, n = sfa.shape[0], sfb.shape[0]
+        for group, tokens in enumerate(ks):
+            block_a = flat_a[offset_a:offset_a + m * tokens].view(m, tokens)
+            block_b = flat_b[offset_b:offset_b + n * tokens].view(n, tokens)
+            blocks = slice(first // 128, (first + tokens) // 128)
+            exact_a = dequantize(block_a, sfa[:, blocks], 128, 1)
+            exact_b = dequantize(block_b, sfb[:, blocks], 128, 1)
+            d[group] = c[group] + (exact_a @ exact_b.t()).float()
+            first, offset_a, offset_b = first + tokens, offset_a + m * tokens, offset_b + n * tokens
+
+    module.k_grouped_fp8_gemm_nt_contiguous = k_grouped_fp8_gemm_nt_contiguous  # type: ignore[attr-defined]
+    module.get_mn_major_tma_aligned_tensor = lambda sf: sf  # type: ignore[attr-defined]
+    return module
+
+
+def test_k_grouped_fp8_implementations_match_the_float64_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """deepgemm's k_grouped_fp8_gemm_tn_contiguous (CPU reference path) and a stand-in DeepGEMM fed the re-laid expert
+    blocks, both adding into `out` in place: the first call leaves addend + A_g B_g^T (the reference), the next adds
+    the product again; the addend is as large as the product, so dropping C would fail the check."""
+    import sys
+
+    from deepgemm.bench import deepseek
+    from deepgemm.bench.moe_peers import DEEPSEEK_MOE
+    from deepgemm.bench.results import CALC_DIFF_TOLERANCE
+
+    print(f"seed {SEED}")
+    calls: list[tuple] = []
+    monkeypatch.setitem(sys.modules, "deep_gemm", _deepgemm_stand_in(calls))
+    deepseek.load.cache_clear()
+    try:
+        problem = make_moe_problem(K_GROUPED, device="cpu", seed=SEED)
+        a_q, sfa = problem.a
+        assert a_q.shape == (72, 512) and sfa.shape == (72, 4) and a_q.dtype == torch.float8_e4m3fn
+        reference, product = problem.reference(), problem.product_reference()
+        assert calc_diff(product, reference) > 100 * CALC_DIFF_TOLERANCE  # the addend matters
+        assert calc_diff(problem.addend.double(), reference) > 100 * CALC_DIFF_TOLERANCE
+        assert torch.equal(reference[2], problem.addend[2].double())  # the expert without tokens
+        for impl in (DEEPGEMM_MOE, DEEPSEEK_MOE):
+            prepared = impl.prepare(problem)
+            assert prepared.select is None and prepared.bytes == K_GROUPED.hbm_bytes() and "C = out" in prepared.note
+            first = prepared.fn().clone()
+            assert calc_diff(first, reference) < 1e-4, impl.name
+            assert calc_diff(prepared.fn(), reference + product) < 1e-4, impl.name
+        assert calls[0] == ([128, 384, 0], [128, 384, 0], torch.int32, True, 1, 1)
+    finally:
+        deepseek.load.cache_clear()
