@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "before every sample), or, with --compare, check the results against a stored baseline.")
     shapes = parser.add_mutually_exclusive_group()
     shapes.add_argument("--suite", help=f"named shape set: {', '.join(suite_names())} (default {DEFAULT_SUITE}); or MoE "
-                                        f"grouped GEMM cases (contiguous and masked; with --dtype bf16 also k-grouped): "
+                                        f"grouped GEMM cases (contiguous, masked and k-grouped, FP8 or BF16): "
                                         f"{', '.join(MOE_SUITES)}")
     shapes.add_argument("--shape", type=parse_shape, action="append", metavar="M,N,K", help="a shape; repeatable")
     shapes.add_argument("--model", metavar="NAME|config.json",
