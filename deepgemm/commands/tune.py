@@ -44,16 +44,19 @@ def run(args: argparse.Namespace) -> int:
         if args.dtype == "bf16":
             bf16 = tune_bf16_gemm(args.layout, m, n, k, out_dtype=out_dtype, top=args.top or 8, iters=args.iters)
             _report(m, n, k, [(c.label(), us, c == bf16.best) for c, us in bf16.timings_us], bf16.best.label(),
-                    bf16.db_path)
+                    bf16.db_path, [(c.label(), diff) for c, diff in bf16.rejected])
         else:
             fp8 = tune_fp8_gemm_nt(m, n, k, out_dtype=out_dtype, top=args.top or 6, iters=args.iters)
             _report(m, n, k, [(c.label(), us, c == fp8.best) for c, us in fp8.timings_us], fp8.best.label(),
-                    fp8.db_path)
+                    fp8.db_path, [(c.label(), diff) for c, diff in fp8.rejected])
     return 0
 
 
-def _report(m: int, n: int, k: int, rows: list[tuple[str, float, bool]], best: str, db_path: str) -> None:
+def _report(m: int, n: int, k: int, rows: list[tuple[str, float, bool]], best: str, db_path: str,
+            rejected: list[tuple[str, float]]) -> None:
     print(f"shape M={m} N={n} K={k}:")
     for label, us, is_best in rows:
         print(f" {'*' if is_best else ' '} {label:48s} {us:9.1f} us {2 * m * n * k / us / 1e6:8.0f} TFLOPS")
+    for label, diff in rejected:
+        print(f"   {label:48s} left out: wrong output (calc_diff {diff:.2e} against the float32 product)")
     print(f"  recorded {best} in {db_path}")

@@ -1,8 +1,9 @@
 """Autotuner of the BF16 GEMM: time the cost model's best tiles for one shape and layout on the GPU, keep the fastest.
 
 Each candidate is compiled (in parallel, out of process), launched on fresh random operands in the layout's stored
-form, timed with CUDA-graph replay and an L2 flush (median of `iters`), and the winner is recorded in the GPU
-model's tuning file, which `bf16_gemm_<layout>` consults before the cost model.
+form, timed with CUDA-graph replay and an L2 flush (median of `iters`), its output checked against a float32 product
+(tuning.verify: a wrong build is left out, never recorded), and the winner is recorded in the GPU model's tuning
+file, which `bf16_gemm_<layout>` consults before the cost model.
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ from deepgemm.kernels.sm90_bf16_gemm.cost_model import ranked_configs
 from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem, get_bf16_plan
 from deepgemm.kernels.sm90_bf16_gemm.spec import LAYOUTS, Bf16GemmSpec, addend_kind, compile_spec
 from deepgemm.tuning.db import tuning_db
+from deepgemm.reference import bf16_gemm_reference
 from deepgemm.tuning.timing import bench_gpu
+from deepgemm.tuning.verify import candidate_error, settle
 
 
 @dataclass(frozen=True)
 class Bf16TuneResult:
     best: Bf16GemmConfig
-    timings_us: tuple[tuple[Bf16GemmConfig, float], ...]  # fastest first
+    timings_us: tuple[tuple[Bf16GemmConfig, float], ...]  # fastest first, every one checked against float32
     db_path: str
+    rejected: tuple[tuple[Bf16GemmConfig, float], ...] = ()  # (config, calc_diff): wrong output, never recorded
 
 
 def tune_bf16_gemm(layout: str, m: int, n: int, k: int, *, out_dtype: torch.dtype = torch.bfloat16,
@@ -55,13 +59,20 @@ def tune_bf16_gemm(layout: str, m: int, n: int, k: int, *, out_dtype: torch.dtyp
         b = torch.randn((n, k) if layout[1] == "t" else (k, n), generator=gen).to("cuda", torch.bfloat16)
         c = None if c_dtype is None else torch.randn(m, n, generator=gen).to("cuda", c_dtype)
         out = torch.empty(m, n, dtype=out_dtype, device="cuda")
-        timings = []
+        reference = bf16_gemm_reference(a, b, layout, c)
+        timings, rejected = [], []
         for config in configs:
             plan = get_bf16_plan(index, m, n, k, layout, out_dtype, c_dtype, config)
+            out.fill_(float("nan"))
             timing = bench_gpu(lambda: plan.launch(a, b, out, c), iters=iters, warmup=3)
-            timings.append((config, timing.median_us))
+            error = candidate_error(out, reference)
+            if error is None:
+                timings.append((config, timing.median_us))
+            else:
+                rejected.append((config, error))
+    settle(f"bf16_gemm_{layout}", timings, rejected, f"m={m} n={n} k={k}")
     timings.sort(key=lambda item: item[1])
     best, best_us = timings[0]
     db = tuning_db(torch.cuda.get_device_name(index))
     db.record_bf16(problem, best, best_us)
-    return Bf16TuneResult(best=best, timings_us=tuple(timings), db_path=str(db.path))
+    return Bf16TuneResult(best=best, timings_us=tuple(timings), db_path=str(db.path), rejected=tuple(rejected))

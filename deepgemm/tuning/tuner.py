@@ -2,7 +2,8 @@
 
 Candidates are the cost model's best tiles plus their 2-CTA-cluster variants. Each is compiled (in
 parallel, out of process), launched on fresh random operands, timed with CUDA-graph replay and an L2
-flush (median of `iters`), and the winner is recorded in the GPU model's tuning file, which
+flush (median of `iters`), its output checked against a float32 product (tuning.verify: a wrong build is
+left out, never recorded), and the winner is recorded in the GPU model's tuning file, which
 `fp8_gemm_nt` consults before the cost model.
 """
 
@@ -24,14 +25,17 @@ from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import model_split_tail, split_tail_applies, stream_tail_applies
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, compile_spec
 from deepgemm.tuning.db import tuning_db
+from deepgemm.reference import fp8_gemm_nt_reference
 from deepgemm.tuning.timing import bench_gpu
+from deepgemm.tuning.verify import candidate_error, settle
 
 
 @dataclass(frozen=True)
 class TuneResult:
     best: GemmConfig
-    timings_us: tuple[tuple[GemmConfig, float], ...]  # fastest first
+    timings_us: tuple[tuple[GemmConfig, float], ...]  # fastest first, every one checked against float32
     db_path: str
+    rejected: tuple[tuple[GemmConfig, float], ...] = ()  # (config, calc_diff): wrong output, never recorded
 
 
 def candidate_configs(m: int, n: int, k: int, num_sms: int, out_elem_bytes: int, top: int) -> list[GemmConfig]:
@@ -69,13 +73,20 @@ def tune_fp8_gemm_nt(m: int, n: int, k: int, *, out_dtype: torch.dtype = torch.b
         a = quantize_per_token_group_cuda(x, 128)
         b = quantize_per_block_cuda(w, 128)
         out = torch.empty(m, n, dtype=out_dtype, device="cuda")
-        timings = []
+        reference = fp8_gemm_nt_reference(a[0], a[1], b[0], b[1])
+        timings, rejected = [], []
         for config in configs:
             plan = get_plan(index, m, n, k, out_dtype, config)
+            out.fill_(float("nan"))
             timing = bench_gpu(lambda: plan.launch(a[0], a[1], b[0], b[1], out), iters=iters, warmup=3)
-            timings.append((config, timing.median_us))
+            error = candidate_error(out, reference)
+            if error is None:
+                timings.append((config, timing.median_us))
+            else:
+                rejected.append((config, error))
+    settle("fp8_gemm_nt", timings, rejected, f"m={m} n={n} k={k}")
     timings.sort(key=lambda item: item[1])
     best, best_us = timings[0]
     db = tuning_db(torch.cuda.get_device_name(index))
     db.record(m, n, k, num_sms, best, best_us, out_elem_bytes)
-    return TuneResult(best=best, timings_us=tuple(timings), db_path=str(db.path))
+    return TuneResult(best=best, timings_us=tuple(timings), db_path=str(db.path), rejected=tuple(rejected))

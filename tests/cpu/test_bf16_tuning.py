@@ -5,6 +5,7 @@ no GPU here)."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -74,11 +75,15 @@ def test_bad_entries_are_ignored_and_the_fallback_answers(tmp_path: Path) -> Non
 
 
 def test_tuner_records_the_fastest_candidate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The GPU parts faked: every candidate is compiled, each is timed, and the fastest is recorded."""
+    """The GPU parts faked (plans compute on the CPU): every candidate is compiled and timed, its output checked
+    against the float32 product; the fastest correct one is recorded, and a faster wrong one (never written, or
+    wrong values) is left out with a warning."""
+    from deepgemm.reference import bf16_gemm_reference
+
     db = TuningDB(tmp_path / "gpu.json")
     problem = Bf16Problem(64, 2112, 7168, False, False, 2, 0, 132)
     candidates = [c for _, c in ranked_configs(problem)[:4]]
-    fastest = candidates[2]
+    fastest, unwritten, wrong = candidates[2], candidates[0], candidates[3]
     compiled: list[object] = []
     timed: list[object] = []
 
@@ -86,13 +91,17 @@ def test_tuner_records_the_fastest_candidate(tmp_path: Path, monkeypatch: pytest
         def __init__(self, config: object) -> None:
             self.config = config
 
-        def launch(self, *args: object) -> None:
-            pass
+        def launch(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, c: object) -> None:
+            if self.config == unwritten:
+                return
+            product = bf16_gemm_reference(a, b, "nt")
+            out.copy_(-product if self.config == wrong else product)
 
     def fake_bench(fn, **kwargs):  # noqa: ANN001, ANN003, ANN202
         config = current[0]
+        fn()
         timed.append(config)
-        us = 10.0 if config == fastest else 20.0 + len(timed)
+        us = 5.0 if config in (unwritten, wrong) else 10.0 if config == fastest else 20.0 + len(timed)
         return Timing.from_samples([us])
 
     current: list[object] = [None]
@@ -112,15 +121,34 @@ def test_tuner_records_the_fastest_candidate(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(bf16_tuner, "get_bf16_plan", fake_plan)
     monkeypatch.setattr(bf16_tuner, "bench_gpu", fake_bench)
     monkeypatch.setattr(bf16_tuner, "tuning_db", lambda name: db)
-    real_randn = torch.randn
-    monkeypatch.setattr(bf16_tuner.torch, "randn", lambda *shape, generator=None: real_randn(*shape, generator=generator))
-    monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: self)
-    monkeypatch.setattr(bf16_tuner.torch, "empty", lambda *shape, dtype=None, device=None: None)
-    result = bf16_tuner.tune_bf16_gemm("nt", 64, 2112, 7168, top=4)
+    real_empty = torch.empty
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: self.bfloat16())
+    monkeypatch.setattr(bf16_tuner.torch, "empty", lambda *shape, dtype=None, device=None: real_empty(*shape, dtype=dtype))
+    with pytest.warns(RuntimeWarning, match="left out 2 candidate"):
+        result = bf16_tuner.tune_bf16_gemm("nt", 64, 2112, 7168, top=4)
     assert sorted(map(str, compiled)) == sorted(map(str, candidates))
     assert timed == candidates
     assert result.best == fastest and result.timings_us[0] == (fastest, 10.0)
+    assert [c for c, _ in result.rejected] == [unwritten, wrong]
+    assert math.isnan(result.rejected[0][1]) and result.rejected[1][1] > 0.5  # never written; the negated product
     assert TuningDB(db.path).lookup_bf16(problem) == fastest
+
+
+def test_the_correctness_gate_warns_and_refuses_when_nothing_passes() -> None:
+    from deepgemm.errors import DeepGemmError
+    from deepgemm.tuning.verify import MAX_CALC_DIFF, candidate_error, settle
+
+    reference = torch.randn(32, 48, dtype=torch.float64)
+    assert candidate_error(reference.bfloat16(), reference) is None
+    assert candidate_error(reference.bfloat16() * 1.1, reference) > MAX_CALC_DIFF  # a 10% scale error: 4.5e-3
+    assert candidate_error(torch.zeros(32, 48), reference) == pytest.approx(1.0)
+    assert math.isnan(candidate_error(torch.full((32, 48), float("nan")), reference))
+    config = make_config(NT, 128, 256)
+    settle("bf16_gemm_nt", [(config, 1.0)], [], "m=1")  # nothing rejected: silent
+    with pytest.warns(RuntimeWarning, match="bm128 bn256"):
+        settle("bf16_gemm_nt", [(config, 1.0)], [(config, 0.5)], "m=1")
+    with pytest.raises(DeepGemmError, match="every candidate's output was wrong.*NaN"):
+        settle("bf16_gemm_nt", [], [(config, float("nan"))], "m=1")
 
 
 class _Null:

@@ -25,7 +25,7 @@ def test_tune_records_a_winner_the_planner_uses(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(gemm_api, "_ready", {})
     m, n, k = 200, 1536, 1024
     result = tune_fp8_gemm_nt(m, n, k, top=2, iters=5)
-    assert len(result.timings_us) >= 2 and result.timings_us[0][0] == result.best
+    assert len(result.timings_us) >= 2 and result.timings_us[0][0] == result.best and result.rejected == ()
     assert all(us > 0 for _, us in result.timings_us)
     assert TuningDB(Path(result.db_path)).lookup(m, n, k, result.best.num_sms) == result.best
     # The API plans with the winner, whichever candidate won (get_plan without a config is the cost model's).
@@ -49,7 +49,7 @@ def test_bf16_tune_records_a_winner_the_api_uses(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(bf16_api, "_ready", {})
     m, n, k = 200, 1536, 1024  # tn: A [K, M], B [K, N]
     result = tune_bf16_gemm("tn", m, n, k, top=3, iters=5)
-    assert len(result.timings_us) == 3 and result.timings_us[0][0] == result.best
+    assert len(result.timings_us) == 3 and result.timings_us[0][0] == result.best and result.rejected == ()
     problem = bf16_problem(m, n, k, "tn", torch.bfloat16, None, result.best.num_sms)
     assert TuningDB(Path(result.db_path)).lookup_bf16(problem) == result.best
     a = torch.randn(k, m, device="cuda").to(torch.bfloat16)
