@@ -20,8 +20,8 @@ from deepgemm.kernels.sm90_bf16_gemm.config import Bf16GemmConfig
 from deepgemm.kernels.sm90_bf16_gemm.cost_model import ranked_configs
 from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem, get_bf16_plan
 from deepgemm.kernels.sm90_bf16_gemm.spec import LAYOUTS, Bf16GemmSpec, addend_kind, compile_spec
-from deepgemm.tuning.db import tuning_db
 from deepgemm.reference import bf16_gemm_reference
+from deepgemm.tuning.db import tuning_db
 from deepgemm.tuning.timing import bench_gpu
 from deepgemm.tuning.verify import candidate_error, settle
 

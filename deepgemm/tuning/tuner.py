@@ -24,8 +24,8 @@ from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import clusters_allowed, mak
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import model_split_tail, split_tail_applies, stream_tail_applies
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, compile_spec
-from deepgemm.tuning.db import tuning_db
 from deepgemm.reference import fp8_gemm_nt_reference
+from deepgemm.tuning.db import tuning_db
 from deepgemm.tuning.timing import bench_gpu
 from deepgemm.tuning.verify import candidate_error, settle
 
