@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests sanitize host sass bench moe repeat breadth grouped kgrouped bf16grouped ncu ncusource ncugrouped split bf16split clusters tiles placement pdl floor ab nn route block racecheck bf16 all
+# Steps: install smoke tests files sanitize host sass bench moe repeat breadth grouped kgrouped bf16grouped ncu ncusource ncugrouped split bf16split clusters tiles placement pdl floor ab nn route block racecheck bf16 all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times other trees, carried under .ab (dev/rename_package.sh; AB_TREES names them, default deepgemm_old), interleaved
@@ -46,6 +46,12 @@ fi
 # plainly by smoke and under compute-sanitizer memcheck by sanitize.
 if has tests; then
   timeout "$(left 420)" python3 -m pytest -x --timeout "$(left 120)" -q -p no:cacheprovider -m "${QUICK_MARK:-gpu and quick}" --durations=20 tests 2>&1 | tee "$OUT/pytest_gpu.log" | grep -E "passed|failed|Error|error" | tail -25; failed "${PIPESTATUS[0]}"
+fi
+# files: the GPU tests of TEST_FILES (space-separated paths; TEST_K narrows them with -k), every failure reported.
+if has files; then
+  timeout "$(left "${FILES_TIMEOUT:-300}")" python3 -m pytest --timeout "$(left 150)" -q -p no:cacheprovider \
+    ${TEST_K:+-k "$TEST_K"} ${TEST_FILES:?files: set TEST_FILES} 2>&1 | tee "$OUT/pytest_files.log" \
+    | grep -E "^(FAILED|ERROR)|passed|failed|rror" | tail -25; failed "${PIPESTATUS[0]}"
 fi
 # all: every GPU test and racecheck in one call, as four processes at once (the GPU and 16 cores are shared; the
 # disk cache is process-safe): the quick subset, the random-shape suite's full part, the rest of the full suite,
@@ -232,13 +238,14 @@ if has bf16grouped; then
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
     timeout "$(left 300)" python3 dev/bench_grouped_bf16.py --json "$OUT/bench_grouped_bf16.json" 2>&1 | tee "$OUT/bench_grouped_bf16.md" )
 fi
-# bf16split: the BF16 split-K and FP8 split-tail GPU tests, then dev/bench_bf16_split.py (decode shapes, peers interleaved).
+# bf16split: the BF16 split-K and FP8 split-tail GPU tests, then dev/bench_bf16_split.py (decode shapes, peers
+# interleaved; BF16SPLIT_ARGS passes shapes and --layout=L instead).
 if has bf16split; then
   timeout "$(left 300)" python3 -m pytest --timeout "$(left 120)" -q -p no:cacheprovider tests/gpu/test_bf16_split_k_gpu.py \
     tests/gpu/test_split_tail_gpu.py 2>&1 | tee "$OUT/pytest_bf16split.log" | grep -E "passed|failed|Error|error" | tail -25
   failed "${PIPESTATUS[0]}"
   ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
-    timeout "$(left 240)" python3 dev/bench_bf16_split.py 2>&1 | tee "$OUT/bench_bf16_split.md" )
+    timeout "$(left 240)" python3 dev/bench_bf16_split.py ${BF16SPLIT_ARGS:-} 2>&1 | tee "$OUT/bench_bf16_split.md" )
 fi
 if has split; then
   timeout "$(left 300)" python3 -m pytest -x --timeout "$(left 120)" -q -p no:cacheprovider tests/gpu/test_split_tail_gpu.py 2>&1 | tee "$OUT/pytest_split.log" | grep -E "passed|failed|Error|error" | tail -8; failed "${PIPESTATUS[0]}"
