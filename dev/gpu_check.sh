@@ -152,13 +152,13 @@ if has repeat; then
     python3 dev/runs_table.py "$OUT"/moe_*.json )
 fi
 # moe / breadth: `deepgemm bench --suite deepseek-v3-moe` (grouped cases, DeepGEMM interleaved) in each of MOE_DTYPES
-# (default fp8; bf16 adds torch._grouped_mm and the k-grouped cases: $OUT/moe_bf16.*) and `--suite llm-prefill` (48
-# dense prefill shapes), results under $OUT.
+# (default fp8; bf16 adds torch._grouped_mm: $OUT/moe_bf16.*; MOE_TIMEOUT bounds each, default 480 s) and `--suite
+# llm-prefill` (48 dense prefill shapes), results under $OUT.
 if has moe; then
   for dtype in ${MOE_DTYPES:-fp8}; do
     name=$([ "$dtype" = fp8 ] && echo moe || echo "moe_$dtype")
     ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
-      timeout "$(left 400)" python3 -m deepgemm bench --suite deepseek-v3-moe --dtype "$dtype" --json "$OUT/$name.json" \
+      timeout "$(left "${MOE_TIMEOUT:-480}")" python3 -m deepgemm bench --suite deepseek-v3-moe --dtype "$dtype" --json "$OUT/$name.json" \
         --markdown "$OUT/$name.md" >"$OUT/$name.log" 2>&1 )
     grep -E "geometric|summary|rror|left out" "$OUT/$name.log"
   done

@@ -28,6 +28,8 @@ class MoeProblem:
     grouping: Any  # m_indices (contiguous) or masked_m (masked), int32 on the device; k-grouped: ks, host ints
     valid_rows: Any  # bool mask over the output's rows (contiguous [rows], masked [G, max_m]); k-grouped: None
     _exact_a: Any = field(repr=False)  # float64 A values the operands stand for, valid rows in order
+    # float64 B: k-grouped [N, K_total]; m-grouped a function of the expert giving its [N, K], made on demand (all
+    # experts at once would take 30 GB for 256 x 2048 x 7168)
     _exact_b: Any = field(repr=False)
     _row_groups: list[tuple[int, int, int]] = field(repr=False)  # (group, first row in _exact_a, rows)
     precision: Precision = "fp8"
@@ -77,10 +79,14 @@ class MoeProblem:
             else:
                 import torch
 
-                parts = [self._exact_a[first:first + rows] @ self._exact_b[group].t()
+                parts = [self._exact_a[first:first + rows] @ self.expert_weights(group).t()
                          for group, first, rows in self._row_groups]
                 self._cache["ref"] = torch.cat(parts)
         return self._cache["ref"]
+
+    def expert_weights(self, group: int) -> Any:
+        """m-grouped: float64 [N, K] of the values expert `group`'s weights stand for."""
+        return self._exact_b(group)
 
     def segments(self) -> list[tuple[int, int]]:
         """(first, count) of each expert's valid rows (k-grouped: tokens), back to back without padding."""
@@ -126,19 +132,29 @@ def make_moe_problem(case: MoeCase, *, device: Any, seed: int = 0, precision: Pr
     w = torch.randn((groups, n, k), generator=generator, device=device, dtype=torch.float32)
     if precision == "bf16":
         a_bf16, b_bf16 = x.bfloat16(), w.bfloat16()
+        del x, w
+
+        def bf16_weights(group: int) -> Any:
+            return b_bf16[group].double()
+
         if case.kind == "contiguous":
             valid = m_indices >= 0
-            return MoeProblem(case, a_bf16, b_bf16, m_indices, valid, a_bf16[valid].double(), b_bf16.double(),
+            return MoeProblem(case, a_bf16, b_bf16, m_indices, valid, a_bf16[valid].double(), bf16_weights,
                               _row_groups(case.counts), "bf16")
         masked_m = torch.tensor(case.counts, dtype=torch.int32, device=device)
         valid = torch.arange(case.max_m, device=device)[None, :] < masked_m[:, None]
         a_bf16 = a_bf16.view(groups, case.max_m, k)
-        return MoeProblem(case, a_bf16, b_bf16, masked_m, valid, a_bf16[valid].double(), b_bf16.double(),
+        return MoeProblem(case, a_bf16, b_bf16, masked_m, valid, a_bf16[valid].double(), bf16_weights,
                           _row_groups(case.counts), "bf16")
     a_fp8, sfa = quantize_per_token_group(x, GROUP)
     weights = [quantize_per_block(w[g], GROUP) for g in range(groups)]
+    del x, w
     b = (torch.stack([q for q, _ in weights]), torch.stack([s for _, s in weights]))
-    exact_b = torch.stack([dequantize(q, s, GROUP, GROUP) for q, s in weights])
+    del weights
+
+    def fp8_weights(group: int) -> Any:
+        return dequantize(b[0][group], b[1][group], GROUP, GROUP)
+
     exact_a_all = dequantize(a_fp8, sfa, GROUP, 1)
     if case.kind == "contiguous":
         valid = m_indices >= 0
@@ -152,7 +168,7 @@ def make_moe_problem(case: MoeCase, *, device: Any, seed: int = 0, precision: Pr
         # One [G * max_m, K] quantization viewed per group, as quantize_per_token_group hands it to a masked GEMM.
         a = (a_fp8.view(groups, case.max_m, k), sfa.reshape(groups, case.max_m, -1))
         exact_a = exact_a_all.view(groups, case.max_m, k)[valid]
-    return MoeProblem(case, a, b, grouping, valid, exact_a, exact_b, _row_groups(case.counts))
+    return MoeProblem(case, a, b, grouping, valid, exact_a, fp8_weights, _row_groups(case.counts))
 
 
 def _k_grouped_problem(case: MoeCase, device: Any, generator: Any, precision: Precision) -> MoeProblem:

@@ -96,7 +96,7 @@ def _prepare_deepseek_k_grouped(problem: MoeProblem, module: Any, gemm: Any) -> 
     if align is not None:
         sfa, sfb = align(sfa), align(sfb)
     else:
-        notes.append("scales laid out by DeepGEMM on every call (no get_mn_major_tma_aligned_tensor)")
+        notes.append("scales passed as quantize_per_token_group made them (no get_mn_major_tma_aligned_tensor)")
     a, b = (_expert_blocks(a_q, problem), sfa), (_expert_blocks(b_q, problem), sfb)
     ks = problem.grouping
     ks_tensor = torch.tensor(ks, dtype=torch.int32, device=problem.device)
@@ -168,7 +168,7 @@ def _prepare_deepseek_bf16(problem: MoeProblem) -> Prepared:
 def _prepare_torch_grouped_mm(problem: MoeProblem) -> Prepared:
     """torch._grouped_mm on the same operands: contiguous on the valid rows only (gathered once, offs = segment
     ends), masked over every slot of each group (it has no mask), k-grouped as A^T B with offs along the tokens (no
-    C; FP32 out where this torch takes out_dtype=float32, else BF16)."""
+    C, BF16 out)."""
     import torch
 
     grouped_mm = getattr(torch, "_grouped_mm", None)
@@ -179,18 +179,13 @@ def _prepare_torch_grouped_mm(problem: MoeProblem) -> Prepared:
     if case.kind == "k-grouped":
         a_t = a.t()  # [M, K_total], unit stride along M
         offs = torch.tensor(ends, dtype=torch.int32, device=problem.device)
-        out_dtype, note = torch.float32, "no C: writes A_g^T B_g (FP32)"
-        try:
-            grouped_mm(a_t, b, offs=offs, out_dtype=out_dtype)
-        except Exception as exc:  # noqa: BLE001 - a refusal of FP32 out leaves BF16 out, said in the note
-            out_dtype = torch.bfloat16
-            note = f"no C: writes A_g^T B_g in BF16 (out_dtype=float32 refused: {type(exc).__name__})"
-        out_bytes = case.groups * case.m * case.n * (4 if out_dtype == torch.float32 else 2)
 
-        def run_k() -> Any:
-            return grouped_mm(a_t, b, offs=offs, out_dtype=out_dtype)
+        def run_k() -> Any:  # BF16 out: its fast path's only output dtype for BF16 operands
+            return grouped_mm(a_t, b, offs=offs, out_dtype=torch.bfloat16)
 
-        return Prepared(run_k, problem.product_reference, 2 * case.k * (case.m + case.n) + out_bytes, note)
+        out_bytes = 2 * case.groups * case.m * case.n
+        return Prepared(run_k, problem.product_reference, 2 * case.k * (case.m + case.n) + out_bytes,
+                        "no C: writes A_g^T B_g in BF16")
     w_t = b.transpose(-2, -1)
     if case.kind == "contiguous":
         x = a[problem.valid_rows]  # the routed rows back to back, expert by expert (copied before timing)
@@ -223,7 +218,8 @@ DEEPSEEK_MOE_BF16 = Implementation("deepseek-deepgemm-bf16", "DeepGEMM (deepseek
                                    "contiguous / _masked, k_grouped_bf16_gemm_tn_contiguous (C = d), when installed",
                                    "bf16", _prepare_deepseek_bf16, BF16_OPERATION, missing=deepseek.missing)
 TORCH_GROUPED_MM = Implementation("torch-grouped-mm", "torch._grouped_mm (contiguous: routed rows only; masked: every "
-                                  "slot; k-grouped: no C)", "bf16", _prepare_torch_grouped_mm, BF16_OPERATION)
+                                  "slot; k-grouped: no C, BF16 out)", "bf16", _prepare_torch_grouped_mm,
+                                  BF16_OPERATION)
 MOE_BF16_IMPLEMENTATIONS: tuple[Implementation[MoeProblem], ...] = (DEEPGEMM_MOE_BF16, DEEPSEEK_MOE_BF16,
                                                                     TORCH_GROUPED_MM)
 

@@ -75,7 +75,7 @@ def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilin
               progress: Progress) -> BenchResults:
     chosen, left_out = runnable(implementations_for(settings.precision, settings.layout), settings.skip)
     return _run(shapes, lambda shape: make_problem(shape, settings.precision, device="cuda", seed=settings.seed),
-                chosen, left_out, settings, ceilings, progress, format_shape)
+                chosen, left_out, settings, ceilings, progress, format_shape, lambda shape: "")
 
 
 def run_moe_bench(cases: Sequence[MoeCase], settings: BenchSettings, ceilings: Ceilings, *,
@@ -88,17 +88,27 @@ def run_moe_bench(cases: Sequence[MoeCase], settings: BenchSettings, ceilings: C
     chosen, left_out = runnable(moe_implementations(settings.precision), settings.skip)
     return _run(list(by_shape), lambda shape: make_moe_problem(by_shape[shape], device="cuda", seed=settings.seed,
                                                                precision=settings.precision),
-                chosen, left_out, settings, ceilings, progress, lambda shape: by_shape[shape].label)
+                chosen, left_out, settings, ceilings, progress, lambda shape: by_shape[shape].label,
+                lambda shape: by_shape[shape].label)
 
 
 def _run(shapes: Sequence[Shape], make: Callable[[Shape], P], chosen: Sequence[Implementation[P]],
          left_out: dict[str, str], settings: BenchSettings, ceilings: Ceilings, progress: Progress,
-         label: Callable[[Shape], str]) -> BenchResults:
+         label: Callable[[Shape], str], case_of: Callable[[Shape], str]) -> BenchResults:
+    """Every shape's problem made and measured; a shape whose inputs cannot be made (e.g. out of memory) is an
+    error for each implementation, and the run goes on."""
     import torch
 
     measurements: list[Measurement] = []
     for shape in progress(list(shapes), "benchmarking", label):
-        problem = make(shape)
+        try:
+            problem = make(shape)
+        except Exception as exc:  # noqa: BLE001 - reported per shape, the run goes on
+            reason = f"inputs could not be made: {type(exc).__name__}: {_first_line(exc)}"
+            measurements.extend(Measurement(*shape, impl=impl.name, precision=impl.precision, status="error",
+                                            reason=reason, case=case_of(shape)) for impl in chosen)
+            torch.cuda.empty_cache()
+            continue
         measurements.extend(measure_all(chosen, problem, settings))
         del problem
         torch.cuda.empty_cache()
@@ -147,6 +157,11 @@ def measure_all(implementations: Sequence[Implementation[P]], problem: P, settin
             prepared = impl.prepare(problem)
         except (Unavailable, UnsupportedError) as exc:
             results.append(Measurement(**base, status="n/a", reason=str(exc)))
+            continue
+        except Exception as exc:  # noqa: BLE001 - a peer (or ours) failing to set up is reported, the run goes on
+            status: Literal["n/a", "error"] = "error" if impl.is_deepgemm else "n/a"
+            reason = f"setup failed: {type(exc).__name__}: {_first_line(exc)} ({format_shape(problem.shape)})"
+            results.append(Measurement(**base, status=status, reason=reason))
             continue
         try:
             out = prepared.fn()

@@ -19,12 +19,14 @@ class FakeProblem:
 
 
 def _impl(name: str, operation: str, *, fails_eager: bool = False, fails_timing: bool = False,
-          unavailable: bool = False) -> Implementation:
+          unavailable: bool = False, fails_setup: bool = False) -> Implementation:
     expected = torch.arange(32, dtype=torch.float64).reshape(4, 8) + 1
 
     def prepare(_: Any) -> Prepared:
         if unavailable:
             raise Unavailable(f"{name} refuses")
+        if fails_setup:
+            raise RuntimeError(f"{name} setup blew up\nsecond line")
 
         def fn() -> torch.Tensor:
             if fails_eager:
@@ -107,3 +109,39 @@ def test_runnable_leaves_out_skipped_and_missing_peers_with_reasons() -> None:
     kept, left_out = runner.runnable(impls, skip=("peer-bf16", "deepgemm"))
     assert [impl.name for impl in kept] == ["deepgemm", "peer-blockwise"]  # deepgemm itself is never skipped
     assert left_out == {"peer-absent": "not installed here", "peer-bf16": "skipped on request"}
+
+
+def test_a_setup_failure_is_reported_and_the_others_still_run(timed: list[list[str]]) -> None:
+    """An implementation whose preparation raises something unexpected (a peer's layout helper, out of memory) is
+    n/a (a peer) or an error (ours), with the reason's first line; the others are measured as usual."""
+    impls = [_impl("deepgemm", "fp8-blockwise"), _impl("peer-blockwise", "fp8-blockwise", fails_setup=True),
+             _impl("deepgemm-bf16", "bf16", fails_setup=True)]
+    results = runner.measure_all(impls, FakeProblem(), runner.BenchSettings(iters=3, warmup=0))  # type: ignore[arg-type]
+    by_name = {r.impl: r for r in results}
+    assert by_name["deepgemm"].status == "ok" and [len(call) for call in timed] == [1]
+    assert by_name["peer-blockwise"].status == "n/a"
+    assert by_name["peer-blockwise"].reason == "setup failed: RuntimeError: peer-blockwise setup blew up (4x8x16)"
+    assert by_name["deepgemm-bf16"].status == "error" and "setup blew up" in (by_name["deepgemm-bf16"].reason or "")
+
+
+def test_a_shape_whose_inputs_cannot_be_made_is_an_error_and_the_run_goes_on(timed: list[list[str]],
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(runner, "environment", lambda: {"device": "fake"})
+    impls = (_impl("deepgemm", "fp8-blockwise"), _impl("peer-blockwise", "fp8-blockwise"))
+
+    def make(shape: tuple[int, int, int]) -> FakeProblem:
+        if shape == (1, 2, 3):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 30.00 GiB")
+        return FakeProblem()
+
+    def progress(shapes: list, description: str, label: Any) -> list:
+        return shapes
+
+    results = runner._run([(1, 2, 3), (4, 8, 16)], make, impls, {}, runner.BenchSettings(iters=3, warmup=0), None,  # type: ignore[arg-type]
+                          progress, str, lambda shape: "masked 2x~8 N=2 K=3" if shape == (1, 2, 3) else "")
+    first = [m for m in results.measurements if m.shape == (1, 2, 3)]
+    assert [(m.impl, m.status, m.case) for m in first] == [("deepgemm", "error", "masked 2x~8 N=2 K=3"),
+                                                          ("peer-blockwise", "error", "masked 2x~8 N=2 K=3")]
+    assert first[0].reason == "inputs could not be made: OutOfMemoryError: CUDA out of memory. Tried to allocate 30.00 GiB"
+    assert [m.status for m in results.measurements if m.shape == (4, 8, 16)] == ["ok", "ok"]

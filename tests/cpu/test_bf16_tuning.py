@@ -139,7 +139,14 @@ def test_the_correctness_gate_warns_and_refuses_when_nothing_passes() -> None:
     from deepgemm.tuning.verify import MAX_CALC_DIFF, candidate_error, settle
 
     reference = torch.randn(32, 48, dtype=torch.float64)
-    assert candidate_error(reference.bfloat16(), reference) is None
+    assert candidate_error(reference.bfloat16(), reference) is None  # BF16 output rounding passes
+    big = torch.randn(1024, 1024, dtype=torch.float64)
+    one_wrong_tile = big.bfloat16().clone()
+    one_wrong_tile[128:256, 384:512] = 0  # 1 of 64 tiles never added up
+    assert candidate_error(big.bfloat16(), big) is None and candidate_error(one_wrong_tile, big) > MAX_CALC_DIFF
+    one_wrong_row = big.float().clone()
+    one_wrong_row[7] *= -1
+    assert candidate_error(one_wrong_row, big) > MAX_CALC_DIFF
     assert candidate_error(reference.bfloat16() * 1.1, reference) > MAX_CALC_DIFF  # a 10% scale error: 4.5e-3
     assert candidate_error(torch.zeros(32, 48), reference) == pytest.approx(1.0)
     assert math.isnan(candidate_error(torch.full((32, 48), float("nan")), reference))
