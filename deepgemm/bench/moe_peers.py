@@ -14,7 +14,7 @@ from deepgemm.api import grouped as api_grouped
 from deepgemm.api import kgrouped as api_kgrouped
 from deepgemm.bench import deepseek
 from deepgemm.bench.moe_inputs import MoeProblem
-from deepgemm.bench.peers import Implementation, Prepared, Unavailable
+from deepgemm.bench.peers import Implementation, Prepared, Unavailable, deepseek_function
 
 OPERATION = "fp8-grouped"
 BF16_OPERATION = "bf16-grouped"
@@ -41,22 +41,28 @@ def _prepare_deepgemm(problem: MoeProblem) -> Prepared:
     return Prepared(run, problem.reference, case.hbm_bytes(), "", _valid_rows(problem))
 
 
+def _require_contiguous_alignment() -> None:
+    """DeepGEMM's contiguous layout must accept our 128-row segments."""
+    alignment = deepseek.m_alignment()
+    if alignment is None or 128 % alignment:
+        raise Unavailable(f"DeepGEMM's contiguous alignment ({alignment}) does not divide our 128-row segments")
+
+
+def _ks_on_device(problem: MoeProblem) -> Any:
+    """DeepGEMM's k-grouped grouped_layout: the tokens per expert, int32 on the device."""
+    import torch
+
+    return torch.tensor(problem.grouping, dtype=torch.int32, device=problem.device)
+
+
 def _prepare_deepseek(problem: MoeProblem) -> Prepared:
-    try:
-        module = deepseek.load()
-    except deepseek.PeerMissing as exc:
-        raise Unavailable(str(exc)) from None
     case = problem.case
     name = "k_grouped_fp8_gemm_nt_contiguous" if case.kind == "k-grouped" else f"m_grouped_fp8_gemm_nt_{case.kind}"
-    gemm = getattr(module, name, None)
-    if gemm is None:
-        raise Unavailable(f"this DeepGEMM ({deepseek.version()}) has no {name}")
+    module, gemm = deepseek_function(name)
     if case.kind == "k-grouped":
         return _prepare_deepseek_k_grouped(problem, module, gemm)
     if case.kind == "contiguous":
-        alignment = deepseek.m_alignment()
-        if alignment is None or 128 % alignment:
-            raise Unavailable(f"DeepGEMM's contiguous alignment ({alignment}) does not divide our 128-row segments")
+        _require_contiguous_alignment()
         extra: tuple[Any, ...] = (problem.grouping,)
         sfa, note_a = deepseek.scales(problem.a[1], problem.a[0].shape[0], case.k, is_sfa=True)
     else:
@@ -87,8 +93,6 @@ def _expert_blocks(operand: Any, problem: MoeProblem) -> Any:
 def _prepare_deepseek_k_grouped(problem: MoeProblem, module: Any, gemm: Any) -> Prepared:
     """DeepGEMM's k_grouped_fp8_gemm_nt_contiguous (its Hopper Wgrad): the same FP8 values and 1 x 128 scales, A and B
     re-laid once per expert block, ks on the device as its grouped_layout, c = d (in place, as ours)."""
-    import torch
-
     case, out = problem.case, problem.output()
     (a_q, sfa), (b_q, sfb) = problem.a, problem.b
     align = getattr(module, "get_mn_major_tma_aligned_tensor", None)  # its scale layout, made once before timing
@@ -98,8 +102,7 @@ def _prepare_deepseek_k_grouped(problem: MoeProblem, module: Any, gemm: Any) -> 
     else:
         notes.append("scales passed as quantize_per_token_group made them (no get_mn_major_tma_aligned_tensor)")
     a, b = (_expert_blocks(a_q, problem), sfa), (_expert_blocks(b_q, problem), sfb)
-    ks = problem.grouping
-    ks_tensor = torch.tensor(ks, dtype=torch.int32, device=problem.device)
+    ks, ks_tensor = problem.grouping, _ks_on_device(problem)
 
     def run() -> Any:
         gemm(a, b, out, ks, ks_tensor, out)  # writes `out`, returns nothing
@@ -131,29 +134,17 @@ def _prepare_deepgemm_bf16(problem: MoeProblem) -> Prepared:
 
 
 def _prepare_deepseek_bf16(problem: MoeProblem) -> Prepared:
-    try:
-        module = deepseek.load()
-    except deepseek.PeerMissing as exc:
-        raise Unavailable(str(exc)) from None
-    import torch
-
-    case, a, b, out = problem.case, problem.a, problem.b, problem.output()
-    name = ("k_grouped_bf16_gemm_tn_contiguous" if case.kind == "k-grouped"
-            else f"m_grouped_bf16_gemm_nt_{case.kind}")
-    gemm = getattr(module, name, None)
-    if gemm is None:
-        raise Unavailable(f"this DeepGEMM ({deepseek.version()}) has no {name}")
+    case = problem.case
+    _, gemm = deepseek_function("k_grouped_bf16_gemm_tn_contiguous" if case.kind == "k-grouped"
+                                else f"m_grouped_bf16_gemm_nt_{case.kind}")
+    a, b, out = problem.a, problem.b, problem.output()
     select: Callable[[Any], Any] | None = _valid_rows(problem)
     note = deepseek.version()
     if case.kind == "k-grouped":
-        ks = problem.grouping
-        ks_tensor = torch.tensor(ks, dtype=torch.int32, device=problem.device)  # its grouped_layout: ks on the device
-        extra: tuple[Any, ...] = (ks, ks_tensor, out)  # c = d: in place, as ours
+        extra: tuple[Any, ...] = (problem.grouping, _ks_on_device(problem), out)  # c = d: in place, as ours
         select, note = None, f"C = out (in place); {note}"
     elif case.kind == "contiguous":
-        alignment = deepseek.m_alignment()
-        if alignment is None or 128 % alignment:
-            raise Unavailable(f"DeepGEMM's contiguous alignment ({alignment}) does not divide our 128-row segments")
+        _require_contiguous_alignment()
         extra = (problem.grouping,)
     else:
         extra = (problem.grouping, case.expected_m)

@@ -121,16 +121,22 @@ def _prepare_deepgemm_bf16(problem: Problem, layout: str = "nt") -> Prepared:
 
 # -- DeepGEMM (deepseek-ai) -------------------------------------------------------------------------------------
 
-def _prepare_deepseek_fp8(problem: Problem) -> Prepared:
+def deepseek_function(name: str) -> tuple[Any, Callable[..., Any]]:
+    """(the deep_gemm module, its function `name`); Unavailable where DeepGEMM is not importable or lacks it."""
     try:
         module = deepseek.load()
     except deepseek.PeerMissing as exc:
         raise Unavailable(str(exc)) from None
+    gemm = getattr(module, name, None)
+    if gemm is None:
+        raise Unavailable(f"this DeepGEMM ({deepseek.version()}) has no {name}")
+    return module, gemm
+
+
+def _prepare_deepseek_fp8(problem: Problem) -> Prepared:
     import torch
 
-    gemm = getattr(module, "fp8_gemm_nt", None)
-    if gemm is None:
-        raise Unavailable(f"this DeepGEMM ({deepseek.version()}) has no fp8_gemm_nt")
+    _, gemm = deepseek_function("fp8_gemm_nt")
     sfa, note_a = deepseek.scales(problem.sfa, problem.m, problem.k, is_sfa=True)
     sfb, note_b = deepseek.scales(problem.sfb, problem.n, problem.k, is_sfa=False)
     out = torch.empty((problem.m, problem.n), dtype=torch.bfloat16, device=problem.a_fp8.device)
@@ -145,16 +151,9 @@ def _prepare_deepseek_fp8(problem: Problem) -> Prepared:
 
 
 def _prepare_deepseek_bf16(problem: Problem, layout: str = "nt") -> Prepared:
-    try:
-        module = deepseek.load()
-    except deepseek.PeerMissing as exc:
-        raise Unavailable(str(exc)) from None
     import torch
 
-    name = f"bf16_gemm_{layout}"
-    gemm = getattr(module, name, None)
-    if gemm is None:
-        raise Unavailable(f"this DeepGEMM ({deepseek.version()}) has no {name}")
+    _, gemm = deepseek_function(f"bf16_gemm_{layout}")
     a, b = problem.bf16_operands(layout)  # the same stored operands as ours and cuBLAS's
     out = torch.empty((problem.m, problem.n), dtype=torch.bfloat16, device=a.device)
 

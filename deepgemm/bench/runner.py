@@ -75,7 +75,7 @@ def run_bench(shapes: Sequence[Shape], settings: BenchSettings, ceilings: Ceilin
               progress: Progress) -> BenchResults:
     chosen, left_out = runnable(implementations_for(settings.precision, settings.layout), settings.skip)
     return _run(shapes, lambda shape: make_problem(shape, settings.precision, device="cuda", seed=settings.seed),
-                chosen, left_out, settings, ceilings, progress, format_shape, lambda shape: "")
+                chosen, left_out, settings, ceilings, progress, lambda shape: "")
 
 
 def run_moe_bench(cases: Sequence[MoeCase], settings: BenchSettings, ceilings: Ceilings, *,
@@ -88,19 +88,18 @@ def run_moe_bench(cases: Sequence[MoeCase], settings: BenchSettings, ceilings: C
     chosen, left_out = runnable(moe_implementations(settings.precision), settings.skip)
     return _run(list(by_shape), lambda shape: make_moe_problem(by_shape[shape], device="cuda", seed=settings.seed,
                                                                precision=settings.precision),
-                chosen, left_out, settings, ceilings, progress, lambda shape: by_shape[shape].label,
-                lambda shape: by_shape[shape].label)
+                chosen, left_out, settings, ceilings, progress, lambda shape: by_shape[shape].label)
 
 
 def _run(shapes: Sequence[Shape], make: Callable[[Shape], P], chosen: Sequence[Implementation[P]],
          left_out: dict[str, str], settings: BenchSettings, ceilings: Ceilings, progress: Progress,
-         label: Callable[[Shape], str], case_of: Callable[[Shape], str]) -> BenchResults:
-    """Every shape's problem made and measured; a shape whose inputs cannot be made (e.g. out of memory) is an
-    error for each implementation, and the run goes on."""
+         case_of: Callable[[Shape], str]) -> BenchResults:
+    """Every shape's problem made and measured (`case_of`: an MoE case's label, "" for a dense shape); a shape whose
+    inputs cannot be made (e.g. out of memory) is an error for each implementation, and the run goes on."""
     import torch
 
     measurements: list[Measurement] = []
-    for shape in progress(list(shapes), "benchmarking", label):
+    for shape in progress(list(shapes), "benchmarking", lambda shape: case_of(shape) or format_shape(shape)):
         try:
             problem = make(shape)
         except Exception as exc:  # noqa: BLE001 - reported per shape, the run goes on

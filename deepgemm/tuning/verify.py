@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -18,7 +18,11 @@ from deepgemm.utils import calc_diff
 # ~2.8e-4 (a wrong fraction f of the elements: about f / 2), one wrong row of 4096 ~1.2e-4.
 MAX_CALC_DIFF = 1e-5
 
-Config = TypeVar("Config")
+class Labelled(Protocol):
+    def label(self) -> str: ...
+
+
+Config = TypeVar("Config", bound=Labelled)
 
 
 def candidate_error(out: torch.Tensor, reference: torch.Tensor) -> float | None:
@@ -33,8 +37,7 @@ def settle(where: str, timings: Sequence[tuple[Config, float]], rejected: Sequen
     """Warn about the rejected candidates; raise when none passed (nothing trustworthy to record)."""
     if not rejected:
         return
-    listed = ", ".join(f"{getattr(config, 'label', lambda: config)()} (calc_diff {_show(diff)})"
-                       for config, diff in rejected)
+    listed = ", ".join(f"{config.label()} (calc_diff {_show(diff)})" for config, diff in rejected)
     if not timings:
         raise DeepGemmError(f"tuning {where} {label}: every candidate's output was wrong: {listed}")
     warnings.warn(f"tuning {where} {label}: left out {len(rejected)} candidate(s) whose output was wrong: {listed}",

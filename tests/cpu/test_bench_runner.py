@@ -139,7 +139,7 @@ def test_a_shape_whose_inputs_cannot_be_made_is_an_error_and_the_run_goes_on(tim
         return shapes
 
     results = runner._run([(1, 2, 3), (4, 8, 16)], make, impls, {}, runner.BenchSettings(iters=3, warmup=0), None,  # type: ignore[arg-type]
-                          progress, str, lambda shape: "masked 2x~8 N=2 K=3" if shape == (1, 2, 3) else "")
+                          progress, lambda shape: "masked 2x~8 N=2 K=3" if shape == (1, 2, 3) else "")
     first = [m for m in results.measurements if m.shape == (1, 2, 3)]
     assert [(m.impl, m.status, m.case) for m in first] == [("deepgemm", "error", "masked 2x~8 N=2 K=3"),
                                                           ("peer-blockwise", "error", "masked 2x~8 N=2 K=3")]
