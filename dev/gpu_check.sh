@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests files sanitize host sass bench moe repeat breadth grouped kgrouped bf16grouped ncu ncusource ncugrouped split bf16split clusters tiles placement pdl floor ab nn route block racecheck bf16 all
+# Steps: install smoke tests files sanitize host sass bench moe repeat breadth grouped kgrouped kgtiles maskedtiles bf16grouped ncu ncusource ncugrouped split bf16split clusters tiles placement pdl floor ab nn route block racecheck bf16 all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times other trees, carried under .ab (dev/rename_package.sh; AB_TREES names them, default deepgemm_old), interleaved
@@ -230,6 +230,24 @@ if has ncugrouped; then
 fi
 if has kgrouped; then
   timeout "$(left 200)" python3 dev/bench_kgrouped.py 2>&1 | tee "$OUT/bench_kgrouped.md"
+fi
+# kgtiles: the FP8 k-grouped epilogue and tile builds against DeepGEMM HEAD (dev/kgrouped_fp8_epilogue_ab.py, in trees
+# that have it; KGTILES_ARGS e.g. --only 4096), DeepGEMM printing the config it ran. maskedtiles: the masked cases on
+# the API's pick and other tiles (dev/grouped_tile_ab.py --masked; MASKED_TILES, default pick,128x128,256x128,128x192;
+# MASKED_ARGS e.g. --only "N=4096 K=7168" --rows-scale 1.0,1.22), DeepGEMM HEAD interleaved.
+if has kgtiles; then
+  if [ -f dev/kgrouped_fp8_epilogue_ab.py ]; then
+    ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+      DG_PRINT_CONFIGS=1 timeout "$(left "${KGTILES_TIMEOUT:-300}")" python3 dev/kgrouped_fp8_epilogue_ab.py ${KGTILES_ARGS:-} 2>&1 \
+        | tee "$OUT/kgtiles.md" )
+  else
+    echo "kgtiles: dev/kgrouped_fp8_epilogue_ab.py is not in this tree"
+  fi
+fi
+if has maskedtiles; then
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    DG_PRINT_CONFIGS=1 timeout "$(left "${MASKED_TIMEOUT:-300}")" python3 dev/grouped_tile_ab.py --masked \
+      --tiles "${MASKED_TILES:-pick,128x128,256x128,128x192}" ${MASKED_ARGS:-} 2>&1 | tee "$OUT/maskedtiles.md" )
 fi
 # bf16grouped: the BF16 grouped GPU tests, then dev/bench_grouped_bf16.py (the grouped forms against DeepGEMM HEAD
 # where carried, and torch._grouped_mm).
