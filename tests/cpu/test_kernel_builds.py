@@ -24,10 +24,9 @@ from deepgemm.errors import CompileError
 from deepgemm.jit import compile_kernel
 from deepgemm.kernels.common.hopper import SMEM_CAPACITY, elem_bytes
 from deepgemm.kernels.quantize_fp8.launch import block_source, token_group_source
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import clusters_allowed, make_config, pipelined_for
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import fp8_gemm_smem_bytes, max_stages
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import max_stages
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import compile_spec, Fp8GemmSpec, last_box_rows_b, render_source
 from tests.helpers import assert_clean_build
 
