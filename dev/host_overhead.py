@@ -138,6 +138,21 @@ def grouped_host_us() -> None:
     contiguous = busy_gpu_per_call_us(lambda: deepgemm.m_grouped_fp8_gemm_nt_contiguous(flat, b, out2d, m_indices))
     print(f"host_us_gpu_busy m_grouped masked {masked:.2f} | masked with K-major scales (copied; GPU not held) {masked_copy:.2f} | "
           f"m_grouped contiguous {contiguous:.2f}")
+    # Where a grouped call's time goes (dense: `breakdown`): the key, and the remembered plan's launch alone.
+    from deepgemm.api import grouped
+
+    for name, form, operands, d, grouping in (("masked", grouped._masked_form(64), a, out, masked_m),
+                                             ("contiguous", grouped._CONTIGUOUS_FORM, flat, out2d, m_indices)):
+        key = grouped._metadata_key(form, operands[0], operands[1], b[0], b[1], d, grouping)
+        entry = grouped._ready.get(key)
+        if entry is None:
+            print(f"grouped_breakdown_us {name}: the call was not remembered (its fast path did not run)")
+            continue
+        plan, args = entry
+        launch = busy_gpu_per_call_us(lambda: plan.launch_packed(args))
+        key_us = per_call_us(lambda: grouped._metadata_key(form, operands[0], operands[1], b[0], b[1], d, grouping))
+        print(f"grouped_breakdown_us {name}: key {key_us:.2f} | launch_packed (GPU busy) {launch:.2f} | "
+              f"{plan.spec.label()} grid {plan.grid} cluster {plan.spec.config.cluster_size} params {args.nbytes} B")
 
 
 SPLIT_SHAPE = (128, 512, 1024, 64, 128)  # m, n, k, block_m, block_n: 8 tiles split into 8 K ranges on 132 CTAs
@@ -198,7 +213,8 @@ def breakdown(a, b, out) -> None:
         parts["ctypes launch"] = lambda: launch(raw_address, function, args.address, None)
         parts.update(driver_launch_parts(libcuda, launch, raw, function, args.address))
     # 500 calls: launches faster than the GPU runs the kernels must not fill the launch queue.
-    print("breakdown_us " + " | ".join(f"{name} {per_call_us(fn, calls=500):.2f}" for name, fn in parts.items()))
+    print(f"breakdown_us ({plan.spec.label()}, params {args.nbytes} B) "
+          + " | ".join(f"{name} {per_call_us(fn, calls=500):.2f}" for name, fn in parts.items()))
     print("breakdown_us_gpu_busy " + " | ".join(f"{name} {busy_gpu_per_call_us(fn):.2f}" for name, fn in parts.items()))
 
 

@@ -42,6 +42,11 @@ class PackedArgs:
         self.address = ctypes.addressof(self._pointers)
         self._derived: dict[tuple[int, int, int, int], PackedArgs] = {}
 
+    @property
+    def nbytes(self) -> int:
+        """The parameter block's size in bytes (what the driver copies per launch)."""
+        return len(self._buffer) - 64
+
     def replace(self, changes: dict[int, bytes | ctypes._SimpleCData]) -> PackedArgs:
         """A new packing with the arguments at the given positions replaced (this one is never mutated:
         launches may hold it)."""
