@@ -79,14 +79,19 @@ def test_empty_groups_and_numpy_ks() -> None:
     assert (out[0] == 0).all() and (out[2] == 0).all() and not out[1].isnan().any()
 
 
-@pytest.mark.parametrize("m,n", [(7168, 4096), (4100, 2056), (100, 36), (129, 7)])
-def test_kernel_builds_for_sm90a_without_spills(m: int, n: int) -> None:
-    from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec, compile_spec, kgrouped_smem_bytes
+@pytest.mark.parametrize("m,n,c_in_place", [(7168, 4096, False), (7168, 2048, True), (4096, 7168, True),
+                                            (4100, 2056, False), (4100, 2056, True), (100, 36, True), (100, 48, False),
+                                            (129, 7, False)])
+def test_kernel_builds_for_sm90a_without_spills(m: int, n: int, c_in_place: bool) -> None:
+    """TMA-stored outputs (N % 4 == 0; 32- and 16-column staging chunks), in place by reduce-add, and N = 7 written
+    from registers."""
+    from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec, compile_spec, kgrouped_smem_bytes, tma_stores
     from tests.cpu.test_kernel_builds import assert_waits_for_previous_grid
 
-    spec = KGroupedSpec.for_shape(m, n)
+    spec = KGroupedSpec.for_shape(m, n, c_in_place)
     assert spec.block_n % 16 == 0 and spec.block_n >= min(n, 128)
-    assert spec.smem_bytes <= 232_448 < kgrouped_smem_bytes(spec.block_n, spec.num_stages + 1) or spec.num_stages == 16
+    assert spec.smem_bytes <= 232_448 < kgrouped_smem_bytes(spec.block_n, spec.num_stages + 1, n) or spec.num_stages == 16
+    assert spec.num_stages >= 5 and tma_stores(n) == (n % 4 == 0)
     compiled = compile_spec(spec)
     resources = compiled.resources
     assert resources is not None
@@ -105,7 +110,13 @@ def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -
             launches.append(args)
 
     monkeypatch.setattr(api, "backend_for", lambda *tensors: "sm90")
-    monkeypatch.setattr(api, "get_kgrouped_plan", lambda device, m, n: FakePlan())
+    planned: list[bool] = []
+
+    def get_plan(device: int, m: int, n: int, c_in_place: bool) -> FakePlan:
+        planned.append(c_in_place)
+        return FakePlan()
+
+    monkeypatch.setattr(api, "get_kgrouped_plan", get_plan)
     monkeypatch.setattr(api._offsets, "get", lambda device, ks: torch.tensor([0, *ks]).cumsum(0).int())
     ks = [128, 256]
     a, b = _operands(16, 8, 384, 4)
@@ -113,6 +124,10 @@ def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -
     out = torch.empty(2, 16, 8)
     fn(a, b, out, ks)
     assert len(launches) == 1 and launches[0][-2] is out and launches[0][-1] is None
+    c = torch.empty_like(out)
+    fn(a, b, out, ks, c=c)  # C loaded
+    fn(a, b, out, ks, c=out)  # in place: the plan adds into out and gets no C
+    assert planned == [False, False, True] and launches[1][-1] is c and launches[2][-1] is None
     misaligned = torch.empty(2 * 16 * 8 + 1)[1:].view(2, 16, 8)
     with pytest.raises(ValueError, match="'out'.*16-byte"):
         fn(a, b, misaligned, ks)
@@ -129,7 +144,7 @@ def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(api, "MAX_ROWS", 256)
     with pytest.raises(ValueError, match="K_total=384"):
         fn(a, b, out, ks)
-    assert len(launches) == 1
+    assert len(launches) == 3  # none since the first three
 
 
 def test_validated_ks_memo_keeps_the_type_rules() -> None:

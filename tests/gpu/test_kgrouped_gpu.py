@@ -125,3 +125,28 @@ def test_k_grouped_new_ks_then_side_stream() -> None:
     refs, abs_refs = references(a, b, fresh_ks, None)
     for g in (0, 1):
         assert_close_to_reference(again[g], refs[g], abs_refs[g], max_diff=1e-5)
+
+
+def test_k_grouped_in_place_adds_by_reduce_add_stores() -> None:
+    """C = out with N % 4 == 0 runs the in-place build (the products added into out by TMA reduce-add, C never
+    read): against float64 from the starting out, with M and N tails (4100 rows, 2056 = 16 x 128 + 8 columns) and a
+    group without tokens (its out untouched), bitwise repeatable; N = 7 keeps the register stores with C loaded."""
+    from deepgemm.kernels.sm90_fp8_gemm_1d1d import plan as kgrouped_plan
+
+    device = torch.cuda.current_device()
+    for m, n, ks, in_place in ((4100, 2056, [128, 640, 0, 256], True), (129, 7, [256, 0], False)):
+        a, b = operands(m, n, sum(ks), seed=m + n)
+        start = torch.randn(len(ks), m, n, device="cuda")
+        acc = start.clone()
+        deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, acc, ks, c=acc)
+        torch.cuda.synchronize()
+        assert ((device, m, n, in_place) in kgrouped_plan._plans) and ((device, m, n, not in_place) not in kgrouped_plan._plans)
+        refs, abs_refs = references(a, b, ks, start)
+        for g, k in enumerate(ks):
+            if k == 0:
+                assert torch.equal(acc[g], start[g]), f"group {g} has no tokens: out must stay as it was"
+            else:
+                assert_close_to_reference(acc[g], refs[g], abs_refs[g], max_diff=1e-5)
+        again = start.clone()
+        deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, again, ks, c=again)
+        assert torch.equal(again, acc), "two in-place calls from the same out differ"

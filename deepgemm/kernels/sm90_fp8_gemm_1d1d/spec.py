@@ -18,46 +18,66 @@ def kgrouped_block_n(n: int) -> int:
     return min(128, align_up(max(n, 1), 16))
 
 
-def kgrouped_smem_bytes(block_n: int, stages: int) -> int:
-    """Mirrors Sm90Fp8GemmKGrouped1D1D::kSmemBytes."""
+def tma_stores(n: int) -> bool:
+    """Whether the kernel stores D by TMA (FP32 rows of whole 16-byte units), else straight from registers."""
+    return n % 4 == 0
+
+
+def store_columns(block_n: int) -> int:
+    """Mirrors Sm90Fp8GemmKGrouped1D1D::kStoreN: the output columns a staging buffer holds."""
+    return 32 if block_n % 32 == 0 else 16
+
+
+def kgrouped_smem_bytes(block_n: int, stages: int, n: int = 0) -> int:
+    """Mirrors Sm90Fp8GemmKGrouped1D1D::kSmemBytes: the stages, and with TMA stores (n % 4 == 0) two staging buffers
+    of 64 rows x store_columns FP32 per math warpgroup (each a whole number of 1 KiB)."""
     stage = BLOCK_M * BLOCK_K + block_n * BLOCK_K + BLOCK_M * 4 + align_up(block_n * 4, 128)
-    return stages * stage + 2 * stages * 8
+    staging = 2 * 2 * align_up(64 * store_columns(block_n) * 4, 1024) if tma_stores(n) else 0
+    return stages * stage + staging + 2 * stages * 8
 
 
-def kgrouped_stages(block_n: int) -> int:
+def kgrouped_stages(block_n: int, n: int = 0) -> int:
     stages = 2
-    while stages < 16 and kgrouped_smem_bytes(block_n, stages + 1) <= SMEM_CAPACITY:
+    while stages < 16 and kgrouped_smem_bytes(block_n, stages + 1, n) <= SMEM_CAPACITY:
         stages += 1
     return stages
 
 
 @dataclass(frozen=True)
 class KGroupedSpec:
-    """One instantiation: M and N are compiled in; groups and their K extents stay run-time values."""
+    """One instantiation: M and N are compiled in; groups and their K extents stay run-time values. c_in_place: C is
+    the output itself, added by TMA reduce-add stores (N % 4 == 0 only)."""
 
     m: int
     n: int
     block_n: int
     num_stages: int
+    c_in_place: bool = False
+
+    def __post_init__(self) -> None:
+        if self.c_in_place and not tma_stores(self.n):
+            raise ValueError(f"in-place reduce-add stores need N % 4 == 0, got N = {self.n}")
 
     @classmethod
-    def for_shape(cls, m: int, n: int) -> KGroupedSpec:
+    def for_shape(cls, m: int, n: int, c_in_place: bool = False) -> KGroupedSpec:
         block_n = kgrouped_block_n(n)
-        return cls(m, n, block_n, kgrouped_stages(block_n))
+        return cls(m, n, block_n, kgrouped_stages(block_n, n), c_in_place)
 
     @property
     def smem_bytes(self) -> int:
-        return kgrouped_smem_bytes(self.block_n, self.num_stages)
+        return kgrouped_smem_bytes(self.block_n, self.num_stages, self.n)
 
     def label(self) -> str:
-        return f"k_grouped_fp8_gemm_tn m={self.m} n={self.n} bm{BLOCK_M} bn{self.block_n} st{self.num_stages}"
+        c = " c=out" if self.c_in_place else ""
+        return f"k_grouped_fp8_gemm_tn m={self.m} n={self.n}{c} bm{BLOCK_M} bn{self.block_n} st{self.num_stages}"
 
 
 def render_source(spec: KGroupedSpec) -> KernelSource:
     code = f"""\
 #include <deepgemm/impls/sm90_fp8_gemm_1d1d.cuh>
 
-using Kernel = deepgemm::Sm90Fp8GemmKGrouped1D1D<{spec.m}u, {spec.n}u, {spec.block_n}u, {spec.num_stages}u>;
+using Kernel = deepgemm::Sm90Fp8GemmKGrouped1D1D<{spec.m}u, {spec.n}u, {spec.block_n}u, {spec.num_stages}u,
+                                                {"true" if spec.c_in_place else "false"}>;
 static_assert(Kernel::kSmemBytes == {spec.smem_bytes}u, "host and device disagree on the shared-memory size");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
@@ -65,8 +85,9 @@ deepgemm_fp8_gemm_kgrouped_1d1d(const __grid_constant__ deepgemm::TmaDescriptor 
                                 const __grid_constant__ deepgemm::TmaDescriptor tma_b,
                                 const __grid_constant__ deepgemm::TmaDescriptor tma_sfa,
                                 const __grid_constant__ deepgemm::TmaDescriptor tma_sfb,
+                                const __grid_constant__ deepgemm::OutputDescriptors tma_d,
                                 const int* k_offsets, deepgemm::u32 num_groups, float* d, const float* c) {{
-    Kernel::run(&tma_a, &tma_b, &tma_sfa, &tma_sfb, deepgemm::KGroupedProblem{{k_offsets, num_groups, d, c}});
+    Kernel::run(&tma_a, &tma_b, &tma_sfa, &tma_sfb, &tma_d, deepgemm::KGroupedProblem{{k_offsets, num_groups, d, c}});
 }}
 """
     return KernelSource(code=code, entry="deepgemm_fp8_gemm_kgrouped_1d1d", label=spec.label())

@@ -8,9 +8,14 @@
 // Same structure as the 1D2D kernel: one TMA producer warpgroup (setmaxnreg 40), two 64-row math
 // warpgroups (232), persistent over tiles (group, M-block, N-block) with the group's K loop per tile,
 // an mbarrier ring of kNumStages stages, wgmma from 128B-swizzled shared memory, promotion on CUDA cores
-// every 128 K. The epilogue reads C and writes D straight from registers with per-element bounds
-// (rows of D[g] end at M, so a tile never spills into the next group's rows).
+// every 128 K. Epilogue, N % 4 == 0 (16-byte FP32 rows): each warpgroup stores its 64 rows in kStoreN-column
+// chunks through two staging buffers by TMA on 3-D [G, M, N] descriptors (rows clipped at M, so a tile never
+// spills into the next group's rows; the stores drain while the next tile's K loop runs); with
+// kAddendInPlace (C is D itself) the tile is added into D by TMA reduce-add and C is never read, otherwise C
+// (when given) is read into the accumulators at the tile's start. Other N: D written straight from registers
+// with per-element bounds.
 #pragma once
+#include <deepgemm/epilogue/store_fragment.cuh>
 #include <deepgemm/pipeline/stage_ring.cuh>
 #include <deepgemm/ptx/mbarrier.cuh>
 #include <deepgemm/ptx/sync.cuh>
@@ -25,13 +30,17 @@ struct KGroupedProblem {
     const i32* k_offsets;  // [num_groups + 1], multiples of 128, non-decreasing
     u32 num_groups;
     float* d;              // [num_groups, M, N] FP32
-    const float* c;        // [num_groups, M, N] FP32 or null (D = A B^T); may alias d
+    const float* c;        // [num_groups, M, N] FP32 or null (D = A B^T); may alias d (not with kAddendInPlace: null)
 };
 
-template <u32 kM, u32 kN, u32 kBlockN, u32 kNumStages>
+template <u32 kM, u32 kN, u32 kBlockN, u32 kNumStages, bool kAddendInPlace = false>
 struct Sm90Fp8GemmKGrouped1D1D {
     static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 128, "block_n must be a multiple of 16 in [16, 128]");
     static_assert(kNumStages >= 2, "need at least two pipeline stages");
+    static constexpr bool kTmaStores = kN % 4 == 0;  // FP32 rows of whole 16-byte units: TMA can store them
+    static_assert(kTmaStores || !kAddendInPlace, "reduce-add stores need N % 4 == 0");
+    static constexpr u32 kStoreN = kBlockN % 32 == 0 ? 32 : 16;  // output columns per staging buffer (128 / 64 bytes)
+    using Store = WarpgroupTileStore<kStoreN, true, 2, 3, kAddendInPlace>;
 
     static constexpr u32 kBlockM = 128;
     static constexpr u32 kBlockK = 128;
@@ -43,19 +52,22 @@ struct Sm90Fp8GemmKGrouped1D1D {
     static constexpr u32 kMathRegisters = 232;
     using Mma = ptx::WgmmaFp8<kBlockN>;
 
-    // Shared memory: A/B stages (1024-byte multiples, as the 128B swizzle needs), then the stages' scales.
+    // Shared memory: A/B stages (1024-byte multiples, as the 128B swizzle needs), each math warpgroup's two output
+    // staging buffers (TMA stores only), then the stages' scales.
     static constexpr u32 kStageABytes = kBlockM * kBlockK;
     static constexpr u32 kStageBBytes = kBlockN * kBlockK;
     static constexpr u32 kStageSfaBytes = kBlockM * 4;
     static constexpr u32 kStageSfbBytes = align_up(kBlockN * 4, 128u);  // TMA destinations: 128-byte aligned
     static constexpr u32 kStageTxBytes = kStageABytes + kStageBBytes + kBlockM * 4 + kBlockN * 4;
+    static constexpr u32 kWarpgroupDBytes = kTmaStores ? 2 * Store::kBytes : 0;
     static constexpr u32 kOffsetA = 0;
     static constexpr u32 kOffsetB = kOffsetA + kNumStages * kStageABytes;
-    static constexpr u32 kOffsetSfa = kOffsetB + kNumStages * kStageBBytes;
+    static constexpr u32 kOffsetD = kOffsetB + kNumStages * kStageBBytes;
+    static constexpr u32 kOffsetSfa = kOffsetD + 2 * kWarpgroupDBytes;
     static constexpr u32 kOffsetSfb = kOffsetSfa + kNumStages * kStageSfaBytes;
     static constexpr u32 kOffsetBarriers = kOffsetSfb + kNumStages * kStageSfbBytes;
     static constexpr u32 kSmemBytes = kOffsetBarriers + 2 * kNumStages * 8;
-    static_assert(kStageBBytes % 1024 == 0, "B stages must stay 1024-byte aligned (block_n % 8 == 0)");
+    static_assert(kStageBBytes % 1024 == 0, "B stages (and the staging buffers after them) stay 1024-byte aligned");
     static_assert(kSmemBytes <= 232448, "shared memory budget (227 KB) exceeded: use fewer stages");
 
     using Tiles = KGroupedTileScheduler<kNumNBlocks, kBlockK>;
@@ -88,12 +100,14 @@ struct Sm90Fp8GemmKGrouped1D1D {
         }
     }
 
-    DG_DEVICE static void consumer(const Ring& ring, const KGroupedProblem& problem) {
+    DG_DEVICE static void consumer(const Ring& ring, const OutputDescriptors* tma_d, const KGroupedProblem& problem) {
         const u32 math_wg = __shfl_sync(0xFFFFFFFFu, threadIdx.x / 128 - 1, 0);  // warp-uniform: kept in uniform registers
         const u32 thread_in_wg = threadIdx.x % 128;
         const u32 lane = thread_in_wg % 32;
         const u32 row_in_wg = (thread_in_wg / 32) * 16 + lane / 4;  // and row_in_wg + 8
         const u32 col_in_8 = (lane % 4) * 2;                        // and col_in_8 + 1, in every 8 columns
+        const u32 barrier_id = 1 + math_wg;
+        Store store{ring.smem + kOffsetD + math_wg * kWarpgroupDBytes, 0};
 
         Tiles tiles(problem.k_offsets, problem.num_groups, kNumMBlocks);
         Tile tile;
@@ -104,8 +118,8 @@ struct Sm90Fp8GemmKGrouped1D1D {
             const u32 col_base = tile.n_block * kBlockN;
             const u64 group_offset = static_cast<u64>(tile.group) * kM * kN;
 
-            // result = C (or 0), in the wgmma accumulator layout: register 4j + r holds
-            // row row_in_wg + 8 (r / 2), column 8j + col_in_8 + r % 2.
+            // result = C (or 0; in place: 0, the stores add it to D), in the wgmma accumulator layout: register
+            // 4j + r holds row row_in_wg + 8 (r / 2), column 8j + col_in_8 + r % 2.
             float result[kBlockN / 2];
 #pragma unroll
             for (u32 j = 0; j < kBlockN / 8; ++j) {
@@ -115,7 +129,7 @@ struct Sm90Fp8GemmKGrouped1D1D {
                     const u32 col = col_base + j * 8 + col_in_8;
                     float lo = 0.0f;
                     float hi = 0.0f;
-                    if (problem.c != nullptr && row < kM) {
+                    if (!kAddendInPlace && problem.c != nullptr && row < kM) {
                         const float* src = problem.c + group_offset + static_cast<u64>(row) * kN + col;
                         if (col < kN) lo = src[0];
                         if (col + 1 < kN) hi = src[1];
@@ -167,6 +181,19 @@ struct Sm90Fp8GemmKGrouped1D1D {
                 }
             }
 
+            if constexpr (kTmaStores) {
+                if (kAddendInPlace && tile.k_blocks == 0) {
+                    continue;  // a group without tokens adds nothing to its D
+                }
+                // Chunk by chunk through the staging buffers (a chunk's shared-memory writes overlap the previous
+                // chunk's store); TMA clips the rows past M and the columns past N.
+#pragma unroll
+                for (u32 chunk = 0; chunk < kBlockN / kStoreN; ++chunk) {
+                    const auto& values = *reinterpret_cast<const float(*)[kStoreN / 2]>(&result[chunk * kStoreN / 2]);
+                    store.store(values, tma_d, col_base + chunk * kStoreN, row_base, thread_in_wg, barrier_id, tile.group);
+                }
+                continue;
+            }
             // D straight from registers: a warp writes 8 rows x 32 contiguous bytes per instruction.
 #pragma unroll
             for (u32 j = 0; j < kBlockN / 8; ++j) {
@@ -189,10 +216,14 @@ struct Sm90Fp8GemmKGrouped1D1D {
                 }
             }
         }
+        if constexpr (kTmaStores) {
+            Store::drain(thread_in_wg);
+        }
     }
 
     DG_DEVICE static void run(const TmaDescriptor* tma_a, const TmaDescriptor* tma_b, const TmaDescriptor* tma_sfa,
-                              const TmaDescriptor* tma_sfb, const KGroupedProblem& problem) {
+                              const TmaDescriptor* tma_sfb, const OutputDescriptors* tma_d,
+                              const KGroupedProblem& problem) {
         extern __shared__ __align__(1024) u8 smem[];
         const Ring ring = Ring::at(smem, kOffsetBarriers);
         if (threadIdx.x == 0) {
@@ -200,6 +231,9 @@ struct Sm90Fp8GemmKGrouped1D1D {
             ptx::tma_prefetch_descriptor(tma_b);
             ptx::tma_prefetch_descriptor(tma_sfa);
             ptx::tma_prefetch_descriptor(tma_sfb);
+            if constexpr (kTmaStores) {
+                ptx::tma_prefetch_descriptor(kStoreN == 32 ? &tma_d->width128 : &tma_d->width64);
+            }
             ring.init(kNumMathThreads / 32);
         }
         __syncthreads();
@@ -212,7 +246,7 @@ struct Sm90Fp8GemmKGrouped1D1D {
             }
         } else {
             ptx::setmaxnreg_inc<kMathRegisters>();
-            consumer(ring, problem);
+            consumer(ring, tma_d, problem);
         }
     }
 };
