@@ -127,20 +127,30 @@ def test_k_grouped_new_ks_then_side_stream() -> None:
         assert_close_to_reference(again[g], refs[g], abs_refs[g], max_diff=1e-5)
 
 
-def test_k_grouped_in_place_adds_by_reduce_add_stores() -> None:
+def test_k_grouped_in_place_adds_by_reduce_add_stores(monkeypatch: pytest.MonkeyPatch) -> None:
     """C = out with N % 4 == 0 runs the in-place build (the products added into out by TMA reduce-add, C never
-    read): against float64 from the starting out, with M and N tails (4100 rows, 2056 = 16 x 128 + 8 columns) and a
-    group without tokens (its out untouched), bitwise repeatable; N = 7 keeps the register stores with C loaded."""
-    from deepgemm.kernels.sm90_fp8_gemm_1d1d import plan as kgrouped_plan
+    read): against float64 from the starting out, with M and N tails (4100 rows, 2056 = 16 x 128 + 8 columns),
+    16-column staging chunks (N = 36, 4) and a group without tokens (its out untouched), bitwise repeatable;
+    N = 7 keeps the register stores with C loaded."""
+    import deepgemm.api.kgrouped as api
 
-    device = torch.cuda.current_device()
-    for m, n, ks, in_place in ((4100, 2056, [128, 640, 0, 256], True), (129, 7, [256, 0], False)):
+    planned: list[tuple[int, int, bool]] = []
+    real_plan = api.get_kgrouped_plan
+
+    def spy(device: int, m: int, n: int, c_in_place: bool = False):  # noqa: ANN202
+        planned.append((m, n, c_in_place))
+        return real_plan(device, m, n, c_in_place)
+
+    monkeypatch.setattr(api, "get_kgrouped_plan", spy)
+    cases = ((4100, 2056, [128, 640, 0, 256], True), (100, 36, [128, 0, 256], True), (64, 4, [128], True),
+             (129, 7, [256, 0], False))
+    for m, n, ks, in_place in cases:
         a, b = operands(m, n, sum(ks), seed=m + n)
         start = torch.randn(len(ks), m, n, device="cuda")
         acc = start.clone()
         deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, acc, ks, c=acc)
         torch.cuda.synchronize()
-        assert ((device, m, n, in_place) in kgrouped_plan._plans) and ((device, m, n, not in_place) not in kgrouped_plan._plans)
+        assert planned[-1] == (m, n, in_place)
         refs, abs_refs = references(a, b, ks, start)
         for g, k in enumerate(ks):
             if k == 0:

@@ -15,9 +15,9 @@ from deepgemm.kernels.common.loader import load_kernel
 from deepgemm.kernels.common.output import output_descriptors_3d
 from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import (BLOCK_K, BLOCK_M, THREADS, KGroupedSpec, render_source,
                                                       tma_stores)
+from deepgemm.utils import ceil_div
 
 NO_OUTPUT_DESCRIPTORS = bytes(4 * 128)  # N % 4 != 0: D is written from registers, the descriptors are never read
-from deepgemm.utils import ceil_div
 
 
 class KGroupedPlan:

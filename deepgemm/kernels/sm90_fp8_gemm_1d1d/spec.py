@@ -28,7 +28,7 @@ def store_columns(block_n: int) -> int:
     return 32 if block_n % 32 == 0 else 16
 
 
-def kgrouped_smem_bytes(block_n: int, stages: int, n: int = 0) -> int:
+def kgrouped_smem_bytes(block_n: int, stages: int, n: int) -> int:
     """Mirrors Sm90Fp8GemmKGrouped1D1D::kSmemBytes: the stages, and with TMA stores (n % 4 == 0) two staging buffers
     of 64 rows x store_columns FP32 per math warpgroup (each a whole number of 1 KiB)."""
     stage = BLOCK_M * BLOCK_K + block_n * BLOCK_K + BLOCK_M * 4 + align_up(block_n * 4, 128)
@@ -36,7 +36,7 @@ def kgrouped_smem_bytes(block_n: int, stages: int, n: int = 0) -> int:
     return stages * stage + staging + 2 * stages * 8
 
 
-def kgrouped_stages(block_n: int, n: int = 0) -> int:
+def kgrouped_stages(block_n: int, n: int) -> int:
     stages = 2
     while stages < 16 and kgrouped_smem_bytes(block_n, stages + 1, n) <= SMEM_CAPACITY:
         stages += 1

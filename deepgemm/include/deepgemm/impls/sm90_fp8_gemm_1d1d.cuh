@@ -68,6 +68,7 @@ struct Sm90Fp8GemmKGrouped1D1D {
     static constexpr u32 kOffsetBarriers = kOffsetSfb + kNumStages * kStageSfbBytes;
     static constexpr u32 kSmemBytes = kOffsetBarriers + 2 * kNumStages * 8;
     static_assert(kStageBBytes % 1024 == 0, "B stages (and the staging buffers after them) stay 1024-byte aligned");
+    static_assert(Store::kBytes % 1024 == 0, "staging buffers are whole swizzle patterns (1024 bytes)");
     static_assert(kSmemBytes <= 232448, "shared memory budget (227 KB) exceeded: use fewer stages");
 
     using Tiles = KGroupedTileScheduler<kNumNBlocks, kBlockK>;
@@ -100,7 +101,8 @@ struct Sm90Fp8GemmKGrouped1D1D {
         }
     }
 
-    DG_DEVICE static void consumer(const Ring& ring, const OutputDescriptors* tma_d, const KGroupedProblem& problem) {
+    DG_DEVICE static void consumer(const Ring& ring, const OutputDescriptors* tma_d,
+                                   const KGroupedProblem& problem) {
         const u32 math_wg = __shfl_sync(0xFFFFFFFFu, threadIdx.x / 128 - 1, 0);  // warp-uniform: kept in uniform registers
         const u32 thread_in_wg = threadIdx.x % 128;
         const u32 lane = thread_in_wg % 32;
@@ -190,7 +192,8 @@ struct Sm90Fp8GemmKGrouped1D1D {
 #pragma unroll
                 for (u32 chunk = 0; chunk < kBlockN / kStoreN; ++chunk) {
                     const auto& values = *reinterpret_cast<const float(*)[kStoreN / 2]>(&result[chunk * kStoreN / 2]);
-                    store.store(values, tma_d, col_base + chunk * kStoreN, row_base, thread_in_wg, barrier_id, tile.group);
+                    store.store(values, tma_d, col_base + chunk * kStoreN, row_base, thread_in_wg, barrier_id,
+                                tile.group);
                 }
                 continue;
             }
