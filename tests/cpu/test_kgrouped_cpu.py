@@ -79,25 +79,41 @@ def test_empty_groups_and_numpy_ks() -> None:
     assert (out[0] == 0).all() and (out[2] == 0).all() and not out[1].isnan().any()
 
 
-@pytest.mark.parametrize("m,n,c_in_place", [(7168, 4096, False), (7168, 2048, True), (4096, 7168, True),
-                                            (4100, 2056, False), (4100, 2056, True), (100, 36, True), (100, 48, False),
-                                            (129, 7, False)])
-def test_kernel_builds_for_sm90a_without_spills(m: int, n: int, c_in_place: bool) -> None:
-    """TMA-stored outputs (N % 4 == 0; 32- and 16-column staging chunks), in place by reduce-add, and N = 7 written
-    from registers."""
+@pytest.mark.parametrize("m,n,c_in_place,store_n", [
+    (7168, 4096, False, None), (7168, 2048, True, None), (4096, 7168, True, None), (4100, 2056, False, None),
+    (4100, 2056, True, None), (100, 36, True, None), (100, 48, False, None), (129, 7, False, None),
+    (4096, 7168, True, 16), (4096, 7168, False, 0),  # the probe's variants: 16-column chunks, register stores
+])
+def test_kernel_builds_for_sm90a_without_spills(m: int, n: int, c_in_place: bool, store_n: int | None) -> None:
+    """TMA-stored outputs (N % 4 == 0; 32- and 16-column staging chunks), in place by reduce-add, and N = 7 (or any
+    N, on request) written from registers."""
     from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec, compile_spec, kgrouped_smem_bytes
     from tests.cpu.test_kernel_builds import assert_waits_for_previous_grid
 
-    spec = KGroupedSpec.for_shape(m, n, c_in_place)
+    spec = KGroupedSpec.for_shape(m, n, c_in_place, store_n)
     assert spec.block_n % 16 == 0 and spec.block_n >= min(n, 128)
-    bigger = kgrouped_smem_bytes(spec.block_n, spec.num_stages + 1, n)
+    assert spec.store_n == (store_n if store_n is not None else 0 if n % 4 else 32 if spec.block_n % 32 == 0 else 16)
+    bigger = kgrouped_smem_bytes(spec.block_n, spec.num_stages + 1, spec.store_n)
     assert spec.smem_bytes <= 232_448 < bigger or spec.num_stages == 16
-    assert spec.num_stages >= 5
+    assert spec.num_stages >= (6 if spec.store_n in (0, 16) and spec.block_n == 128 else 5)
     compiled = compile_spec(spec)
     resources = compiled.resources
     assert resources is not None
     assert (resources.spill_stores, resources.spill_loads, resources.stack_frame) == (0, 0, 0)
     assert_waits_for_previous_grid(f"k-grouped {m}x{n}", compiled.cubin_path)
+
+
+def test_spec_refuses_inconsistent_epilogues() -> None:
+    from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec
+
+    with pytest.raises(ValueError, match="store_n 32"):
+        KGroupedSpec.for_shape(129, 7, store_n=32)  # N % 4 != 0: no TMA stores
+    with pytest.raises(ValueError, match="store_n 32"):
+        KGroupedSpec.for_shape(100, 48, store_n=32)  # block_n 48: 32-column chunks do not divide it
+    with pytest.raises(ValueError, match="in-place reduce-add stores are TMA stores"):
+        KGroupedSpec.for_shape(4096, 7168, c_in_place=True, store_n=0)
+    with pytest.raises(ValueError, match="in-place reduce-add stores are TMA stores"):
+        KGroupedSpec.for_shape(129, 7, c_in_place=True)
 
 
 def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -160,3 +160,34 @@ def test_k_grouped_in_place_adds_by_reduce_add_stores(monkeypatch: pytest.Monkey
         again = start.clone()
         deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, again, ks, c=again)
         assert torch.equal(again, acc), "two in-place calls from the same out differ"
+
+
+@pytest.mark.parametrize("store_n,in_place", [(0, False), (16, True), (16, False), (32, True), (32, False)])
+def test_k_grouped_epilogue_builds(store_n: int, in_place: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every epilogue build dev/kgrouped_fp8_epilogue_ab.py times, forced through the public call: register stores
+    at N % 4 == 0 (C loaded from out), 16- and 32-column TMA chunks with C loaded or added in place; each against
+    float64 from the starting out, with M and N tails and a group without tokens."""
+    import deepgemm.api.kgrouped as api
+
+    real_plan = api.get_kgrouped_plan
+    planned: list[str] = []
+
+    def forced(device: int, m: int, n: int, c_in_place: bool = False):  # noqa: ANN202
+        plan = real_plan(device, m, n, c_in_place, store_n)
+        planned.append(plan.spec.label())
+        return plan
+
+    monkeypatch.setattr(api, "get_kgrouped_plan", forced)
+    monkeypatch.setattr(api, "tma_stores", lambda n: in_place)  # the API's in-place choice, forced
+    m, n, ks = 1100, 2080, [256, 0, 640]  # 2080 = 16 x 128 + 32: N tails for both chunk widths
+    a, b = operands(m, n, sum(ks), seed=store_n + in_place)
+    start = torch.randn(len(ks), m, n, device="cuda")
+    acc = start.clone()
+    deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, acc, ks, c=acc)
+    assert (" c=out" in planned[-1]) == in_place and (f" store{store_n}" in planned[-1]) == (store_n > 0)
+    refs, abs_refs = references(a, b, ks, start)
+    for g, k in enumerate(ks):
+        if k == 0:
+            assert torch.equal(acc[g], start[g])
+        else:
+            assert_close_to_reference(acc[g], refs[g], abs_refs[g], max_diff=1e-5)

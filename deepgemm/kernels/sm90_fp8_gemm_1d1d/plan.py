@@ -13,11 +13,10 @@ from deepgemm.kernels.common.device import sm_count
 from deepgemm.kernels.common.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.kernels.common.loader import load_kernel
 from deepgemm.kernels.common.output import output_descriptors_3d
-from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import (BLOCK_K, BLOCK_M, THREADS, KGroupedSpec, render_source,
-                                                      tma_stores)
+from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import BLOCK_K, BLOCK_M, THREADS, KGroupedSpec, render_source
 from deepgemm.utils import ceil_div
 
-NO_OUTPUT_DESCRIPTORS = bytes(4 * 128)  # N % 4 != 0: D is written from registers, the descriptors are never read
+NO_OUTPUT_DESCRIPTORS = bytes(4 * 128)  # store_n 0: D is written from registers, the descriptors are never read
 
 
 class KGroupedPlan:
@@ -44,7 +43,7 @@ class KGroupedPlan:
             encode_2d(b.data_ptr(), fp8, n, k_total, tma_row_stride(b), bn, BLOCK_K, 128),
             encode_2d(sfa.data_ptr(), torch.float32, k_total // BLOCK_K, m, mn_major_row_stride(sfa), 1, BLOCK_M, 0),
             encode_2d(sfb.data_ptr(), torch.float32, k_total // BLOCK_K, n, mn_major_row_stride(sfb), 1, bn, 0),
-            output_descriptors_3d(d) if tma_stores(n) else NO_OUTPUT_DESCRIPTORS,
+            output_descriptors_3d(d) if self.spec.store_n else NO_OUTPUT_DESCRIPTORS,
             U64(k_offsets.data_ptr()),
             U32(groups),
             U64(d.data_ptr()),
@@ -71,17 +70,19 @@ class KGroupedPlan:
         launch_on_device(self.kernel, self.device_index, stream, config, args.address)
 
 
-_plans: dict[tuple[int, int, int, bool], KGroupedPlan] = {}
+_plans: dict[tuple[int, int, int, bool, int | None], KGroupedPlan] = {}
 _plans_lock = threading.Lock()
 
 
-def get_kgrouped_plan(device_index: int, m: int, n: int, c_in_place: bool = False) -> KGroupedPlan:
-    """The plan of an M x N k-grouped GEMM; c_in_place: C is the output itself (TMA reduce-add stores, N % 4 == 0)."""
-    key = (device_index, m, n, c_in_place)
+def get_kgrouped_plan(device_index: int, m: int, n: int, c_in_place: bool = False,
+                      store_n: int | None = None) -> KGroupedPlan:
+    """The plan of an M x N k-grouped GEMM; c_in_place: C is the output itself (TMA reduce-add stores, N % 4 == 0);
+    store_n: the epilogue's chunk (None: the shape's default, KGroupedSpec.for_shape; probes pass others)."""
+    key = (device_index, m, n, c_in_place, store_n)
     plan = _plans.get(key)
     if plan is not None:
         return plan
-    spec = KGroupedSpec.for_shape(m, n, c_in_place)
+    spec = KGroupedSpec.for_shape(m, n, c_in_place, store_n)
     kernel = load_kernel(render_source(spec), spec.smem_bytes, device_index)
     with _plans_lock:
         if len(_plans) >= 512:

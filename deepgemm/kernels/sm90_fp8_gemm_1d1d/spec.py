@@ -19,26 +19,29 @@ def kgrouped_block_n(n: int) -> int:
 
 
 def tma_stores(n: int) -> bool:
-    """Whether the kernel stores D by TMA (FP32 rows of whole 16-byte units), else straight from registers."""
+    """Whether D can be stored by TMA (FP32 rows of whole 16-byte units), else it is written from registers."""
     return n % 4 == 0
 
 
-def store_columns(block_n: int) -> int:
-    """Mirrors Sm90Fp8GemmKGrouped1D1D::kStoreN: the output columns a staging buffer holds."""
+def store_columns(block_n: int, n: int) -> int:
+    """The default TMA epilogue chunk (output columns per staging buffer): 32 (128-byte rows) where they divide
+    block_n, else 16; 0 (stores straight from registers) where N % 4 != 0."""
+    if not tma_stores(n):
+        return 0
     return 32 if block_n % 32 == 0 else 16
 
 
-def kgrouped_smem_bytes(block_n: int, stages: int, n: int) -> int:
-    """Mirrors Sm90Fp8GemmKGrouped1D1D::kSmemBytes: the stages, and with TMA stores (n % 4 == 0) two staging buffers
-    of 64 rows x store_columns FP32 per math warpgroup (each a whole number of 1 KiB)."""
+def kgrouped_smem_bytes(block_n: int, stages: int, store_n: int) -> int:
+    """Mirrors Sm90Fp8GemmKGrouped1D1D::kSmemBytes: the stages, and with TMA stores (store_n 16 or 32) two staging
+    buffers of 64 rows x store_n FP32 per math warpgroup (each a whole number of 1 KiB)."""
     stage = BLOCK_M * BLOCK_K + block_n * BLOCK_K + BLOCK_M * 4 + align_up(block_n * 4, 128)
-    staging = 2 * 2 * align_up(64 * store_columns(block_n) * 4, 1024) if tma_stores(n) else 0
+    staging = 2 * 2 * align_up(64 * store_n * 4, 1024) if store_n else 0
     return stages * stage + staging + 2 * stages * 8
 
 
-def kgrouped_stages(block_n: int, n: int) -> int:
+def kgrouped_stages(block_n: int, store_n: int) -> int:
     stages = 2
-    while stages < 16 and kgrouped_smem_bytes(block_n, stages + 1, n) <= SMEM_CAPACITY:
+    while stages < 16 and kgrouped_smem_bytes(block_n, stages + 1, store_n) <= SMEM_CAPACITY:
         stages += 1
     return stages
 
@@ -46,30 +49,40 @@ def kgrouped_stages(block_n: int, n: int) -> int:
 @dataclass(frozen=True)
 class KGroupedSpec:
     """One instantiation: M and N are compiled in; groups and their K extents stay run-time values. c_in_place: C is
-    the output itself, added by TMA reduce-add stores (N % 4 == 0 only)."""
+    the output itself, added by TMA reduce-add stores; store_n: the TMA epilogue's chunk columns (16 or 32), 0 for
+    stores straight from registers (N % 4 != 0)."""
 
     m: int
     n: int
     block_n: int
     num_stages: int
     c_in_place: bool = False
+    store_n: int = 0
 
     def __post_init__(self) -> None:
-        if self.c_in_place and not tma_stores(self.n):
-            raise ValueError(f"in-place reduce-add stores need N % 4 == 0, got N = {self.n}")
+        chunk = self.store_n
+        if chunk not in (0, 16, 32) or (chunk and (self.block_n % chunk or not tma_stores(self.n))):
+            raise ValueError(f"store_n {self.store_n}: 0, or 16 / 32 dividing block_n {self.block_n} with N % 4 == 0 "
+                             f"(N = {self.n})")
+        if self.c_in_place and not self.store_n:
+            raise ValueError(f"in-place reduce-add stores are TMA stores: store_n 16 or 32 (N = {self.n})")
 
     @classmethod
-    def for_shape(cls, m: int, n: int, c_in_place: bool = False) -> KGroupedSpec:
+    def for_shape(cls, m: int, n: int, c_in_place: bool = False, store_n: int | None = None) -> KGroupedSpec:
+        """The build a shape uses: the default store_n (store_columns) unless given; as many stages as fit."""
         block_n = kgrouped_block_n(n)
-        return cls(m, n, block_n, kgrouped_stages(block_n, n), c_in_place)
+        chunk = store_columns(block_n, n) if store_n is None else store_n
+        return cls(m, n, block_n, kgrouped_stages(block_n, chunk), c_in_place, chunk)
 
     @property
     def smem_bytes(self) -> int:
-        return kgrouped_smem_bytes(self.block_n, self.num_stages, self.n)
+        return kgrouped_smem_bytes(self.block_n, self.num_stages, self.store_n)
 
     def label(self) -> str:
         c = " c=out" if self.c_in_place else ""
-        return f"k_grouped_fp8_gemm_tn m={self.m} n={self.n}{c} bm{BLOCK_M} bn{self.block_n} st{self.num_stages}"
+        store = f" store{self.store_n}" if self.store_n else ""
+        return (f"k_grouped_fp8_gemm_tn m={self.m} n={self.n}{c} bm{BLOCK_M} bn{self.block_n} st{self.num_stages}"
+                f"{store}")
 
 
 def render_source(spec: KGroupedSpec) -> KernelSource:
@@ -77,7 +90,7 @@ def render_source(spec: KGroupedSpec) -> KernelSource:
 #include <deepgemm/impls/sm90_fp8_gemm_1d1d.cuh>
 
 using Kernel = deepgemm::Sm90Fp8GemmKGrouped1D1D<{spec.m}u, {spec.n}u, {spec.block_n}u, {spec.num_stages}u,
-                                                {"true" if spec.c_in_place else "false"}>;
+                                                {"true" if spec.c_in_place else "false"}, {spec.store_n}u>;
 static_assert(Kernel::kSmemBytes == {spec.smem_bytes}u, "host and device disagree on the shared-memory size");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)

@@ -8,12 +8,12 @@
 // Same structure as the 1D2D kernel: one TMA producer warpgroup (setmaxnreg 40), two 64-row math
 // warpgroups (232), persistent over tiles (group, M-block, N-block) with the group's K loop per tile,
 // an mbarrier ring of kNumStages stages, wgmma from 128B-swizzled shared memory, promotion on CUDA cores
-// every 128 K. Epilogue, N % 4 == 0 (16-byte FP32 rows): each warpgroup stores its 64 rows in kStoreN-column
-// chunks through two staging buffers by TMA on 3-D [G, M, N] descriptors (rows clipped at M, so a tile never
-// spills into the next group's rows; the stores drain while the next tile's K loop runs); with
+// every 128 K. Epilogue, kStoreN_ != 0 (N % 4 == 0: 16-byte FP32 rows): each warpgroup stores its 64 rows
+// in kStoreN-column chunks through two staging buffers by TMA on 3-D [G, M, N] descriptors (rows clipped at M,
+// so a tile never spills into the next group's rows; the stores drain while the next tile's K loop runs); with
 // kAddendInPlace (C is D itself) the tile is added into D by TMA reduce-add and C is never read, otherwise C
-// (when given) is read into the accumulators at the tile's start. Other N: D written straight from registers
-// with per-element bounds.
+// (when given) is read into the accumulators at the tile's start. kStoreN_ 0: D written straight from
+// registers with per-element bounds (any N).
 #pragma once
 #include <deepgemm/epilogue/store_fragment.cuh>
 #include <deepgemm/pipeline/stage_ring.cuh>
@@ -33,13 +33,17 @@ struct KGroupedProblem {
     const float* c;        // [num_groups, M, N] FP32 or null (D = A B^T); may alias d (not with kAddendInPlace: null)
 };
 
-template <u32 kM, u32 kN, u32 kBlockN, u32 kNumStages, bool kAddendInPlace = false>
+// kStoreN_: output columns per staging buffer of the TMA epilogue (16 or 32: 64- or 128-byte rows), or 0 for
+// stores straight from registers.
+template <u32 kM, u32 kN, u32 kBlockN, u32 kNumStages, bool kAddendInPlace = false, u32 kStoreN_ = 0>
 struct Sm90Fp8GemmKGrouped1D1D {
     static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 128, "block_n must be a multiple of 16 in [16, 128]");
     static_assert(kNumStages >= 2, "need at least two pipeline stages");
-    static constexpr bool kTmaStores = kN % 4 == 0;  // FP32 rows of whole 16-byte units: TMA can store them
-    static_assert(kTmaStores || !kAddendInPlace, "reduce-add stores need N % 4 == 0");
-    static constexpr u32 kStoreN = kBlockN % 32 == 0 ? 32 : 16;  // output columns per staging buffer (128 / 64 bytes)
+    static constexpr bool kTmaStores = kStoreN_ != 0;
+    static_assert(!kTmaStores || kN % 4 == 0, "TMA stores need FP32 rows of whole 16-byte units (N % 4 == 0)");
+    static_assert(kTmaStores || !kAddendInPlace, "reduce-add stores are TMA stores");
+    static constexpr u32 kStoreN = kTmaStores ? kStoreN_ : 16;
+    static_assert((kStoreN == 16 || kStoreN == 32) && kBlockN % kStoreN == 0, "store chunks of 16 or 32 columns");
     using Store = WarpgroupTileStore<kStoreN, true, 2, 3, kAddendInPlace>;
 
     static constexpr u32 kBlockM = 128;
