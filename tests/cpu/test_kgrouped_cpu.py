@@ -84,13 +84,15 @@ def test_empty_groups_and_numpy_ks() -> None:
     (4100, 2056, True, None), (100, 36, True, None), (100, 48, False, None), (129, 7, False, None),
     (4096, 7168, True, 16), (4096, 7168, False, 0),  # the probe's variants: 16-column chunks, register stores
 ])
-def test_kernel_builds_for_sm90a_without_spills(m: int, n: int, c_in_place: bool, store_n: int | None) -> None:
+@pytest.mark.parametrize("group_rows", [1, 16])
+def test_kernel_builds_for_sm90a_without_spills(m: int, n: int, c_in_place: bool, store_n: int | None,
+                                                group_rows: int) -> None:
     """TMA-stored outputs (N % 4 == 0; 32- and 16-column staging chunks), in place by reduce-add, and N = 7 (or any
     N, on request) written from registers."""
     from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec, compile_spec, kgrouped_smem_bytes
     from tests.cpu.test_kernel_builds import assert_waits_for_previous_grid
 
-    spec = KGroupedSpec.for_shape(m, n, c_in_place, store_n)
+    spec = KGroupedSpec.for_shape(m, n, c_in_place, store_n, group_rows)
     assert spec.block_n % 16 == 0 and spec.block_n >= min(n, 128)
     assert spec.store_n == (store_n if store_n is not None else 0 if n % 4 else 32 if spec.block_n % 32 == 0 else 16)
     bigger = kgrouped_smem_bytes(spec.block_n, spec.num_stages + 1, spec.store_n)

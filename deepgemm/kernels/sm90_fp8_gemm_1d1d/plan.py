@@ -70,19 +70,20 @@ class KGroupedPlan:
         launch_on_device(self.kernel, self.device_index, stream, config, args.address)
 
 
-_plans: dict[tuple[int, int, int, bool, int | None], KGroupedPlan] = {}
+_plans: dict[tuple[int, int, int, bool, int | None, int], KGroupedPlan] = {}
 _plans_lock = threading.Lock()
 
 
-def get_kgrouped_plan(device_index: int, m: int, n: int, c_in_place: bool = False,
-                      store_n: int | None = None) -> KGroupedPlan:
+def get_kgrouped_plan(device_index: int, m: int, n: int, c_in_place: bool = False, store_n: int | None = None,
+                      group_rows: int = 1) -> KGroupedPlan:
     """The plan of an M x N k-grouped GEMM; c_in_place: C is the output itself (TMA reduce-add stores, N % 4 == 0);
-    store_n: the epilogue's chunk (None: the shape's default, KGroupedSpec.for_shape; probes pass others)."""
-    key = (device_index, m, n, c_in_place, store_n)
+    store_n, group_rows: the epilogue's chunk and the raster band (None / 1: the shape's defaults,
+    KGroupedSpec.for_shape; probes pass others)."""
+    key = (device_index, m, n, c_in_place, store_n, group_rows)
     plan = _plans.get(key)
     if plan is not None:
         return plan
-    spec = KGroupedSpec.for_shape(m, n, c_in_place, store_n)
+    spec = KGroupedSpec.for_shape(m, n, c_in_place, store_n, group_rows)
     kernel = load_kernel(render_source(spec), spec.smem_bytes, device_index)
     with _plans_lock:
         if len(_plans) >= 512:

@@ -58,8 +58,11 @@ class KGroupedSpec:
     num_stages: int
     c_in_place: bool = False
     store_n: int = 0
+    group_rows: int = 1  # each group's tiles in bands of this many M-blocks (1: N-block fastest in an M-block)
 
     def __post_init__(self) -> None:
+        if self.group_rows < 1:
+            raise ValueError(f"group_rows must be at least 1, got {self.group_rows}")
         chunk = self.store_n
         if chunk not in (0, 16, 32) or (chunk and (self.block_n % chunk or not tma_stores(self.n))):
             raise ValueError(f"store_n {self.store_n}: 0, or 16 / 32 dividing block_n {self.block_n} with N % 4 == 0 "
@@ -68,11 +71,12 @@ class KGroupedSpec:
             raise ValueError(f"in-place reduce-add stores are TMA stores: store_n 16 or 32 (N = {self.n})")
 
     @classmethod
-    def for_shape(cls, m: int, n: int, c_in_place: bool = False, store_n: int | None = None) -> KGroupedSpec:
+    def for_shape(cls, m: int, n: int, c_in_place: bool = False, store_n: int | None = None,
+                  group_rows: int = 1) -> KGroupedSpec:
         """The build a shape uses: the default store_n (store_columns) unless given; as many stages as fit."""
         block_n = kgrouped_block_n(n)
         chunk = store_columns(block_n, n) if store_n is None else store_n
-        return cls(m, n, block_n, kgrouped_stages(block_n, chunk), c_in_place, chunk)
+        return cls(m, n, block_n, kgrouped_stages(block_n, chunk), c_in_place, chunk, group_rows)
 
     @property
     def smem_bytes(self) -> int:
@@ -81,8 +85,9 @@ class KGroupedSpec:
     def label(self) -> str:
         c = " c=out" if self.c_in_place else ""
         store = f" store{self.store_n}" if self.store_n else ""
+        band = f" g{self.group_rows}" if self.group_rows != 1 else ""
         return (f"k_grouped_fp8_gemm_tn m={self.m} n={self.n}{c} bm{BLOCK_M} bn{self.block_n} st{self.num_stages}"
-                f"{store}")
+                f"{store}{band}")
 
 
 def render_source(spec: KGroupedSpec) -> KernelSource:
@@ -90,7 +95,8 @@ def render_source(spec: KGroupedSpec) -> KernelSource:
 #include <deepgemm/impls/sm90_fp8_gemm_1d1d.cuh>
 
 using Kernel = deepgemm::Sm90Fp8GemmKGrouped1D1D<{spec.m}u, {spec.n}u, {spec.block_n}u, {spec.num_stages}u,
-                                                {"true" if spec.c_in_place else "false"}, {spec.store_n}u>;
+                                                {"true" if spec.c_in_place else "false"}, {spec.store_n}u,
+                                                {spec.group_rows}u>;
 static_assert(Kernel::kSmemBytes == {spec.smem_bytes}u, "host and device disagree on the shared-memory size");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)

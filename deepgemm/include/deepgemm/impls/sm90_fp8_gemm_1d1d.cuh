@@ -34,8 +34,10 @@ struct KGroupedProblem {
 };
 
 // kStoreN_: output columns per staging buffer of the TMA epilogue (16 or 32: 64- or 128-byte rows), or 0 for
-// stores straight from registers.
-template <u32 kM, u32 kN, u32 kBlockN, u32 kNumStages, bool kAddendInPlace = false, u32 kStoreN_ = 0>
+// stores straight from registers. kGroupRows: each group's tiles in bands of that many M-blocks walking N together
+// (1: N-block fastest inside an M-block).
+template <u32 kM, u32 kN, u32 kBlockN, u32 kNumStages, bool kAddendInPlace = false, u32 kStoreN_ = 0,
+          u32 kGroupRows = 1>
 struct Sm90Fp8GemmKGrouped1D1D {
     static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 128, "block_n must be a multiple of 16 in [16, 128]");
     static_assert(kNumStages >= 2, "need at least two pipeline stages");
@@ -75,7 +77,7 @@ struct Sm90Fp8GemmKGrouped1D1D {
     static_assert(Store::kBytes % 1024 == 0, "staging buffers are whole swizzle patterns (1024 bytes)");
     static_assert(kSmemBytes <= 232448, "shared memory budget (227 KB) exceeded: use fewer stages");
 
-    using Tiles = KGroupedTileScheduler<kNumNBlocks, kBlockK>;
+    using Tiles = KGroupedTileScheduler<kNumNBlocks, kBlockK, kGroupRows>;
     using Tile = KGroupedTile;
 
     using Ring = StageRing<kNumStages>;
