@@ -1,6 +1,11 @@
-"""FP8 k-grouped (expert Wgrad) epilogue builds A/B: register stores with C read at each tile's start (main's build
-before the TMA epilogue), TMA stores with C read, and in-place TMA reduce-add with 32-column chunks (5 stages),
-16-column chunks (6 stages) and 32-column chunks with each group's tiles in bands of 16 M-blocks, against DeepGEMM HEAD's k_grouped_fp8_gemm_nt_contiguous where importable; all on the
+"""FP8 k-grouped (expert Wgrad) epilogue and tile builds A/B: register stores with C read at each tile's start (main's
+build before the TMA epilogue), TMA stores with C read, and in-place TMA reduce-add with 32-column chunks (5 stages),
+16-column chunks (6 stages) and 32-column chunks with each group's tiles in bands of 16 M-blocks; wider tiles
+(128 x 144, 6 stages, and 128 x 160, 5 stages, rolled K loop; DeepGEMM HEAD's heuristic, re-derived from its
+heuristics/sm90.hpp, picks 128 x 152 with 4 stages for these cases, DG_PRINT_CONFIGS=1 prints what it ran: a 128 x 128
+tile's shared-memory traffic, 80 KB per 512 MMA clocks, caps it near 80% of the tensor rate, 128 x 160's near 89%),
+against
+DeepGEMM HEAD's k_grouped_fp8_gemm_nt_contiguous where importable; all on the
 MoE suite's four FP8 k-grouped cases (deepgemm.bench.moe_cases), the same operands, C = out accumulated in place,
 interleaved sample by sample (CUDA-graph replay, L2 flushed, median of 30). Each build's first call from the addend is
 checked against float64 (calc_diff).
@@ -31,16 +36,19 @@ from deepgemm.kernels.sm90_fp8_gemm_1d1d.plan import get_kgrouped_plan  # noqa: 
 from deepgemm.tuning.timing import bench_gpu_interleaved  # noqa: E402
 from deepgemm.utils import calc_diff  # noqa: E402
 
-# (name, store_n, in place, group_rows): store_n 0 = straight from registers.
-BUILDS = [("registers, C read", 0, False, 1), ("TMA 32, C read", 32, False, 1), ("TMA 32, reduce-add", 32, True, 1),
-          ("TMA 16, reduce-add", 16, True, 1), ("TMA 32, reduce-add, band 16", 32, True, 16)]
+# (name, store_n, in place, group_rows, block_n): store_n 0 = straight from registers; block_n None = the default 128.
+BUILDS = [("registers, C read", 0, False, 1, None), ("TMA 32, C read", 32, False, 1, None),
+          ("TMA 32, reduce-add", 32, True, 1, None), ("TMA 16, reduce-add", 16, True, 1, None),
+          ("TMA 32, reduce-add, band 16", 32, True, 16, None), ("128 x 144, TMA 16, reduce-add", 16, True, 1, 144),
+          ("128 x 160, TMA 32, reduce-add", 32, True, 1, 160), ("128 x 160, TMA 32, reduce-add, band 16", 32, True, 16, 160)]
 
 
-def build_launch(problem: Any, store_n: int, in_place: bool, group_rows: int) -> tuple[Callable[[], Any], Any, str]:
+def build_launch(problem: Any, store_n: int, in_place: bool, group_rows: int,
+                 block_n: int | None) -> tuple[Callable[[], Any], Any, str]:
     """(launch, out, label): one build adding A_g B_g^T into its own out (from the addend), C = out."""
     (a_q, sfa), (b_q, sfb) = problem.a, problem.b
     m, n = a_q.shape[0], b_q.shape[0]
-    plan = get_kgrouped_plan(a_q.device.index, m, n, in_place, store_n, group_rows)
+    plan = get_kgrouped_plan(a_q.device.index, m, n, in_place, store_n, group_rows, block_n)
     out = problem.output()
     args = (tma_rows(a_q), to_mn_major_tma_aligned(sfa), tma_rows(b_q), to_mn_major_tma_aligned(sfb),
             _offsets.get(a_q.device, tuple(problem.grouping)), len(problem.grouping), out)
@@ -62,8 +70,8 @@ def main() -> None:
         problem = make_moe_problem(case, device="cuda", seed=0)
         reference = problem.reference()
         rows: list[tuple[str, Callable[[], Any], float]] = []
-        for name, store_n, in_place, group_rows in BUILDS:
-            launch, out, label = build_launch(problem, store_n, in_place, group_rows)
+        for name, store_n, in_place, group_rows, block_n in BUILDS:
+            launch, out, label = build_launch(problem, store_n, in_place, group_rows, block_n)
             diff = calc_diff(launch().double(), reference)  # first call from the addend
             rows.append((f"{name} ({label.split(' bm')[1]})", launch, diff))
         try:

@@ -105,6 +105,29 @@ def test_kernel_builds_for_sm90a_without_spills(m: int, n: int, c_in_place: bool
     assert_waits_for_previous_grid(f"k-grouped {m}x{n}", compiled.cubin_path)
 
 
+@pytest.mark.parametrize("m,n,c_in_place,store_n,group_rows", [
+    (4096, 7168, True, None, 1), (7168, 2048, True, None, 1), (4096, 7168, False, None, 1), (4096, 7168, False, 0, 1),
+    (4100, 2056, True, 16, 16), (100, 36, True, None, 1), (129, 7, False, None, 1),
+])
+@pytest.mark.parametrize("block_n", [144, 160])
+def test_wide_tiles_build_without_spills(m: int, n: int, c_in_place: bool, store_n: int | None, group_rows: int,
+                                         block_n: int) -> None:
+    """The probe's wider tiles (scale products formed after the wait; 160 columns with a rolled K loop) in every
+    epilogue: 0 spills, 0 stack, and the stage counts the smem mirror gives (TMA stores: 144 six stages with
+    16-column chunks, 160 five; register stores six)."""
+    from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec, compile_spec
+    from tests.cpu.test_kernel_builds import assert_waits_for_previous_grid
+
+    spec = KGroupedSpec.for_shape(m, n, c_in_place, store_n, group_rows, block_n)
+    assert spec.block_n == block_n
+    assert spec.num_stages == (6 if spec.store_n == 0 or (block_n == 144 and spec.store_n == 16) else 5)
+    compiled = compile_spec(spec)
+    resources = compiled.resources
+    assert resources is not None
+    assert (resources.spill_stores, resources.spill_loads, resources.stack_frame) == (0, 0, 0), spec.label()
+    assert_waits_for_previous_grid(spec.label(), compiled.cubin_path)
+
+
 def test_spec_refuses_inconsistent_epilogues() -> None:
     from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec
 
@@ -116,6 +139,9 @@ def test_spec_refuses_inconsistent_epilogues() -> None:
         KGroupedSpec.for_shape(4096, 7168, c_in_place=True, store_n=0)
     with pytest.raises(ValueError, match="in-place reduce-add stores are TMA stores"):
         KGroupedSpec.for_shape(129, 7, c_in_place=True)
+    for block_n in (152, 176, 0):
+        with pytest.raises(ValueError, match=r"block_n must be a multiple of 16 in \[16, 160\]"):
+            KGroupedSpec.for_shape(4096, 7168, block_n=block_n)
 
 
 def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

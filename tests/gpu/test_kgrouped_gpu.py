@@ -162,33 +162,38 @@ def test_k_grouped_in_place_adds_by_reduce_add_stores(monkeypatch: pytest.Monkey
         assert torch.equal(again, acc), "two in-place calls from the same out differ"
 
 
-@pytest.mark.parametrize("store_n,in_place,group_rows", [(0, False, 1), (16, True, 1), (16, False, 1), (32, True, 1),
-                                                        (32, False, 1), (32, True, 4)])
-def test_k_grouped_epilogue_builds(store_n: int, in_place: bool, group_rows: int,
+@pytest.mark.parametrize("store_n,in_place,group_rows,block_n", [
+    (0, False, 1, None), (16, True, 1, None), (16, False, 1, None), (32, True, 1, None), (32, False, 1, None),
+    (32, True, 4, None), (16, True, 1, 144), (32, True, 1, 160), (32, True, 4, 160), (0, False, 1, 160),
+    (16, False, 1, 144),
+])
+def test_k_grouped_epilogue_builds(store_n: int, in_place: bool, group_rows: int, block_n: int | None,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Every build dev/kgrouped_fp8_epilogue_ab.py times, forced through the public call: register stores at
     N % 4 == 0 (C loaded from out), 16- and 32-column TMA chunks with C loaded or added in place, a banded tile order
-    (4 M-blocks, the last band shorter); each against float64 from the starting out, with M and N tails and a group
-    without tokens."""
+    (4 M-blocks, the last band shorter), 144- and 160-column tiles (scale products after the wait); each against
+    float64 from the starting out, with M and N tails and a group without tokens."""
     import deepgemm.api.kgrouped as api
 
     real_plan = api.get_kgrouped_plan
     planned: list[str] = []
 
     def forced(device: int, m: int, n: int, c_in_place: bool = False):  # noqa: ANN202
-        plan = real_plan(device, m, n, c_in_place, store_n, group_rows)
+        plan = real_plan(device, m, n, c_in_place, store_n, group_rows, block_n)
         planned.append(plan.spec.label())
         return plan
 
     monkeypatch.setattr(api, "get_kgrouped_plan", forced)
     monkeypatch.setattr(api, "tma_stores", lambda n: in_place)  # the API's in-place choice, forced
-    m, n, ks = 1100, 2080, [256, 0, 640]  # 2080 = 16 x 128 + 32: N tails for both chunk widths
-    a, b = operands(m, n, sum(ks), seed=store_n + in_place + group_rows)
+    # 2080 = 16 x 128 + 32 = 14 x 144 + 64: N tails for both chunk widths; 2120 = 13 x 160 + 40
+    m, n, ks = 1100, 2120 if block_n == 160 else 2080, [256, 0, 640]
+    a, b = operands(m, n, sum(ks), seed=store_n + in_place + group_rows + (block_n or 0))
     start = torch.randn(len(ks), m, n, device="cuda")
     acc = start.clone()
     deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, acc, ks, c=acc)
     assert (" c=out" in planned[-1]) == in_place and (f" store{store_n}" in planned[-1]) == (store_n > 0)
     assert (f" g{group_rows}" in planned[-1]) == (group_rows > 1)
+    assert f" bn{block_n or 128} " in planned[-1]
     refs, abs_refs = references(a, b, ks, start)
     for g, k in enumerate(ks):
         if k == 0:

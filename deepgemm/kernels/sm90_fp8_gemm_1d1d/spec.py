@@ -13,6 +13,9 @@ BLOCK_K = 128
 THREADS = 384
 
 
+MAX_BLOCK_N = 160  # wider tiles form the scale products after the wait (the kernel's kEarlyScaleProducts)
+
+
 def kgrouped_block_n(n: int) -> int:
     """128 columns per tile, or N rounded up to 16 when N is narrower."""
     return min(128, align_up(max(n, 1), 16))
@@ -61,6 +64,8 @@ class KGroupedSpec:
     group_rows: int = 1  # each group's tiles in bands of this many M-blocks (1: N-block fastest in an M-block)
 
     def __post_init__(self) -> None:
+        if self.block_n % 16 or not 16 <= self.block_n <= MAX_BLOCK_N:
+            raise ValueError(f"block_n must be a multiple of 16 in [16, {MAX_BLOCK_N}], got {self.block_n}")
         if self.group_rows < 1:
             raise ValueError(f"group_rows must be at least 1, got {self.group_rows}")
         chunk = self.store_n
@@ -72,9 +77,10 @@ class KGroupedSpec:
 
     @classmethod
     def for_shape(cls, m: int, n: int, c_in_place: bool = False, store_n: int | None = None,
-                  group_rows: int = 1) -> KGroupedSpec:
-        """The build a shape uses: the default store_n (store_columns) unless given; as many stages as fit."""
-        block_n = kgrouped_block_n(n)
+                  group_rows: int = 1, block_n: int | None = None) -> KGroupedSpec:
+        """The build a shape uses: the default block_n (kgrouped_block_n) and store_n (store_columns) unless given;
+        as many stages as fit."""
+        block_n = kgrouped_block_n(n) if block_n is None else block_n
         chunk = store_columns(block_n, n) if store_n is None else store_n
         return cls(m, n, block_n, kgrouped_stages(block_n, chunk), c_in_place, chunk, group_rows)
 

@@ -39,7 +39,14 @@ struct KGroupedProblem {
 template <u32 kM, u32 kN, u32 kBlockN, u32 kNumStages, bool kAddendInPlace = false, u32 kStoreN_ = 0,
           u32 kGroupRows = 1>
 struct Sm90Fp8GemmKGrouped1D1D {
-    static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 128, "block_n must be a multiple of 16 in [16, 128]");
+    static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 160, "block_n must be a multiple of 16 in [16, 160]");
+    // Up to 128 columns the sfa x sfb products are formed into registers while the MMAs run (one FFMA per element
+    // after the wait); wider tiles have no registers for them (accumulator, partial and sfb pairs take 200 at 160
+    // columns), so the products are formed after the wait, where ptxas fits them.
+    static constexpr bool kEarlyScaleProducts = kBlockN <= 128;
+    // The K loop unrolled by 4 (ptxas then starts the next block's wait and reads inside this block's promotion);
+    // 160 columns only fit without spills rolled.
+    static constexpr u32 kKLoopUnroll = kBlockN <= 144 ? 4 : 1;
     static_assert(kNumStages >= 2, "need at least two pipeline stages");
     static constexpr bool kTmaStores = kStoreN_ != 0;
     static_assert(!kTmaStores || kN % 4 == 0, "TMA stores need FP32 rows of whole 16-byte units (N % 4 == 0)");
@@ -148,7 +155,7 @@ struct Sm90Fp8GemmKGrouped1D1D {
             }
 
             float partial[kBlockN / 2];
-#pragma unroll 4  // ptxas then starts the next block's wait and reads inside this block's promotion
+#pragma unroll kKLoopUnroll
             for (u32 k_block = 0; k_block < tile.k_blocks; ++k_block) {
                 ptx::mbarrier_wait(&ring.full[stage], phase);
                 const float* sfa = reinterpret_cast<const float*>(ring.smem + kOffsetSfa + stage * kStageSfaBytes);
@@ -166,15 +173,17 @@ struct Sm90Fp8GemmKGrouped1D1D {
                     scale_b[j] = *reinterpret_cast<const float2*>(sfb + j * 8 + col_in_8);
                 }
                 ptx::mma_k128_block<Mma>(start_a, start_b, partial);
-                // sfa[row] x sfb[col] for this thread's elements, formed while the MMAs run: after the wait
-                // the promotion is one FFMA per element instead of an FMUL and an FFMA.
-                float scale[kBlockN / 2];
+                // sfa[row] x sfb[col] for this thread's elements, formed while the MMAs run (kEarlyScaleProducts):
+                // after the wait the promotion is one FFMA per element instead of an FMUL and an FFMA.
+                float scale[kEarlyScaleProducts ? kBlockN / 2 : 1];
+                if constexpr (kEarlyScaleProducts) {
 #pragma unroll
-                for (u32 j = 0; j < kBlockN / 8; ++j) {
-                    scale[j * 4 + 0] = scale_lo * scale_b[j].x;
-                    scale[j * 4 + 1] = scale_lo * scale_b[j].y;
-                    scale[j * 4 + 2] = scale_hi * scale_b[j].x;
-                    scale[j * 4 + 3] = scale_hi * scale_b[j].y;
+                    for (u32 j = 0; j < kBlockN / 8; ++j) {
+                        scale[j * 4 + 0] = scale_lo * scale_b[j].x;
+                        scale[j * 4 + 1] = scale_lo * scale_b[j].y;
+                        scale[j * 4 + 2] = scale_hi * scale_b[j].x;
+                        scale[j * 4 + 3] = scale_hi * scale_b[j].y;
+                    }
                 }
                 ptx::wgmma_wait_group<0>();
                 ptx::fence_accumulators(partial);
@@ -183,9 +192,20 @@ struct Sm90Fp8GemmKGrouped1D1D {
                     ptx::mbarrier_arrive(&ring.empty[stage]);
                 }
                 Ring::advance(stage, phase);
+                if constexpr (kEarlyScaleProducts) {
 #pragma unroll
-                for (u32 i = 0; i < kBlockN / 2; ++i) {
-                    result[i] += scale[i] * partial[i];
+                    for (u32 i = 0; i < kBlockN / 2; ++i) {
+                        result[i] += scale[i] * partial[i];
+                    }
+                } else {
+                    // The same rounding as the early products: (sfa x sfb) first, then one FFMA.
+#pragma unroll
+                    for (u32 j = 0; j < kBlockN / 8; ++j) {
+                        result[j * 4 + 0] += (scale_lo * scale_b[j].x) * partial[j * 4 + 0];
+                        result[j * 4 + 1] += (scale_lo * scale_b[j].y) * partial[j * 4 + 1];
+                        result[j * 4 + 2] += (scale_hi * scale_b[j].x) * partial[j * 4 + 2];
+                        result[j * 4 + 3] += (scale_hi * scale_b[j].y) * partial[j * 4 + 3];
+                    }
                 }
             }
 
