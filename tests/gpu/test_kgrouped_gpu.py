@@ -165,7 +165,7 @@ def test_k_grouped_in_place_adds_by_reduce_add_stores(monkeypatch: pytest.Monkey
 @pytest.mark.parametrize("store_n,in_place,group_rows,block_n", [
     (0, False, 1, None), (16, True, 1, None), (16, False, 1, None), (32, True, 1, None), (32, False, 1, None),
     (32, True, 4, None), (16, True, 1, 144), (32, True, 1, 160), (32, True, 4, 160), (0, False, 1, 160),
-    (16, False, 1, 144),
+    (16, False, 1, 144), (0, False, 1, 144), (16, True, 4, 144),
 ])
 def test_k_grouped_epilogue_builds(store_n: int, in_place: bool, group_rows: int, block_n: int | None,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
@@ -185,8 +185,10 @@ def test_k_grouped_epilogue_builds(store_n: int, in_place: bool, group_rows: int
 
     monkeypatch.setattr(api, "get_kgrouped_plan", forced)
     monkeypatch.setattr(api, "tma_stores", lambda n: in_place)  # the API's in-place choice, forced
-    # 2080 = 16 x 128 + 32 = 14 x 144 + 64: N tails for both chunk widths; 2120 = 13 x 160 + 40
-    m, n, ks = 1100, 2120 if block_n == 160 else 2080, [256, 0, 640]
+    # N tails whose last chunk is clipped: 2080 = 16 x 128 + 32 (the 16- and 32-column chunks of 128-wide tiles),
+    # 2088 = 14 x 144 + 72 (16-column chunks), 2120 = 13 x 160 + 40 (32-column chunks)
+    m, ks = 1100, [256, 0, 640]
+    n = {144: 2088, 160: 2120}.get(block_n or 128, 2080)
     a, b = operands(m, n, sum(ks), seed=store_n + in_place + group_rows + (block_n or 0))
     start = torch.randn(len(ks), m, n, device="cuda")
     acc = start.clone()
