@@ -36,15 +36,15 @@ from deepgemm.kernels.sm90_fp8_gemm_1d1d.plan import get_kgrouped_plan  # noqa: 
 from deepgemm.tuning.timing import bench_gpu_interleaved  # noqa: E402
 from deepgemm.utils import calc_diff  # noqa: E402
 
-# (name, store_n, in place, group_rows, block_n): store_n 0 = straight from registers; block_n None = the default 128.
-BUILDS = [("registers, C read", 0, False, 1, None), ("TMA 32, C read", 32, False, 1, None),
-          ("TMA 32, reduce-add", 32, True, 1, None), ("TMA 16, reduce-add", 16, True, 1, None),
-          ("TMA 32, reduce-add, band 16", 32, True, 16, None), ("128 x 144, TMA 16, reduce-add", 16, True, 1, 144),
+# (name, store_n, in place, group_rows, block_n): store_n 0 = straight from registers.
+BUILDS = [("registers, C read", 0, False, 1, 128), ("TMA 32, C read", 32, False, 1, 128),
+          ("TMA 32, reduce-add", 32, True, 1, 128), ("TMA 16, reduce-add", 16, True, 1, 128),
+          ("TMA 32, reduce-add, band 16", 32, True, 16, 128), ("128 x 144, TMA 16, reduce-add", 16, True, 1, 144),
           ("128 x 160, TMA 32, reduce-add", 32, True, 1, 160), ("128 x 160, TMA 32, reduce-add, band 16", 32, True, 16, 160)]
 
 
 def build_launch(problem: Any, store_n: int, in_place: bool, group_rows: int,
-                 block_n: int | None) -> tuple[Callable[[], Any], Any, str]:
+                 block_n: int) -> tuple[Callable[[], Any], Any, str]:
     """(launch, out, label): one build adding A_g B_g^T into its own out (from the addend), C = out."""
     (a_q, sfa), (b_q, sfb) = problem.a, problem.b
     m, n = a_q.shape[0], b_q.shape[0]

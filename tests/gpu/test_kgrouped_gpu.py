@@ -163,11 +163,11 @@ def test_k_grouped_in_place_adds_by_reduce_add_stores(monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize("store_n,in_place,group_rows,block_n", [
-    (0, False, 1, None), (16, True, 1, None), (16, False, 1, None), (32, True, 1, None), (32, False, 1, None),
-    (32, True, 4, None), (16, True, 1, 144), (32, True, 1, 160), (32, True, 4, 160), (0, False, 1, 160),
+    (0, False, 1, 128), (16, True, 1, 128), (16, False, 1, 128), (32, True, 1, 128), (32, False, 1, 128),
+    (32, True, 4, 128), (16, True, 1, 144), (32, True, 1, 160), (32, True, 4, 160), (0, False, 1, 160),
     (16, False, 1, 144), (0, False, 1, 144), (16, True, 4, 144),
 ])
-def test_k_grouped_epilogue_builds(store_n: int, in_place: bool, group_rows: int, block_n: int | None,
+def test_k_grouped_epilogue_builds(store_n: int, in_place: bool, group_rows: int, block_n: int,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Every build dev/kgrouped_fp8_epilogue_ab.py times, forced through the public call: register stores at
     N % 4 == 0 (C loaded from out), 16- and 32-column TMA chunks with C loaded or added in place, a banded tile order
@@ -188,14 +188,14 @@ def test_k_grouped_epilogue_builds(store_n: int, in_place: bool, group_rows: int
     # N tails whose last chunk is clipped: 2080 = 16 x 128 + 32 (the 16- and 32-column chunks of 128-wide tiles),
     # 2088 = 14 x 144 + 72 (16-column chunks), 2120 = 13 x 160 + 40 (32-column chunks)
     m, ks = 1100, [256, 0, 640]
-    n = {144: 2088, 160: 2120}.get(block_n or 128, 2080)
-    a, b = operands(m, n, sum(ks), seed=store_n + in_place + group_rows + (block_n or 0))
+    n = {144: 2088, 160: 2120}.get(block_n, 2080)
+    a, b = operands(m, n, sum(ks), seed=store_n + in_place + group_rows + block_n)
     start = torch.randn(len(ks), m, n, device="cuda")
     acc = start.clone()
     deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, acc, ks, c=acc)
     assert (" c=out" in planned[-1]) == in_place and (f" store{store_n}" in planned[-1]) == (store_n > 0)
     assert (f" g{group_rows}" in planned[-1]) == (group_rows > 1)
-    assert f" bn{block_n or 128} " in planned[-1]
+    assert f" bn{block_n} " in planned[-1]
     refs, abs_refs = references(a, b, ks, start)
     for g, k in enumerate(ks):
         if k == 0:
