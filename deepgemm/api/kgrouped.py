@@ -30,6 +30,7 @@ from deepgemm.api.validation import (
 )
 from deepgemm.jit.runtime import refuse_during_capture, stream_capturing
 from deepgemm.kernels.sm90_fp8_gemm_1d1d.plan import get_kgrouped_plan
+from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import tma_stores
 from deepgemm.reference import k_grouped_reference
 
 FP8 = torch.float8_e4m3fn
@@ -301,7 +302,9 @@ def _run_k_grouped(a_q: torch.Tensor, sfa: torch.Tensor, b_q: torch.Tensor, sfb:
         return out_t
     if k_total == 0:
         return out_t.copy_(c) if c is not None else out_t.zero_()
-    plan = get_kgrouped_plan(a_q.device.index, m, n)
+    # C = out with 16-byte output rows: the kernel adds the products into out by TMA reduce-add and never reads C.
+    in_place = c is not None and c.data_ptr() == out_t.data_ptr() and tma_stores(n)
+    plan = get_kgrouped_plan(a_q.device.index, m, n, in_place)
     plan.launch(tma_rows(a_q), to_mn_major_tma_aligned(sfa), tma_rows(b_q), to_mn_major_tma_aligned(sfb),
-                _offsets.get(a_q.device, sizes), groups, out_t, c)
+                _offsets.get(a_q.device, sizes), groups, out_t, None if in_place else c)
     return out_t

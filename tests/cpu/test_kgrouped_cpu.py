@@ -79,19 +79,69 @@ def test_empty_groups_and_numpy_ks() -> None:
     assert (out[0] == 0).all() and (out[2] == 0).all() and not out[1].isnan().any()
 
 
-@pytest.mark.parametrize("m,n", [(7168, 4096), (4100, 2056), (100, 36), (129, 7)])
-def test_kernel_builds_for_sm90a_without_spills(m: int, n: int) -> None:
+@pytest.mark.parametrize("m,n,c_in_place,store_n", [
+    (7168, 4096, False, None), (7168, 2048, True, None), (4096, 7168, True, None), (4100, 2056, False, None),
+    (4100, 2056, True, None), (100, 36, True, None), (100, 48, False, None), (129, 7, False, None),
+    (4096, 7168, True, 16), (4096, 7168, False, 0),  # the probe's variants: 16-column chunks, register stores
+])
+@pytest.mark.parametrize("group_rows", [1, 16])
+def test_kernel_builds_for_sm90a_without_spills(m: int, n: int, c_in_place: bool, store_n: int | None,
+                                                group_rows: int) -> None:
+    """TMA-stored outputs (N % 4 == 0; 32- and 16-column staging chunks), in place by reduce-add, and N = 7 (or any
+    N, on request) written from registers."""
     from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec, compile_spec, kgrouped_smem_bytes
     from tests.cpu.test_kernel_builds import assert_waits_for_previous_grid
 
-    spec = KGroupedSpec.for_shape(m, n)
-    assert spec.block_n % 16 == 0 and spec.block_n >= min(n, 128)
-    assert spec.smem_bytes <= 232_448 < kgrouped_smem_bytes(spec.block_n, spec.num_stages + 1) or spec.num_stages == 16
+    spec = KGroupedSpec.for_shape(m, n, c_in_place, store_n, group_rows)
+    assert spec.block_n % 16 == 0 and spec.block_n >= min(n, 160)
+    assert spec.store_n == (store_n if store_n is not None else 0 if n % 4 else 32 if spec.block_n % 32 == 0 else 16)
+    bigger = kgrouped_smem_bytes(spec.block_n, spec.num_stages + 1, spec.store_n)
+    assert spec.smem_bytes <= 232_448 < bigger or spec.num_stages == 16
+    assert spec.num_stages >= (6 if spec.store_n in (0, 16) and spec.block_n == 128 else 5)
     compiled = compile_spec(spec)
     resources = compiled.resources
     assert resources is not None
     assert (resources.spill_stores, resources.spill_loads, resources.stack_frame) == (0, 0, 0)
     assert_waits_for_previous_grid(f"k-grouped {m}x{n}", compiled.cubin_path)
+
+
+@pytest.mark.parametrize("m,n,c_in_place,store_n,group_rows", [
+    (4096, 7168, True, None, 1), (7168, 2048, True, None, 1), (4096, 7168, False, None, 1), (4096, 7168, False, 0, 1),
+    (4100, 2056, True, 16, 16), (100, 36, True, None, 1), (129, 7, False, None, 1),
+])
+@pytest.mark.parametrize("block_n", [144, 160])
+def test_wide_tiles_build_without_spills(m: int, n: int, c_in_place: bool, store_n: int | None, group_rows: int,
+                                         block_n: int) -> None:
+    """The probe's wider tiles (scale products formed after the wait; 160 columns with a rolled K loop) in every
+    epilogue: 0 spills, 0 stack, and the stage counts the smem mirror gives (TMA stores: 144 six stages with
+    16-column chunks, 160 five; register stores six)."""
+    from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec, compile_spec
+    from tests.cpu.test_kernel_builds import assert_waits_for_previous_grid
+
+    spec = KGroupedSpec.for_shape(m, n, c_in_place, store_n, group_rows, block_n)
+    assert spec.block_n == block_n
+    assert spec.num_stages == (6 if spec.store_n == 0 or (block_n == 144 and spec.store_n == 16) else 5)
+    compiled = compile_spec(spec)
+    resources = compiled.resources
+    assert resources is not None
+    assert (resources.spill_stores, resources.spill_loads, resources.stack_frame) == (0, 0, 0), spec.label()
+    assert_waits_for_previous_grid(spec.label(), compiled.cubin_path)
+
+
+def test_spec_refuses_inconsistent_epilogues() -> None:
+    from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec
+
+    with pytest.raises(ValueError, match="store_n 32"):
+        KGroupedSpec.for_shape(129, 7, store_n=32)  # N % 4 != 0: no TMA stores
+    with pytest.raises(ValueError, match="store_n 32"):
+        KGroupedSpec.for_shape(100, 48, store_n=32)  # block_n 48: 32-column chunks do not divide it
+    with pytest.raises(ValueError, match="in-place reduce-add stores are TMA stores"):
+        KGroupedSpec.for_shape(4096, 7168, c_in_place=True, store_n=0)
+    with pytest.raises(ValueError, match="in-place reduce-add stores are TMA stores"):
+        KGroupedSpec.for_shape(129, 7, c_in_place=True)
+    for block_n in (152, 176, 0):
+        with pytest.raises(ValueError, match=r"block_n must be a multiple of 16 in \[16, 160\]"):
+            KGroupedSpec.for_shape(4096, 7168, block_n=block_n)
 
 
 def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,7 +155,13 @@ def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -
             launches.append(args)
 
     monkeypatch.setattr(api, "backend_for", lambda *tensors: "sm90")
-    monkeypatch.setattr(api, "get_kgrouped_plan", lambda device, m, n: FakePlan())
+    planned: list[bool] = []
+
+    def get_plan(device: int, m: int, n: int, c_in_place: bool) -> FakePlan:
+        planned.append(c_in_place)
+        return FakePlan()
+
+    monkeypatch.setattr(api, "get_kgrouped_plan", get_plan)
     monkeypatch.setattr(api._offsets, "get", lambda device, ks: torch.tensor([0, *ks]).cumsum(0).int())
     ks = [128, 256]
     a, b = _operands(16, 8, 384, 4)
@@ -113,6 +169,10 @@ def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -
     out = torch.empty(2, 16, 8)
     fn(a, b, out, ks)
     assert len(launches) == 1 and launches[0][-2] is out and launches[0][-1] is None
+    c = torch.empty_like(out)
+    fn(a, b, out, ks, c=c)  # C loaded
+    fn(a, b, out, ks, c=out)  # in place: the plan adds into out and gets no C
+    assert planned == [False, False, True] and launches[1][-1] is c and launches[2][-1] is None
     misaligned = torch.empty(2 * 16 * 8 + 1)[1:].view(2, 16, 8)
     with pytest.raises(ValueError, match="'out'.*16-byte"):
         fn(a, b, misaligned, ks)
@@ -129,7 +189,7 @@ def test_kernel_path_validation_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(api, "MAX_ROWS", 256)
     with pytest.raises(ValueError, match="K_total=384"):
         fn(a, b, out, ks)
-    assert len(launches) == 1
+    assert len(launches) == 3  # none since the first three
 
 
 def test_validated_ks_memo_keeps_the_type_rules() -> None:

@@ -125,3 +125,80 @@ def test_k_grouped_new_ks_then_side_stream() -> None:
     refs, abs_refs = references(a, b, fresh_ks, None)
     for g in (0, 1):
         assert_close_to_reference(again[g], refs[g], abs_refs[g], max_diff=1e-5)
+
+
+def test_k_grouped_in_place_adds_by_reduce_add_stores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """C = out with N % 4 == 0 runs the in-place build (the products added into out by TMA reduce-add, C never
+    read): against float64 from the starting out, with M and N tails (4100 rows, 2056 = 16 x 128 + 8 columns),
+    16-column staging chunks (N = 36, 4) and a group without tokens (its out untouched), bitwise repeatable;
+    N = 7 keeps the register stores with C loaded."""
+    import deepgemm.api.kgrouped as api
+
+    planned: list[tuple[int, int, bool]] = []
+    real_plan = api.get_kgrouped_plan
+
+    def spy(device: int, m: int, n: int, c_in_place: bool = False):  # noqa: ANN202
+        planned.append((m, n, c_in_place))
+        return real_plan(device, m, n, c_in_place)
+
+    monkeypatch.setattr(api, "get_kgrouped_plan", spy)
+    cases = ((4100, 2056, [128, 640, 0, 256], True), (100, 36, [128, 0, 256], True), (64, 4, [128], True),
+             (129, 7, [256, 0], False))
+    for m, n, ks, in_place in cases:
+        a, b = operands(m, n, sum(ks), seed=m + n)
+        start = torch.randn(len(ks), m, n, device="cuda")
+        acc = start.clone()
+        deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, acc, ks, c=acc)
+        torch.cuda.synchronize()
+        assert planned[-1] == (m, n, in_place)
+        refs, abs_refs = references(a, b, ks, start)
+        for g, k in enumerate(ks):
+            if k == 0:
+                assert torch.equal(acc[g], start[g]), f"group {g} has no tokens: out must stay as it was"
+            else:
+                assert_close_to_reference(acc[g], refs[g], abs_refs[g], max_diff=1e-5)
+        again = start.clone()
+        deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, again, ks, c=again)
+        assert torch.equal(again, acc), "two in-place calls from the same out differ"
+
+
+@pytest.mark.parametrize("store_n,in_place,group_rows,block_n", [
+    (0, False, 1, 128), (16, True, 1, 128), (16, False, 1, 128), (32, True, 1, 128), (32, False, 1, 128),
+    (32, True, 4, 128), (16, True, 1, 144), (32, True, 1, 160), (32, True, 4, 160), (0, False, 1, 160),
+    (16, False, 1, 144), (0, False, 1, 144), (16, True, 4, 144),
+])
+def test_k_grouped_epilogue_builds(store_n: int, in_place: bool, group_rows: int, block_n: int,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every build dev/kgrouped_fp8_epilogue_ab.py times, forced through the public call: register stores at
+    N % 4 == 0 (C loaded from out), 16- and 32-column TMA chunks with C loaded or added in place, a banded tile order
+    (4 M-blocks, the last band shorter), 144- and 160-column tiles (scale products after the wait); each against
+    float64 from the starting out, with M and N tails and a group without tokens."""
+    import deepgemm.api.kgrouped as api
+
+    real_plan = api.get_kgrouped_plan
+    planned: list[str] = []
+
+    def forced(device: int, m: int, n: int, c_in_place: bool = False):  # noqa: ANN202
+        plan = real_plan(device, m, n, c_in_place, store_n, group_rows, block_n)
+        planned.append(plan.spec.label())
+        return plan
+
+    monkeypatch.setattr(api, "get_kgrouped_plan", forced)
+    monkeypatch.setattr(api, "tma_stores", lambda n: in_place)  # the API's in-place choice, forced
+    # N tails whose last chunk is clipped: 2080 = 16 x 128 + 32 (the 16- and 32-column chunks of 128-wide tiles),
+    # 2088 = 14 x 144 + 72 (16-column chunks), 2120 = 13 x 160 + 40 (32-column chunks)
+    m, ks = 1100, [256, 0, 640]
+    n = {144: 2088, 160: 2120}.get(block_n, 2080)
+    a, b = operands(m, n, sum(ks), seed=store_n + in_place + group_rows + block_n)
+    start = torch.randn(len(ks), m, n, device="cuda")
+    acc = start.clone()
+    deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, acc, ks, c=acc)
+    assert (" c=out" in planned[-1]) == in_place and (f" store{store_n}" in planned[-1]) == (store_n > 0)
+    assert (f" g{group_rows}" in planned[-1]) == (group_rows > 1)
+    assert f" bn{block_n} " in planned[-1]
+    refs, abs_refs = references(a, b, ks, start)
+    for g, k in enumerate(ks):
+        if k == 0:
+            assert torch.equal(acc[g], start[g])
+        else:
+            assert_close_to_reference(acc[g], refs[g], abs_refs[g], max_diff=1e-5)
