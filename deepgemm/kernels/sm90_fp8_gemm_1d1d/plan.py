@@ -12,11 +12,9 @@ from deepgemm.jit.tma import encode_2d
 from deepgemm.kernels.common.device import sm_count
 from deepgemm.kernels.common.layout import mn_major_row_stride, tma_row_stride
 from deepgemm.kernels.common.loader import load_kernel
-from deepgemm.kernels.common.output import output_descriptors_3d
+from deepgemm.kernels.common.output import NO_OUTPUT_DESCRIPTORS, output_descriptors_3d
 from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import BLOCK_K, BLOCK_M, THREADS, KGroupedSpec, render_source
 from deepgemm.utils import ceil_div
-
-NO_OUTPUT_DESCRIPTORS = bytes(4 * 128)  # store_n 0: D is written from registers, the descriptors are never read
 
 
 class KGroupedPlan:
