@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests files sanitize host sass bench moe repeat breadth grouped kgrouped kgtiles maskedtiles bf16grouped ncu ncusource ncugrouped split bf16split clusters tiles placement pdl floor ab nn route block racecheck bf16 all
+# Steps: install smoke tests files sanitize host sass bench moe repeat breadth grouped kgrouped kgtiles maskedtiles bf16grouped twins ncu ncusource ncugrouped split bf16split clusters tiles placement pdl floor ab nn route block racecheck bf16 all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times other trees, carried under .ab (dev/rename_package.sh; AB_TREES names them, default deepgemm_old), interleaved
@@ -227,6 +227,15 @@ if has ncugrouped; then
       --metrics ${stalls}sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,lts__t_sectors.sum,dram__bytes.sum,sm__cycles_active.avg \
       python3 dev/grouped_tile_ab.py --profile ${NCU_GROUPED_ARGS:---masked --tiles 128x128} >"$OUT/ncu_grouped.txt" 2>&1 )
   grep -E "profiled:|DG_|config|BLOCK|block_m|Duration|SM Frequency|stalled|pipe_tensor|inst_executed|sectors|dram__bytes|cycles_active|Grid Size|Registers Per|Cluster Size|fp8_gemm" "$OUT/ncu_grouped.txt" | awk '{$1=$1; print}' | cut -c1-160 | head -${NCU_GROUPED_LINES:-150}
+fi
+# twins: contiguous (128 x 192, N = 4096) and masked (128 x 128, max_m 4096, N = 4096) cases each against a dense GEMM
+# of as many rows on the same tile, ours and DeepGEMM HEAD's, all interleaved (dev/grouped_tile_ab.py --dense-twin):
+# whether a grouped gap to DeepGEMM is the grouped path's own or the dense kernel's.
+if has twins; then
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    timeout "$(left 150)" python3 dev/grouped_tile_ab.py --dense-twin --tiles 128x192 --only N=4096 2>&1 | tee "$OUT/contiguous_twins.md"
+    timeout "$(left 90)" python3 dev/grouped_tile_ab.py --dense-twin --masked --tiles 128x128 --only "(max_m 4096) N=4096" 2>&1 \
+      | tee "$OUT/masked_twins.md" )
 fi
 if has kgrouped; then
   timeout "$(left 200)" python3 dev/bench_kgrouped.py 2>&1 | tee "$OUT/bench_kgrouped.md"

@@ -118,6 +118,13 @@ def _dense_twins(m: int, n: int, k: int, tiles: list[tuple[int, int, bool]]) -> 
         plan = get_plan(0, m, n, k, torch.bfloat16, config=accumulators(make_config(m, n, k, bm, bn, 132, 2), single))
         twins.append((f"dense {m}x{n}x{k} {plan.spec.label()}",
                       lambda plan=plan: plan.launch(a[0], a[1], b[0], b[1], out)))
+    if deepseek.missing() is None:  # DeepGEMM HEAD's dense GEMM of the same rows, on the same operands
+        peer, why_not = _peer_launch("fp8_gemm_nt", a, b, out, m, k, None)
+        if peer is None:
+            print(f"(DeepGEMM dense twin not run: {why_not})")
+        else:
+            peer[0]()
+            twins.append((f"dense {m}x{n}x{k} DeepGEMM HEAD", peer[0]))
     return twins
 
 
