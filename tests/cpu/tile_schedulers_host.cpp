@@ -155,8 +155,9 @@ void check_contiguous(const std::vector<int>& counts, u32 extra_padding_segments
         return;
     }
     std::vector<std::vector<Written>> out;
-    for (int form = 0; form < 2; ++form) {
+    for (int form = 0; form < 3; ++form) {
         const bool by_psum = form == 1;
+        const bool banded = form == 2;  // m_indices, bands of 8 M-blocks
         const std::vector<int>& grouping = by_psum ? psum : m_indices;
         g_valid_begin = grouping.data();
         g_valid_end = grouping.data() + grouping.size();
@@ -165,13 +166,18 @@ void check_contiguous(const std::vector<int>& counts, u32 extra_padding_segments
             using S = ContiguousPsumTileScheduler<kBlockM, kNumNBlocks, kRotateWaves>;
             ok = run_grid<S, kBlockM, kNumNBlocks>(grid, m, true, m_indices, groups,
                                                    [&] { return S(psum.data(), m, groups); }, out);
+        } else if (banded) {
+            using S = ContiguousTileScheduler<kBlockM, kNumNBlocks, kRotateWaves, 8>;
+            ok = run_grid<S, kBlockM, kNumNBlocks>(grid, m, false, m_indices, groups,
+                                                   [&] { return S(m_indices.data(), m, groups); }, out);
         } else {
             using S = ContiguousTileScheduler<kBlockM, kNumNBlocks, kRotateWaves>;
             ok = run_grid<S, kBlockM, kNumNBlocks>(grid, m, false, m_indices, groups,
                                                    [&] { return S(m_indices.data(), m, groups); }, out);
         }
         const char* what = by_psum ? (kRotateWaves ? "contiguous psum, rotated" : "contiguous psum")
-                                   : (kRotateWaves ? "contiguous m_indices, rotated" : "contiguous m_indices");
+                           : banded ? "contiguous m_indices, bands of 8"
+                                    : (kRotateWaves ? "contiguous m_indices, rotated" : "contiguous m_indices");
         if (!ok) {
             fail(what, kBlockM, grid, 0, 0, Written{}, 0);
             continue;

@@ -42,9 +42,18 @@ constexpr u32 kContiguousSegmentRows = 128;
 // with 132 CTAs and 22 N-blocks (N = 4096, block_n 192) CTA c gets N-block c % 22 in every wave, so the cheap
 // last-block tiles would all go to the same six CTAs, which would finish early and idle; with 38 N-blocks
 // (N = 7168) only every other CTA would get any. Host-checked in tests/cpu/tile_schedulers_host.cpp.
-template <u32 kBlockM, u32 kNumNBlocks, bool kRotateWaves = false>
+// kGroupRows > 1 (m_indices form, blocks of at most one segment): the tiles come in bands of kGroupRows M-blocks,
+// M-block fastest inside a band, as the dense raster: a wave then reads the B columns of a few N-blocks for a few
+// experts' rows instead of every N-block of the expert's weights, so the weights stay in L2 while the band's rows
+// use them. Band b starts its N-blocks at (b * (kNumNBlocks - 2)) % kNumNBlocks, which spreads a narrow last
+// N-block's cheap tiles over the CTAs about as evenly as the rotation (a host simulation of the DeepSeek-V3 cases);
+// no rotation then.
+template <u32 kBlockM, u32 kNumNBlocks, bool kRotateWaves = false, u32 kGroupRows = 1>
 struct ContiguousBlockWalk {
     static_assert(kBlockM <= 2 * kContiguousSegmentRows, "a block spans at most two segments");
+    static constexpr bool kBanded = kGroupRows > 1 && kBlockM <= kContiguousSegmentRows;
+    static constexpr bool kRotate = kRotateWaves && !kBanded;
+    static constexpr u32 kBandShift = kNumNBlocks > 2 ? kNumNBlocks - 2 : 0;
     u32 m_total;
     u32 num_groups;
     u32 num_tiles;
@@ -55,7 +64,7 @@ struct ContiguousBlockWalk {
 
     DG_DEVICE ContiguousBlockWalk(u32 m, u32 groups)
         : m_total(m), num_groups(groups), num_tiles(ceil_div(m, kBlockM) * kNumNBlocks), next_tile(blockIdx.x), rotation(0),
-          shift(kRotateWaves ? coprime_shift() : 0), half(0) {}
+          shift(kRotate ? coprime_shift() : 0), half(0) {}
 
     // The smallest s >= 0 with gcd((gridDim.x + s) % kNumNBlocks, kNumNBlocks) == 1 (at most kNumNBlocks - 1).
     DG_DEVICE static u32 coprime_shift() {
@@ -76,7 +85,7 @@ struct ContiguousBlockWalk {
     // The tile this CTA takes in its next wave (>= num_tiles: none). It increases from wave to wave (by at least
     // one tile when rotated), as the psum form's forward-only cursor requires.
     DG_DEVICE u32 tile_index() const {
-        if constexpr (kRotateWaves) {
+        if constexpr (kRotate) {
             return next_tile - blockIdx.x + (blockIdx.x + rotation) % gridDim.x;
         } else {
             return next_tile;
@@ -91,8 +100,18 @@ struct ContiguousBlockWalk {
         if (index >= num_tiles) {
             return false;  // (rotated: in the last, partial wave this CTA's position may be past the end)
         }
-        tile.m_block = index / kNumNBlocks;
-        tile.n_block = index % kNumNBlocks;
+        if constexpr (kBanded) {
+            const u32 m_blocks = ceil_div(m_total, kBlockM);
+            const u32 band = index / (kGroupRows * kNumNBlocks);
+            const u32 in_band = index % (kGroupRows * kNumNBlocks);
+            const u32 band_first = band * kGroupRows;
+            const u32 band_height = min(kGroupRows, m_blocks - band_first);
+            tile.m_block = band_first + in_band % band_height;
+            tile.n_block = (in_band / band_height + band * kBandShift) % kNumNBlocks;
+        } else {
+            tile.m_block = index / kNumNBlocks;
+            tile.n_block = index % kNumNBlocks;
+        }
         const u32 row = tile.m_block * kBlockM;
         u32 group = first(row, tile.valid_end);
         tile.row_begin = 0;
@@ -117,7 +136,7 @@ struct ContiguousBlockWalk {
         tile.group = tile.padding ? 0 : group;
         if (half == 0) {
             next_tile += gridDim.x;
-            if constexpr (kRotateWaves) {
+            if constexpr (kRotate) {
                 rotation = (rotation + shift) % gridDim.x;
             }
         }
@@ -125,10 +144,10 @@ struct ContiguousBlockWalk {
     }
 };
 
-template <u32 kBlockM, u32 kNumNBlocks, bool kRotateWaves = false>
+template <u32 kBlockM, u32 kNumNBlocks, bool kRotateWaves = false, u32 kGroupRows = 1>
 struct ContiguousTileScheduler {
     const i32* m_indices;
-    ContiguousBlockWalk<kBlockM, kNumNBlocks, kRotateWaves> walk;
+    ContiguousBlockWalk<kBlockM, kNumNBlocks, kRotateWaves, kGroupRows> walk;
 
     DG_DEVICE ContiguousTileScheduler(const i32* indices, u32 m, u32 groups) : m_indices(indices), walk(m, groups) {}
 

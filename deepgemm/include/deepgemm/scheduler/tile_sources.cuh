@@ -52,7 +52,7 @@ struct TileSource<GemmKind::kDense, kBlockM, kNumNBlocks, kGroupM, kClusterM, kC
 
 template <u32 kBlockM, u32 kNumNBlocks, u32 kGroupM, u32 kClusterM, u32 kClusterN, bool kRotateWaves>
 struct TileSource<GemmKind::kGroupedContiguous, kBlockM, kNumNBlocks, kGroupM, kClusterM, kClusterN, kRotateWaves> {
-    ContiguousTileScheduler<kBlockM, kNumNBlocks, kRotateWaves> scheduler;
+    ContiguousTileScheduler<kBlockM, kNumNBlocks, kRotateWaves, kGroupM> scheduler;
 
     DG_DEVICE TileSource(const GemmProblem& p, u32) : scheduler(p.grouping, p.m, p.num_groups) {}
 
