@@ -61,9 +61,11 @@ def test_k_grouped_builds_use_the_raster_and_wide_chunked_tiles() -> None:
     assert spec.addend == ADDEND_IN_PLACE and "c=out" in spec.label()
     loaded = grouped_spec(GemmKind.K_GROUPED, Bf16Geometry(7168, 8), 7168, 0, FP32, FP32, 0, 132)
     assert loaded.addend == ADDEND_FP32 and loaded.config == spec.config
-    # The M-grouped kinds keep their own walk (no band).
+    # Masked and the psum form keep their own walk (no band); the contiguous m_indices form walks bands.
     masked = grouped_spec(GemmKind.GROUPED_MASKED, Bf16Geometry(4 * 256, 4, 256), 4096, 7168, BF16, None, 256, 132)
     assert masked.config.group_rows == 1
+    contiguous = grouped_spec(GemmKind.GROUPED_CONTIGUOUS, Bf16Geometry(4 * 8192, 4), 4096, 7168, BF16, None, 0, 132)
+    assert contiguous.config.group_rows > 1
 
 
 @pytest.mark.parametrize("m,n", [(64, 512), (8, 256), (128, 1024)])

@@ -62,6 +62,7 @@ class Bf16Problem:
     groups: int = 1
     k_grouped: bool = False  # groups of K ranges into their own [M, N] outputs (tiles walk the dense raster per group)
     m_grouped: bool = False  # groups of rows (contiguous / masked experts), also when there is one group
+    contiguous: bool = False  # m_grouped, contiguous layout (m_indices form): tiles walk bands of group_rows M-blocks
 
 
 def is_decode(problem: Bf16Problem) -> bool:
@@ -163,7 +164,7 @@ def make_config(problem: Bf16Problem, block_m: int, block_n: int, split_k: bool 
     """The full config of a tile: as many stages as fit (wide FP32 tiles with a chunked epilogue, store_n_for), the
     raster band for this grid (dense and each k-grouped group; the M-grouped kinds walk their own tile order), and a
     balanced grid for dense unsplit GEMMs where balanced_grid_applies (common.grid)."""
-    banded = problem.groups == 1 or problem.k_grouped or problem.m_grouped
+    banded = problem.groups == 1 or problem.k_grouped or problem.contiguous
     group = group_rows_for(ceil_div(problem.m, block_m), ceil_div(problem.n, block_n), problem.num_sms) if banded else 1
     store_n = store_n_for(block_m, block_n, problem.out_bytes, split_k)
     stages = stages_for(block_m, block_n, problem.out_bytes, split_k, store_n)

@@ -168,7 +168,8 @@ def grouped_problem(kind: GemmKind, geometry: Bf16Geometry, n: int, k: int, out_
         return Bf16Problem(geometry.rows, n, K_GROUPED_NOMINAL_K, True, True, 4,
                            0 if c_dtype is None else elem_bytes(c_dtype), num_sms, groups, k_grouped=True)
     rows = expected_m if kind == GemmKind.GROUPED_MASKED else ceil_div(geometry.rows, groups)
-    return Bf16Problem(max(1, rows), n, k, False, False, elem_bytes(out_dtype), 0, num_sms, groups, m_grouped=True)
+    return Bf16Problem(max(1, rows), n, k, False, False, elem_bytes(out_dtype), 0, num_sms, groups, m_grouped=True,
+                       contiguous=kind == GemmKind.GROUPED_CONTIGUOUS)
 
 
 def grouped_spec(kind: GemmKind, geometry: Bf16Geometry, n: int, k: int, out_dtype: torch.dtype,
