@@ -161,6 +161,13 @@ def precompile(trees: list, shapes: list, contiguous: list, masked: list) -> Non
     print(f"precompiled in {time.perf_counter() - start:.1f} s: {', '.join(counts)}", flush=True)
 
 
+# Dense BF16 shapes of --more: the M = 4096 suite shapes, and decode, mid-M and large-M shapes whose tile picks are
+# near ties in the BF16 cost model.
+BF16_DENSE = ((4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (4096, 7168, 16384), (32768, 4096, 7168),
+              (2048, 7168, 2048), (2048, 8192, 8192), (512, 4096, 7168), (256, 4096, 7168), (256, 7168, 2048),
+              (128, 4096, 7168), (128, 7168, 2048), (64, 4096, 7168))
+
+
 def more_cases(trees: list, keep) -> None:  # noqa: ANN001 - modules, a label filter
     """k-grouped FP8 (C = out, FP32) and BF16 (C = out) Wgrad, BF16 contiguous (the FP8 cases' counts), and dense BF16
     NT / TN into BF16."""
@@ -193,7 +200,7 @@ def more_cases(trees: list, keep) -> None:  # noqa: ANN001 - modules, a label fi
             calls = [lambda t=t, o=o: t.m_grouped_bf16_gemm_nt_contiguous(a, b, o, m_indices) for t, o in zip(trees, outs)]
             print(row(label, calls, outs, None, 2 * sum(case.counts) * case.n * case.k), flush=True)
     for layout in ("nt", "tn"):
-        for m, n, k in ((4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (128, 7168, 2048)):
+        for m, n, k in BF16_DENSE:
             label = f"bf16 {layout} {m}x{n}x{k}"
             if not keep(label):
                 continue

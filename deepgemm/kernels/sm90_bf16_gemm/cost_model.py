@@ -3,8 +3,9 @@
 Per SM and clock the tensor cores do 4096 BF16 FLOPs (half the FP8 rate) and shared memory feeds 128 bytes; each
 16-deep wgmma step of a 64-row warpgroup reads its A rows and the whole B tile, so a tile's step costs
 max(math, shared-memory) cycles. Operand traffic is 2 bytes per element (twice FP8's), so memory-bound shapes need
-every SM pulling: the model charges DRAM at a sustained rate and, per SM, the operand bytes its tiles load. The
-estimate is max(compute, DRAM, per-SM load) plus a per-tile epilogue cost.
+every SM pulling: the model charges DRAM at a sustained rate, per SM the operand bytes its tiles load, and over all
+SMs the bytes every tile reads from L2 (narrow tiles re-read more). The estimate is max(compute, DRAM, per-SM load,
+L2) plus a per-tile epilogue cost.
 
 Split-K (dense decode sizes, decode_split): where the pick is a narrow tile (it fills the SMs by re-reading A once
 per N-block) or leaves three quarters of the SMs idle, a 64-wide (or the same) tile with its K cut into ranges on
@@ -26,6 +27,10 @@ MMA_FLOPS_PER_CLOCK = 4096  # BF16 dense, per SM
 SMEM_BYTES_PER_CLOCK = 128
 DRAM_BYTES_PER_S = 3.6e12  # sustained HBM3e read+write rate
 SM_LOAD_BYTES_PER_S = 110e9  # what one SM's TMA pipeline pulls from L2/DRAM
+# All SMs together: operand bytes the tiles read from L2 (each tile its A and B panels). Without it 128 x 128 ranked
+# level with 128 x 256 at large M, where on an H100 it ran 0.63-0.80 of it (2026-12-05, dev/bf16_contiguous_tiles.py:
+# dense 34154 x 4096 x 7168 3991.0 against 2772.9 µs, ~8 TB/s of tile reads either way).
+L2_BYTES_PER_S = 12e12
 EPILOGUE_S = 0.6e-6        # per tile: accumulators to shared memory to TMA store, not hidden by the next tile
 MIN_STAGES = 3
 # FP32 output through one whole-tile staging buffer that leaves 3 stages (128 x 192, 128 x 176) ran 13-15% slower
@@ -120,7 +125,8 @@ def estimate_seconds(problem: Bf16Problem, block_m: int, block_n: int) -> float:
     padded_k = ceil_div(p.k, BLOCK_K) * BLOCK_K
     per_sm_load = tiles_per_sm * (block_m + block_n) * padded_k * 2 / SM_LOAD_BYTES_PER_S
     dram = p.groups * ((p.m + p.n) * p.k * 2 + p.m * p.n * (p.out_bytes + p.addend_bytes)) / DRAM_BYTES_PER_S
-    seconds = max(compute, per_sm_load, dram) + tiles_per_sm * EPILOGUE_S
+    l2 = tiles * (block_m + block_n) * padded_k * 2 / L2_BYTES_PER_S
+    seconds = max(compute, per_sm_load, dram, l2) + tiles_per_sm * EPILOGUE_S
     if p.out_bytes == 4 and stages_for(block_m, block_n, 4, store_n=store_n_for(block_m, block_n, 4)) < FP32_FULL_STAGES:
         seconds *= FP32_FEW_STAGES_FACTOR
     return seconds
