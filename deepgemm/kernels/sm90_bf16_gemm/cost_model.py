@@ -27,9 +27,10 @@ MMA_FLOPS_PER_CLOCK = 4096  # BF16 dense, per SM
 SMEM_BYTES_PER_CLOCK = 128
 DRAM_BYTES_PER_S = 3.6e12  # sustained HBM3e read+write rate
 SM_LOAD_BYTES_PER_S = 110e9  # what one SM's TMA pipeline pulls from L2/DRAM
-# All SMs together: operand bytes the tiles read from L2 (each tile its A and B panels). Without it 128 x 128 ranked
-# level with 128 x 256 at large M, where on an H100 it ran 0.63-0.80 of it (2026-12-05, dev/bf16_contiguous_tiles.py:
-# dense 34154 x 4096 x 7168 3991.0 against 2772.9 µs, ~8 TB/s of tile reads either way).
+# All SMs together: operand bytes the tiles read from L2 (each tile its A and B panels), charged where the grid
+# fills every SM. Without it 128 x 128 ranked level with 128 x 256 at large M, where on an H100 it ran 0.63-0.80 of
+# it (2026-12-05, dev/bf16_contiguous_tiles.py: dense 34154 x 4096 x 7168 3991.0 against 2772.9 µs). On grids of
+# fewer tiles than SMs it moved 256 x 4096 x 7168 from 64 x 128 to 128 x 80, 7% slower there.
 L2_BYTES_PER_S = 12e12
 EPILOGUE_S = 0.6e-6        # per tile: accumulators to shared memory to TMA store, not hidden by the next tile
 MIN_STAGES = 3
@@ -125,7 +126,7 @@ def estimate_seconds(problem: Bf16Problem, block_m: int, block_n: int) -> float:
     padded_k = ceil_div(p.k, BLOCK_K) * BLOCK_K
     per_sm_load = tiles_per_sm * (block_m + block_n) * padded_k * 2 / SM_LOAD_BYTES_PER_S
     dram = p.groups * ((p.m + p.n) * p.k * 2 + p.m * p.n * (p.out_bytes + p.addend_bytes)) / DRAM_BYTES_PER_S
-    l2 = tiles * (block_m + block_n) * padded_k * 2 / L2_BYTES_PER_S
+    l2 = tiles * (block_m + block_n) * padded_k * 2 / L2_BYTES_PER_S if tiles >= p.num_sms else 0.0
     seconds = max(compute, per_sm_load, dram, l2) + tiles_per_sm * EPILOGUE_S
     if p.out_bytes == 4 and stages_for(block_m, block_n, 4, store_n=store_n_for(block_m, block_n, 4)) < FP32_FULL_STAGES:
         seconds *= FP32_FEW_STAGES_FACTOR
