@@ -27,12 +27,12 @@ def test_large_grids_take_wide_tiles(problem: cost_model.Bf16Problem) -> None:
 
 def test_l2_term_binds_only_full_grids(monkeypatch: pytest.MonkeyPatch) -> None:
     # A grid of fewer tiles than SMs (256 x 4096 x 7168 on 64 x 128: 128 tiles) is costed without the L2 term; a
-    # full grid (128 x 128: 256 tiles) is costed with it.
+    # full grid (128 x 32: 256 tiles) is costed with it.
     sub_wave = bf16_problem(256, 4096, 7168, "nt", BF16, None, 132)
-    before_sub, before_full = estimate_seconds(sub_wave, 64, 128), estimate_seconds(sub_wave, 128, 128 // 4)
+    before_sub, before_full = estimate_seconds(sub_wave, 64, 128), estimate_seconds(sub_wave, 128, 32)
     monkeypatch.setattr(cost_model, "L2_BYTES_PER_S", 1e9)
     assert estimate_seconds(sub_wave, 64, 128) == before_sub
-    assert estimate_seconds(sub_wave, 128, 128 // 4) > 10 * before_full
+    assert estimate_seconds(sub_wave, 128, 32) > 10 * before_full
 
 
 def test_sub_wave_pick_is_unchanged() -> None:
