@@ -161,12 +161,19 @@ def _ours_fn(name: str) -> tuple[Any, str]:
     return fn, "" if fn is not None else f"n/a (this deepgemm has no {name})"
 
 
+def contiguous_m_indices(counts: tuple[int, ...]) -> list[int]:
+    """The m_indices of experts with these row counts, each segment padded with -1 to the contiguous alignment."""
+    align = deepgemm.get_m_alignment_for_contiguous_layout()
+    m_indices: list[int] = []
+    for g, c in enumerate(counts):
+        m_indices += [g] * c + [-1] * (-(-c // align) * align - c)
+    return m_indices
+
+
 def contiguous_impls(case: Case, seed: int, peer: Any, peer_alignment: int | None) -> list[Impl]:
     align = deepgemm.get_m_alignment_for_contiguous_layout()
     padded = [-(-c // align) * align for c in case.counts]
-    m_indices_host: list[int] = []
-    for g, (c, p) in enumerate(zip(case.counts, padded)):
-        m_indices_host += [g] * c + [-1] * (p - c)  # expert g's rows, its segment padded with -1
+    m_indices_host = contiguous_m_indices(case.counts)
     starts = [sum(padded[:g]) for g in range(case.groups)]
     m_total = len(m_indices_host)
     m_indices = torch.tensor(m_indices_host, dtype=torch.int32, device=DEVICE)

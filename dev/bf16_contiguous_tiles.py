@@ -26,7 +26,7 @@ from deepgemm.kernels.sm90_bf16_gemm.plan import (Bf16Geometry, Bf16GemmPlan, bf
                                                   grouped_problem, grouped_spec)
 from deepgemm.kernels.sm90_bf16_gemm.spec import render_source  # noqa: E402
 from deepgemm.tuning.timing import bench_gpu_interleaved  # noqa: E402
-from dev.bench_grouped_bf16 import build_cases, random_bf16  # noqa: E402
+from dev.bench_grouped_bf16 import build_cases, contiguous_m_indices, random_bf16  # noqa: E402
 
 
 def main() -> None:
@@ -47,10 +47,7 @@ def main() -> None:
     for case in build_cases(0):
         if case.kind != "contiguous" or args.only not in case.label:
             continue
-        align = deepgemm.get_m_alignment_for_contiguous_layout()
-        host: list[int] = []
-        for g, c in enumerate(case.counts):
-            host += [g] * c + [-1] * (-(-c // align) * align - c)
+        host = contiguous_m_indices(case.counts)
         m_total, n, k = len(host), case.n, case.k
         m_indices = torch.tensor(host, dtype=torch.int32, device="cuda")
         valid = m_indices >= 0

@@ -124,9 +124,10 @@ def estimate_seconds(problem: Bf16Problem, block_m: int, block_n: int) -> float:
     smem = warpgroups * (64 + block_n) * 16 * 2 / SMEM_BYTES_PER_CLOCK
     compute = tiles_per_sm * k_steps * max(math, smem) * 1.08 / CLOCK_HZ
     padded_k = ceil_div(p.k, BLOCK_K) * BLOCK_K
-    per_sm_load = tiles_per_sm * (block_m + block_n) * padded_k * 2 / SM_LOAD_BYTES_PER_S
+    tile_bytes = (block_m + block_n) * padded_k * 2  # the A and B panels one tile loads
+    per_sm_load = tiles_per_sm * tile_bytes / SM_LOAD_BYTES_PER_S
     dram = p.groups * ((p.m + p.n) * p.k * 2 + p.m * p.n * (p.out_bytes + p.addend_bytes)) / DRAM_BYTES_PER_S
-    l2 = tiles * (block_m + block_n) * padded_k * 2 / L2_BYTES_PER_S if tiles >= p.num_sms else 0.0
+    l2 = tiles * tile_bytes / L2_BYTES_PER_S if tiles >= p.num_sms else 0.0
     seconds = max(compute, per_sm_load, dram, l2) + tiles_per_sm * EPILOGUE_S
     if p.out_bytes == 4 and stages_for(block_m, block_n, 4, store_n=store_n_for(block_m, block_n, 4)) < FP32_FULL_STAGES:
         seconds *= FP32_FEW_STAGES_FACTOR

@@ -15,6 +15,7 @@
 //   graph can replay with new counts). Tiles are numbered group by group, M-block fastest.
 #pragma once
 #include <deepgemm/ptx/types.cuh>
+#include <deepgemm/scheduler/persistent_tiles.cuh>
 
 namespace deepgemm {
 
@@ -101,13 +102,8 @@ struct ContiguousBlockWalk {
             return false;  // (rotated: in the last, partial wave this CTA's position may be past the end)
         }
         if constexpr (kBanded) {
-            const u32 m_blocks = ceil_div(m_total, kBlockM);
-            const u32 band = index / (kGroupRows * kNumNBlocks);
-            const u32 in_band = index % (kGroupRows * kNumNBlocks);
-            const u32 band_first = band * kGroupRows;
-            const u32 band_height = min(kGroupRows, m_blocks - band_first);
-            tile.m_block = band_first + in_band % band_height;
-            tile.n_block = (in_band / band_height + band * kBandShift) % kNumNBlocks;
+            banded_tile<kNumNBlocks, kGroupRows>(index, ceil_div(m_total, kBlockM), tile.m_block, tile.n_block);
+            tile.n_block = (tile.n_block + index / (kGroupRows * kNumNBlocks) * kBandShift) % kNumNBlocks;
         } else {
             tile.m_block = index / kNumNBlocks;
             tile.n_block = index % kNumNBlocks;
