@@ -34,7 +34,10 @@ from deepgemm.ops import (
     m_grouped_fp8_gemm_nt_masked,
     quantize_per_block,
     quantize_per_token_group,
+    rope,
+    rope_,
     silu_mul_quantize_per_token_group,
+    softmax,
 )
 from deepgemm.utils import calc_diff, warn_removed_environment
 
@@ -76,8 +79,11 @@ __all__ = [
     "precompile_model",
     "quantize_per_block",
     "quantize_per_token_group",
+    "rope",
+    "rope_",
     "set_pdl",
     "silu_mul_quantize_per_token_group",
+    "softmax",
     "supported",
     "to_mn_major_tma_aligned",
 ]

@@ -218,3 +218,53 @@ def bf16_gemm_reference(a: torch.Tensor, b: torch.Tensor, layout: str, c: torch.
     w = b.to(compute_dtype) if layout[1] == "t" else b.to(compute_dtype).t()
     d = x @ w.t()
     return d if c is None else d + c.to(compute_dtype)
+
+
+def causal_keep(sq: int, n: int, device: torch.device) -> torch.Tensor:
+    """[sq, n] bool: query i sees key j where j <= i + n - sq (the causal mask aligned to the bottom-right corner)."""
+    i = torch.arange(sq, device=device).unsqueeze(1)
+    j = torch.arange(n, device=device).unsqueeze(0)
+    return j <= i + (n - sq)
+
+
+def softmax_reference(x: torch.Tensor, scale: float = 1.0, causal: bool = False,
+                      compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """softmax(scale * x) over the last dimension in `compute_dtype`, rounded to x's dtype; causal: x viewed as
+    [..., sq, n], masked columns (see causal_keep) give 0 and a row with every column masked is all zeros."""
+    s = x.to(compute_dtype) * scale
+    if not causal:
+        return torch.softmax(s, dim=-1).to(x.dtype)
+    keep = causal_keep(x.shape[-2], x.shape[-1], x.device)
+    y = torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1)
+    return y.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0).to(x.dtype)
+
+
+def softmax_backward_reference(y: torch.Tensor, dy: torch.Tensor, scale: float = 1.0,
+                               compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """dx = scale * y * (dy - sum(dy * y)) over the last dimension in `compute_dtype`, rounded to y's dtype."""
+    y_, dy_ = y.to(compute_dtype), dy.to(compute_dtype)
+    return (scale * y_ * (dy_ - (dy_ * y_).sum(dim=-1, keepdim=True))).to(y.dtype)
+
+
+def rope_reference(x: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor, interleaved: bool = False,
+                   inverse: bool = False, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """x [tokens, heads, head_dim] rotated by the cos / sin rows of `cache` [P, R] at `positions` (see
+    deepgemm.rope); features R.. pass through; a position outside [0, P) makes its rotated features NaN."""
+    rotary = cache.shape[1]
+    half = rotary // 2
+    valid = (positions >= 0) & (positions < cache.shape[0])
+    rows = cache[torch.where(valid, positions, 0).long()].to(compute_dtype)
+    rows[~valid] = float("nan")
+    cos, sin = rows[:, None, :half], rows[:, None, half:]
+    if inverse:
+        sin = -sin
+    out = x.clone()
+    r = x[..., :rotary].to(compute_dtype)
+    if interleaved:
+        x1, x2 = r[..., 0::2], r[..., 1::2]
+    else:
+        x1, x2 = r[..., :half], r[..., half:]
+    o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    rotated = torch.stack((o1, o2), dim=-1).flatten(-2) if interleaved else torch.cat((o1, o2), dim=-1)
+    out[..., :rotary] = rotated.to(x.dtype)
+    return out

@@ -81,6 +81,7 @@ def main() -> None:
     grouped_host_us()
     integration_host_us(a, b, out)
     bf16_host_us()
+    softmax_rope_host_us()
 
 
 def bf16_host_us() -> None:
@@ -91,6 +92,33 @@ def bf16_host_us() -> None:
     calls = [lambda: deepgemm.bf16_gemm_nt(x, w, out), lambda: deepgemm.bf16_gemm_nt(x, w), lambda: x @ w.t()]
     print("host_us_gpu_busy bf16_gemm_nt(out=) {:.2f} | bf16_gemm_nt(alloc) {:.2f} | torch.matmul {:.2f}"
           .format(*(busy_gpu_per_call_us(fn) for fn in calls)))
+
+
+
+def softmax_rope_host_us() -> None:
+    """Warm deepgemm.softmax (causal) and rope / rope_ at decode sizes, against torch.softmax and a torch eager RoPE
+    (six kernels) on the same tensors."""
+    x = torch.randn(64, 32, 1, 4096, device="cuda").to(torch.bfloat16)
+    q = torch.randn(64, 32, 128, device="cuda").to(torch.bfloat16)
+    k = torch.randn(64, 8, 128, device="cuda").to(torch.bfloat16)
+    angles = torch.outer(torch.arange(4096.0, device="cuda"), torch.rand(64, device="cuda"))
+    cache, positions = torch.cat((angles.cos(), angles.sin()), dim=-1), torch.arange(64, device="cuda")
+
+    def torch_rope(t: torch.Tensor) -> torch.Tensor:
+        rows = cache[positions]
+        cos, sin = rows[:, None, :64], rows[:, None, 64:]
+        x1, x2 = t[..., :64].float(), t[..., 64:].float()
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(t.dtype)
+
+    def torch_rope_qk() -> None:
+        torch_rope(q)
+        torch_rope(k)
+
+    calls = [lambda: deepgemm.softmax(x, scale=0.088, causal=True), lambda: torch.softmax(x, dim=-1),
+             lambda: deepgemm.rope(q, k, cache, positions), lambda: deepgemm.rope_(q, k, cache, positions),
+             torch_rope_qk]
+    print("host_us_gpu_busy softmax(causal) {:.2f} | torch.softmax {:.2f} | rope {:.2f} | rope_ {:.2f} | "
+          "torch eager rope {:.2f}".format(*(busy_gpu_per_call_us(fn) for fn in calls)))
 
 
 def integration_host_us(a, b, out) -> None:

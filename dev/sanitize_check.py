@@ -1,4 +1,4 @@
-"""Run a few FP8 GEMM and quantization shapes; meant to be run under `compute-sanitizer --tool memcheck`."""
+"""Run a few FP8 GEMM, quantization, softmax and RoPE shapes; meant to be run under `compute-sanitizer --tool memcheck`."""
 
 from __future__ import annotations
 
@@ -69,6 +69,7 @@ def main() -> None:
     bf16()
     bf16_grouped()
     quantizers()
+    softmax_and_rope()
 
 
 def quantizers() -> None:
@@ -285,6 +286,40 @@ def bf16_k_grouped_chunked(ks: list[int]) -> None:
         diff = deepgemm.calc_diff(out.double(), expected)
         print(f"sanitize {spec.label()} m={m}: calc_diff={diff:.2e}")
         assert diff < 1e-6 and not out.isnan().any()
+
+
+def softmax_and_rope() -> None:
+    """The fused softmax (cached, cluster, streaming and scalar paths, causal rows, tails of a row group) and its
+    backward, and RoPE on q / k views of one fused buffer (both pair layouts, partial rotary, the scalar path, an
+    out-of-range position), each against float64."""
+    from deepgemm.reference import rope_reference, softmax_reference
+
+    for lead, n, dtype, causal in (((3, 5), 7, torch.float32, True), ((1,), 4104, torch.bfloat16, True),
+                                   ((2,), 40000, torch.float32, False), ((37,), 100, torch.float16, False),
+                                   ((3,), 100000, torch.bfloat16, False), ((2,), 300000, torch.bfloat16, True)):
+        base = torch.randn(*lead, n + 1, device="cuda").to(dtype)
+        x = base[..., 1:]  # misaligned rows: the scalar path
+        for xs in (x, x.contiguous()):
+            y = deepgemm.softmax(xs, scale=0.7, causal=causal)
+            dx = deepgemm.api.softmax.softmax_backward(y, torch.randn_like(y), 0.7)
+            torch.cuda.synchronize()
+            ref = softmax_reference(xs.double(), 0.7, causal)
+            assert (y.double() - ref).abs().max().item() < 1e-2 and not dx.isnan().any()
+        print(f"sanitize softmax {tuple(lead)} x {n} {dtype} causal={causal}: ok")
+    tokens, cache = 37, torch.randn(64, 32, device="cuda")
+    positions = torch.randint(0, 64, (tokens,), device="cuda")
+    positions[3] = 64  # out of range: NaN, no read
+    for dtype, interleaved, pad in ((torch.bfloat16, False, 0), (torch.bfloat16, True, 0), (torch.float32, False, 3)):
+        qkv = torch.randn(tokens, 8 * 48 + pad, device="cuda").to(dtype)  # pad 3: misaligned rows, the scalar path
+        q, k = qkv[:, :6 * 48].view(tokens, 6, 48), qkv[:, 6 * 48 + pad:].view(tokens, 2, 48)
+        expected = rope_reference(q.double(), cache.double(), positions, interleaved)
+        q_out, _ = deepgemm.rope(q, k, cache, positions, interleaved=interleaved)
+        deepgemm.rope_(q, k, cache, positions, interleaved=interleaved)
+        torch.cuda.synchronize()
+        for out in (q_out, q):
+            assert torch.equal(out.isnan(), expected.isnan())
+            assert (out.double() - expected).nan_to_num().abs().max().item() < 5e-2
+        print(f"sanitize rope {dtype} interleaved={interleaved} pad={pad}: ok")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,10 @@ def op_cases(device: str, seed: int) -> dict[str, tuple]:
     xt = torch.randn(256, 104, generator=gen).to(device, bf16)   # A given as [K, M] (tn, tt): M % 8 == 0
     wt = torch.randn(200, 256, generator=gen).to(device, bf16)   # B [N, K] (nt, tt)
     wn = torch.randn(256, 200, generator=gen).to(device, bf16)   # B given as [K, N] (nn, tn)
+    q = torch.randn(9, 4, 24, generator=gen).to(device, bf16)      # RoPE: 9 tokens, GQA, partial rotary (16 of 24)
+    k_rope = torch.randn(9, 2, 24, generator=gen).to(device, bf16)
+    cache = torch.randn(50, 16, generator=gen).to(device)
+    positions = torch.randint(0, 50, (9,), generator=gen).to(device)
     return {
         "fp8_gemm_nt": (*a, *b, bf16, 66),  # num_sms=66 (the calls without it: tests/cpu/test_ops.py)
         "fp8_gemm_nt_out": (*a, *b, torch.empty(100, 200, dtype=torch.float32, device=device), 66),
@@ -67,6 +71,11 @@ def op_cases(device: str, seed: int) -> dict[str, tuple]:
         "bf16_gemm": (xa, wn, "nn", torch.randn(100, 200, generator=gen).to(device), bf16),
         "bf16_gemm_out": (xt, wt, "tt", None, torch.empty(104, 200, dtype=torch.float32, device=device)),
         "bf16_gemm_accumulate": (xa, wt, "nt", torch.randn(100, 200, generator=gen).to(device, bf16)),
+        "softmax": (torch.randn(2, 5, 100, 7, generator=gen).to(device, bf16), 0.3, True),
+        "softmax_backward": (torch.rand(100, 77, generator=gen).to(device), torch.randn(100, 77, generator=gen).to(device),
+                             -0.5),
+        "rope": (q, k_rope, cache, positions, True, False),
+        "rope_": (q.clone(), k_rope.clone(), cache, positions, False),
     }
 
 

@@ -19,6 +19,8 @@ from deepgemm.ops.grouped import (
 )
 from deepgemm.ops.kgrouped import k_grouped_fp8_gemm_tn_contiguous
 from deepgemm.ops.quant import quantize_per_block, quantize_per_token_group, silu_mul_quantize_per_token_group
+from deepgemm.ops.rope import rope, rope_
+from deepgemm.ops.softmax import softmax
 
 __all__ = [
     "bf16_gemm_nn",
@@ -36,5 +38,8 @@ __all__ = [
     "m_grouped_fp8_gemm_nt_masked",
     "quantize_per_block",
     "quantize_per_token_group",
+    "rope",
+    "rope_",
     "silu_mul_quantize_per_token_group",
+    "softmax",
 ]

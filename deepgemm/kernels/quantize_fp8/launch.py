@@ -9,14 +9,11 @@ import torch
 from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import KernelSource
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
+from deepgemm.kernels.common.elements import ELEMENT_KINDS
 from deepgemm.kernels.common.loader import load_kernel
 from deepgemm.utils import align_up, ceil_div
 
-INPUT_KINDS = {
-    torch.float32: "deepgemm::InputKind::kFloat32",
-    torch.bfloat16: "deepgemm::InputKind::kBFloat16",
-    torch.float16: "deepgemm::InputKind::kFloat16",
-}
+INPUT_KINDS = ELEMENT_KINDS
 _THREADS = 256
 
 

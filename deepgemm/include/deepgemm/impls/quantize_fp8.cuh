@@ -8,38 +8,16 @@
 // NaN or Inf. q = x / scale (IEEE division), rounded to nearest-even and saturated to +-448. A NaN in a
 // group makes its scale (and q) NaN, matching the CPU reference.
 #pragma once
+#include <deepgemm/elementwise/elements.cuh>
 #include <deepgemm/ptx/sync.cuh>
 
 namespace deepgemm {
 
-enum class InputKind : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 enum class Activation : int { kNone = 0, kSiluMul = 1 };
 
 // silu(g) * u = g / (1 + e^-g) * u (e^-g overflowing to inf gives -0 * u, the limit; NaN stays NaN).
 DG_DEVICE float silu_mul(float gate, float up) {
     return gate / (1.0f + expf(-gate)) * up;
-}
-
-template <InputKind kKind>
-DG_DEVICE float load_as_float(const void* base, u64 index) {
-    if constexpr (kKind == InputKind::kFloat32) {
-        return static_cast<const float*>(base)[index];
-    } else if constexpr (kKind == InputKind::kBFloat16) {
-        const u32 bits = static_cast<const u16*>(base)[index];
-        return __uint_as_float(bits << 16);
-    } else {
-        const u16 bits = static_cast<const u16*>(base)[index];
-        float value;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
-        return value;
-    }
-}
-
-// max that propagates NaN (fmaxf would drop it), so a NaN input gives a NaN scale, as torch's amax does.
-DG_DEVICE float max_nan(float a, float b) {
-    float r;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
 }
 
 DG_DEVICE float fp8_scale_for(float amax) {
@@ -58,26 +36,6 @@ DG_DEVICE float warp_max(float value) {
         value = max_nan(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
     }
     return value;
-}
-
-// Eight (bf16/fp16) or four (fp32) inputs from one 16-byte load, as floats.
-template <InputKind kKind>
-DG_DEVICE void load_vector_as_float(const void* address, float* out) {
-    const uint4 raw = *static_cast<const uint4*>(address);
-    const u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (u32 i = 0; i < 4; ++i) {
-        if constexpr (kKind == InputKind::kFloat32) {
-            out[i] = __uint_as_float(words[i]);
-        } else if constexpr (kKind == InputKind::kBFloat16) {
-            out[2 * i] = __uint_as_float(words[i] << 16);
-            out[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
-        } else {
-            const u16 lo = static_cast<u16>(words[i] & 0xFFFFu), hi = static_cast<u16>(words[i] >> 16);
-            asm("cvt.f32.f16 %0, %1;" : "=f"(out[2 * i]) : "h"(lo));
-            asm("cvt.f32.f16 %0, %1;" : "=f"(out[2 * i + 1]) : "h"(hi));
-        }
-    }
 }
 
 // Per (row, group): scale = amax / 448 and q = x / scale. Two paths with bit-identical results:

@@ -1,4 +1,5 @@
-// Thread-block-cluster primitives: rank, cluster-wide barrier, remote mbarrier arrive, TMA multicast.
+// Thread-block-cluster primitives: rank, cluster-wide barrier, remote shared-memory load, remote mbarrier arrive,
+// TMA multicast.
 #pragma once
 #include <deepgemm/ptx/sync.cuh>
 
@@ -13,6 +14,21 @@ DG_DEVICE u32 cluster_cta_rank() {
 // Every thread of every CTA in the cluster arrives, then waits (release/acquire for shared memory).
 DG_DEVICE void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// A float at the same shared-memory offset as `ptr` in cluster CTA `cta_rank` (distributed shared memory).
+DG_DEVICE float ld_shared_cluster(const float* ptr, u32 cta_rank) {
+    float value;
+    asm volatile(
+        "{\n"
+        "  .reg .b32 remote;\n"
+        "  mapa.shared::cluster.u32 remote, %1, %2;\n"
+        "  ld.shared::cluster.f32 %0, [remote];\n"
+        "}\n"
+        : "=f"(value)
+        : "r"(smem_addr(ptr)), "r"(cta_rank)
+        : "memory");
+    return value;
 }
 
 // Arrive on the mbarrier at the same shared-memory offset in cluster CTA `cta_rank` (may be this CTA).
