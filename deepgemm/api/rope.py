@@ -94,7 +94,7 @@ def _checked(where: str, q: object, k: object, cache: object, positions: object,
         return q, k, cache, positions, True, key  # type: ignore[return-value]
     q_, k_, cache_, positions_ = check_rope(q, k, cache, positions, interleaved, where)
     kernel = backend_for(q_) == "sm90"
-    readable = all(t is None or t is _readable(t) for t in (q_, k_, cache_)) and positions_.is_contiguous()
+    readable = all(t is None or _unit_feature_stride(t) for t in (q_, k_, cache_)) and positions_.is_contiguous()
     if not (kernel and readable):
         key = None
     if key is not None:
@@ -102,9 +102,13 @@ def _checked(where: str, q: object, k: object, cache: object, positions: object,
     return q_, k_, cache_, positions_, kernel, key
 
 
+def _unit_feature_stride(x: torch.Tensor) -> bool:
+    return x.shape[-1] <= 1 or x.stride(-1) == 1
+
+
 def _readable(x: torch.Tensor) -> torch.Tensor:
     """x with a unit stride along its last dimension (a copy where it has another)."""
-    return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
+    return x if _unit_feature_stride(x) else x.contiguous()
 
 
 def refuse_cache_grad(where: str, cache: torch.Tensor) -> None:
