@@ -95,7 +95,7 @@ def softmax(x: torch.Tensor, *, scale: float = 1.0, causal: bool = False) -> tor
     A row of up to 32768 bfloat16/float16 (16384 float32) values is read once and written once from registers;
     longer rows are read twice (the second read mostly from L2). On an sm_90 GPU our kernel runs; elsewhere the
     reference path (torch in float32) gives the result after the same checks. Differentiable (through the public
-    deepgemm.softmax): the backward is one fused pass as well.
+    deepgemm.softmax): the backward is one fused pass as well, and is itself differentiable (double backward).
 
     Args:
         x: float32, bfloat16 or float16, at least 1-D (2-D with causal); any strides (a view whose leading dimensions

@@ -47,6 +47,30 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
 
 torch.library.register_autograd(f"{NAMESPACE}::softmax", _backward, setup_context=_setup_context, lib=LIBRARY)
 
+
+def _setup_backward_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    y, dy, *rest = inputs
+    ctx.scale = rest[0] if rest else 1.0
+    ctx.save_for_backward(y, dy)
+
+
+def _double_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """Gradients of dx = s y (dy - sum(dy y)) (double backward): d/d(dy) is the same formula applied to the incoming
+    gradient g (one fused pass); d/dy = s (g (dy - sum(dy y)) - sum(g y) dy), in float32 torch ops."""
+    y, dy = ctx.saved_tensors
+    grad_y = grad_dy = None
+    if ctx.needs_input_grad[1]:
+        grad_dy = torch.ops.deepgemm.softmax_backward(y, grad.to(y.dtype), ctx.scale)
+    if ctx.needs_input_grad[0]:
+        y32, dy32, g32 = y.float(), dy.float(), grad.float()
+        grad_y = (ctx.scale * (g32 * (dy32 - (dy32 * y32).sum(-1, keepdim=True))
+                               - (g32 * y32).sum(-1, keepdim=True) * dy32)).to(y.dtype)
+    return grad_y, grad_dy, None
+
+
+torch.library.register_autograd(f"{NAMESPACE}::softmax_backward", _double_backward,
+                                setup_context=_setup_backward_context, lib=LIBRARY)
+
 _grad_enabled = torch.is_grad_enabled
 
 

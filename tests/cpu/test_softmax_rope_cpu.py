@@ -214,6 +214,22 @@ def test_softmax_gradient_through_a_view_and_a_chain(seed: int) -> None:
     assert torch.allclose(base.grad.double(), base64.grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_softmax_double_backward_matches_float64(causal: bool, seed: int) -> None:
+    """A gradient of the gradient (create_graph=True, e.g. a gradient penalty) goes through softmax_backward's own
+    autograd formula and equals float64 autograd's: no silently dropped term."""
+    x = torch.randn(2, 5, 7)
+    w = torch.randn(2, 5, 7)
+    x32 = x.clone().requires_grad_()
+    x64 = x.double().requires_grad_()
+    (g32,) = torch.autograd.grad((deepgemm.softmax(x32, scale=0.7, causal=causal) * w).sum(), x32, create_graph=True)
+    (g64,) = torch.autograd.grad((softmax64(x64, 0.7, causal) * w.double()).sum(), x64, create_graph=True)
+    g32.square().sum().backward()
+    g64.square().sum().backward()
+    assert torch.allclose(g32.double(), g64, rtol=1e-5, atol=1e-7)
+    assert torch.allclose(x32.grad.double(), x64.grad, rtol=1e-4, atol=1e-7)
+
+
 def test_softmax_without_grad_records_nothing(seed: int) -> None:
     """Under no_grad (or for an input that needs no grad) the result has no graph."""
     x = torch.randn(3, 8, requires_grad=True)

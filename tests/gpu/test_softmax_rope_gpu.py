@@ -271,6 +271,23 @@ def test_softmax_backward_through_autograd(rows: int, n: int, causal: bool, dtyp
         assert (x.grad[hidden] == 0).all()
 
 
+def test_softmax_double_backward(gpu_guard: GpuGuard, seed: int) -> None:
+    """A gradient of the gradient (create_graph=True) runs the fused backward kernel for d/d(dy) and equals float64
+    autograd's."""
+    x = torch.randn(64, 5, 1000)
+    w = torch.randn(64, 5, 1000)
+    x32 = x.cuda().requires_grad_()
+    (g32,) = torch.autograd.grad((deepgemm.softmax(x32, scale=0.7, causal=True) * w.cuda()).sum(), x32,
+                                 create_graph=True)
+    g32.square().sum().backward()
+    assert gpu_guard.launches("deepgemm_softmax_backward") >= 2
+    x64 = x.double().requires_grad_()
+    (g64,) = torch.autograd.grad((softmax64(x64, 0.7, True) * w.double()).sum(), x64, create_graph=True)
+    g64.square().sum().backward()
+    assert torch.allclose(g32.double().cpu(), g64, rtol=1e-4, atol=1e-7)
+    assert torch.allclose(x32.grad.double().cpu(), x64.grad, rtol=1e-3, atol=1e-7)
+
+
 @pytest.mark.parametrize("n", [pytest.param(1000, marks=quick), 8192, 40000])
 def test_softmax_backward_op_on_misaligned_views(n: int, gpu_guard: GpuGuard, seed: int) -> None:
     """torch.ops.deepgemm.softmax_backward on views the 16-byte path refuses (x[:, 1:]) gives float64's
