@@ -185,31 +185,28 @@ struct SoftmaxForward : SoftmaxShape<kKind, kThreadsPerRow, kItems, kVectorized,
     }
 
     // A cached row: max, sum of exponentials, then the stores from the registers.
+    // f(t) for every cached value t = x * factor of an unmasked column.
+    template <typename F>
+    DG_DEVICE static void for_each_visible(const Raw* cache, u32 limit, float factor, F&& f) {
+#pragma unroll
+        for (u32 i = 0; i < kItems; ++i) {
+            const u32 col = Shape::column(0, i);
+            float values[kVec];
+            Access::unpack(cache[i], values);
+#pragma unroll
+            for (u32 v = 0; v < kVec; ++v) {
+                if (col + v < limit) f(values[v] * factor);
+            }
+        }
+    }
+
     DG_DEVICE static void finish_cached(const Row& row, const Raw* cache, u8* y_row, u32 n, float factor,
                                         float* warp_values) {
         float row_max = negative_infinity();
-#pragma unroll
-        for (u32 i = 0; i < kItems; ++i) {
-            const u32 col = Shape::column(0, i);
-            float values[kVec];
-            Access::unpack(cache[i], values);
-#pragma unroll
-            for (u32 v = 0; v < kVec; ++v) {
-                if (col + v < row.limit) row_max = max_nan(row_max, values[v] * factor);
-            }
-        }
+        for_each_visible(cache, row.limit, factor, [&](float t) { row_max = max_nan(row_max, t); });
         row_max = row_reduce<kThreadsPerRow, kClusterCtas, true>(row_max, warp_values);
         float sum = 0.0f;
-#pragma unroll
-        for (u32 i = 0; i < kItems; ++i) {
-            const u32 col = Shape::column(0, i);
-            float values[kVec];
-            Access::unpack(cache[i], values);
-#pragma unroll
-            for (u32 v = 0; v < kVec; ++v) {
-                if (col + v < row.limit) sum += exp2f(values[v] * factor - row_max);
-            }
-        }
+        for_each_visible(cache, row.limit, factor, [&](float t) { sum += exp2f(t - row_max); });
         sum = row_reduce<kThreadsPerRow, kClusterCtas, false>(sum, warp_values);
         const float inverse = 1.0f / sum;
         if (!row.active) return;
