@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
+import pytest
 import torch
 
 from deepgemm.reference import fp8_gemm_nt_reference
+
+
+_Item = TypeVar("_Item")
+_Built = TypeVar("_Built")
+
+
+def build_in_isolated_cache(tmp_path_factory: pytest.TempPathFactory, build: Callable[[_Item], _Built],
+                            items: Iterable[_Item]) -> list[_Built]:
+    """`build` over `items` on 4 threads, compiling into a cache of the session's temp dir unless DEEPGEMM_CACHE_DIR
+    is set (module fixtures run before conftest's function-scoped cache isolation)."""
+    with pytest.MonkeyPatch.context() as mp:
+        if "DEEPGEMM_CACHE_DIR" not in os.environ:
+            mp.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "deepgemm-cache"))
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            return list(pool.map(build, items))
 
 
 def random_operands(m: int, n: int, k: int, device: str | torch.device, seed: int | None = None):

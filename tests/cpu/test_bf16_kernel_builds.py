@@ -6,9 +6,7 @@ FP32 out, with and without C), and the grouped kinds' plans (contiguous, psum, m
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from deepgemm.kernels.sm90_bf16_gemm.plan import Bf16Geometry, bf16_spec, groupe
 from deepgemm.kernels.sm90_bf16_gemm.spec import LAYOUTS, Bf16GemmSpec, b_mn_major, compile_spec, render_source
 from deepgemm.utils import ceil_div
 from tests.cpu.test_kernel_builds import assert_waits_for_previous_grid, nvdisasm
-from tests.helpers import assert_clean_build
+from tests.helpers import assert_clean_build, build_in_isolated_cache
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -144,12 +142,7 @@ def _build(request: tuple[str, Bf16GemmSpec]) -> Build:
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
-    # Module fixtures run before the function-scoped cache isolation of conftest: isolate here too.
-    with pytest.MonkeyPatch.context() as mp:
-        if "DEEPGEMM_CACHE_DIR" not in os.environ:
-            mp.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "deepgemm-cache"))
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            results = list(pool.map(_build, REQUESTS))
+    results = build_in_isolated_cache(tmp_path_factory, _build, REQUESTS)
     print("\ncovered BF16 GEMM configs:")
     for b in results:
         print(f"  {b.name:36s} {b.spec.label()}  regs={b.resources.registers if b.resources else '?'}")

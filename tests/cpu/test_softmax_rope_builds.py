@@ -6,8 +6,6 @@ lanes_per_row."""
 from __future__ import annotations
 
 import dataclasses
-import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -30,7 +28,7 @@ from deepgemm.kernels.softmax.launch import (
     softmax_shape,
 )
 from tests.cpu.test_kernel_builds import assert_waits_for_previous_grid
-from tests.helpers import assert_clean_build
+from tests.helpers import assert_clean_build, build_in_isolated_cache
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -102,12 +100,7 @@ def _build(item: tuple[str, KernelSource, int]) -> Build:
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
-    # Module fixtures run before the function-scoped cache isolation of conftest: isolate here too.
-    with pytest.MonkeyPatch.context() as mp:
-        if "DEEPGEMM_CACHE_DIR" not in os.environ:
-            mp.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "deepgemm-cache"))
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            results = list(pool.map(_build, _sources()))
+    results = build_in_isolated_cache(tmp_path_factory, _build, _sources())
     return {b.name: b for b in results}
 
 
