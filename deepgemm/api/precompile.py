@@ -20,7 +20,8 @@ from deepgemm.api.gemm import planned_spec
 from deepgemm.api.grouped import MASKED_M_ALIGNMENT, get_m_alignment_for_contiguous_layout
 from deepgemm.jit.compiler import KernelSource, compile_kernel_outcome, compile_stats, default_cache_dir
 from deepgemm.kernels.common.device import device_name, planning_sm_count
-from deepgemm.kernels.quantize_fp8.launch import INPUT_KINDS, token_group_source
+from deepgemm.kernels.common.elements import ELEMENT_KINDS
+from deepgemm.kernels.quantize_fp8.launch import token_group_source
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Geometry, grouped_spec
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, render_source
@@ -89,8 +90,8 @@ def quantizer_kernel(input_dtype: torch.dtype, group_size: int = ACTIVATION_GROU
                      silu_mul: bool = False) -> KernelSource:
     """The per-token-group quantizer quantize_per_token_group (silu_mul: silu_mul_quantize_per_token_group) loads
     for inputs of `input_dtype` (it depends on nothing else: one kernel serves every shape)."""
-    if input_dtype not in INPUT_KINDS:
-        raise TypeError(f"input dtype must be one of {tuple(INPUT_KINDS)}, got {input_dtype}")
+    if input_dtype not in ELEMENT_KINDS:
+        raise TypeError(f"input dtype must be one of {tuple(ELEMENT_KINDS)}, got {input_dtype}")
     return token_group_source(input_dtype, group_size, silu_mul)
 
 

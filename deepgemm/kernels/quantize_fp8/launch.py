@@ -13,7 +13,6 @@ from deepgemm.kernels.common.elements import ELEMENT_KINDS
 from deepgemm.kernels.common.loader import load_kernel
 from deepgemm.utils import align_up, ceil_div
 
-INPUT_KINDS = ELEMENT_KINDS
 _THREADS = 256
 
 
@@ -24,7 +23,7 @@ def token_group_source(dtype: torch.dtype, group_size: int, silu_mul: bool = Fal
         "", "quantize_per_token_group")
     code = f"""\
 #include <deepgemm/impls/quantize_fp8.cuh>
-using Kernel = deepgemm::QuantizePerTokenGroup<{INPUT_KINDS[dtype]}, {group_size}u{activation}>;
+using Kernel = deepgemm::QuantizePerTokenGroup<{ELEMENT_KINDS[dtype]}, {group_size}u{activation}>;
 extern "C" __global__ void __launch_bounds__({_THREADS})
 deepgemm_{name}(const void* x, deepgemm::u64 x_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride, float* sf,
                 deepgemm::u32 sf_stride, deepgemm::u32 m, deepgemm::u32 k, deepgemm::u32 vectorized) {{
@@ -38,7 +37,7 @@ deepgemm_{name}(const void* x, deepgemm::u64 x_row_stride, deepgemm::u8* q, deep
 def block_source(dtype: torch.dtype, block: int) -> KernelSource:
     code = f"""\
 #include <deepgemm/impls/quantize_fp8.cuh>
-using Kernel = deepgemm::QuantizePerBlock<{INPUT_KINDS[dtype]}, {block}u>;
+using Kernel = deepgemm::QuantizePerBlock<{ELEMENT_KINDS[dtype]}, {block}u>;
 extern "C" __global__ void __launch_bounds__({_THREADS})
 deepgemm_quantize_per_block(const void* w, deepgemm::u64 w_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride, float* sf,
                 deepgemm::u32 n, deepgemm::u32 k) {{
