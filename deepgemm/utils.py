@@ -12,6 +12,11 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def next_power_of_2(value: int) -> int:
+    """The smallest power of two >= value (1 for value <= 1)."""
+    return 1 << max(0, value - 1).bit_length()
+
+
 def align_up(a: int, b: int) -> int:
     return ceil_div(a, b) * b
 

@@ -53,6 +53,7 @@ from deepgemm.reference import (
     m_grouped_bf16_masked_reference,
     m_indices_from_psum,
 )
+from deepgemm.utils import next_power_of_2
 
 BF16 = torch.bfloat16
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -90,7 +91,7 @@ def _launch_if_ready(form: object, a: object, b: object, out: object, grouping: 
 def _masked_bucket(expected_m: int, max_m: int) -> int:
     """The expected rows the masked tile is chosen for: the next power of two (at most max_m), so a serving loop's
     changing hint builds a handful of plans, not one per value."""
-    return min(1 << max(0, expected_m - 1).bit_length(), max(max_m, 1))
+    return min(next_power_of_2(expected_m), max(max_m, 1))
 
 
 def _check_operands(a: object, b: object, out: object, where: str, a_rank: int

@@ -32,6 +32,7 @@ from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import candidate_tiles, clus
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind, GemmProblem
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import model_split_tail, split_tail_applies, stream_tail_applies
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import max_stages
+from deepgemm.utils import next_power_of_2
 
 FORMAT = "deepgemm-tuning"
 VERSION = 1
@@ -40,7 +41,7 @@ KERNEL_FP8_GEMM_NT = "fp8_gemm_nt"
 
 def m_bucket(m: int) -> int:
     """Shapes whose M rounds up to the same power of two share a tuned choice."""
-    return 1 << max(m - 1, 0).bit_length()
+    return next_power_of_2(m)
 
 
 def gpu_slug(gpu_name: str) -> str:

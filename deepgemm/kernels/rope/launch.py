@@ -11,20 +11,16 @@ from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import KernelSource
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
 from deepgemm.kernels.common.elements import ELEMENT_KINDS, vector_aligned, vector_elements
-from deepgemm.utils import ceil_div
+from deepgemm.utils import ceil_div, next_power_of_2
 from deepgemm.kernels.common.loader import load_kernel
 
 THREADS = 256
 
 
-def _pow2_at_least(value: int) -> int:
-    return 1 << max(0, value - 1).bit_length()
-
-
 def lanes_per_row(rotary_dim: int, vector: int) -> int:
     """Lanes sharing one (token, head) row: enough for one step over its rotary_dim / 2 pairs, `vector` pairs a lane,
     at most a warp."""
-    return min(32, _pow2_at_least(ceil_div(rotary_dim // 2, vector)))
+    return min(32, next_power_of_2(ceil_div(rotary_dim // 2, vector)))
 
 
 def rope_source(dtype: torch.dtype, cache_dtype: torch.dtype, interleaved: bool, vectorized: bool,

@@ -14,7 +14,7 @@ from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_dev
 from deepgemm.kernels.common.elements import ELEMENT_KINDS, VECTOR_BYTES, vector_aligned, vector_elements
 from deepgemm.kernels.common.device import physical_sm_count
 from deepgemm.kernels.common.loader import load_kernel
-from deepgemm.utils import ceil_div
+from deepgemm.utils import ceil_div, next_power_of_2
 
 MAX_THREADS_PER_ROW = 1024
 # Registers (32-bit words) of a row each thread keeps (the forward one row, the backward two): up to 8 16-byte
@@ -54,10 +54,6 @@ class SoftmaxShape:
         return rows * self.cluster if self.cluster > 1 else ceil_div(rows, self.rows_per_cta * self.rows_in_flight)
 
 
-def _pow2_at_least(value: int) -> int:
-    return 1 << max(0, value - 1).bit_length()
-
-
 def softmax_shape(n: int, dtype: torch.dtype, vectorized: bool, backward: bool = False, rows: int = 1,
                   num_sms: int = 132) -> SoftmaxShape:
     """The row group for `rows` rows of `n` elements: the fewest threads (up to 1024) that hold a row in about
@@ -68,17 +64,17 @@ def softmax_shape(n: int, dtype: torch.dtype, vectorized: bool, backward: bool =
     vector = vector_elements(dtype) if vectorized else 1
     words = (4 if vectorized else 1) * (2 if backward else 1)
     vectors = ceil_div(n, vector)
-    threads = min(MAX_THREADS_PER_ROW, _pow2_at_least(ceil_div(vectors, ITEMS_PER_THREAD)))
+    threads = min(MAX_THREADS_PER_ROW, next_power_of_2(ceil_div(vectors, ITEMS_PER_THREAD)))
     budget = CACHED_WORDS_1024 if threads == MAX_THREADS_PER_ROW else CACHED_WORDS
     max_items = min(MAX_ITEMS, max(1, budget // words))
-    items = _pow2_at_least(ceil_div(vectors, threads))
+    items = next_power_of_2(ceil_div(vectors, threads))
     if items <= max_items:
         return SoftmaxShape(threads, items, vector, False)
     items = min(MAX_ITEMS, max(1, CACHED_WORDS_1024 // words))
     streaming_items = min(ITEMS_PER_THREAD, items)
     if rows >= num_sms:
         return SoftmaxShape(MAX_THREADS_PER_ROW, streaming_items, vector, True)
-    cluster = _pow2_at_least(ceil_div(vectors, MAX_THREADS_PER_ROW * items))
+    cluster = next_power_of_2(ceil_div(vectors, MAX_THREADS_PER_ROW * items))
     if cluster <= MAX_CLUSTER_CTAS:
         return SoftmaxShape(MAX_THREADS_PER_ROW, items, vector, False, cluster)
     return SoftmaxShape(MAX_THREADS_PER_ROW, streaming_items, vector, True, MAX_CLUSTER_CTAS)
