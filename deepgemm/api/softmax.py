@@ -92,8 +92,9 @@ def softmax(x: torch.Tensor, *, scale: float = 1.0, causal: bool = False) -> tor
     (sq > n) gives a row of zeros, not NaN. Otherwise NaN and infinities follow torch.softmax: a NaN or +inf in a
     row, or a row of -inf, gives a NaN row.
 
-    A row of up to 32768 bfloat16/float16 (16384 float32) values is read once and written once from registers;
-    longer rows are read twice (the second read mostly from L2). On an sm_90 GPU our kernel runs; elsewhere the
+    A row of up to 32768 bfloat16/float16 (16384 float32) values is read once and written once from registers; a
+    longer one is split over a cluster of up to 8 CTAs (still read once) while the rows alone would leave SMs idle,
+    and is otherwise read twice (the second read mostly from L2). On an sm_90 GPU our kernel runs; elsewhere the
     reference path (torch in float32) gives the result after the same checks. Differentiable (through the public
     deepgemm.softmax): the backward is one fused pass as well, and is itself differentiable (double backward).
 
