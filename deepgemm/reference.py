@@ -18,8 +18,10 @@ FLOAT32_MIN = torch.finfo(torch.float32).tiny
 
 
 def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
-    """max(amax / 448, FLT_MIN): all-zero groups get a tiny positive scale, never 0, NaN or Inf."""
-    return torch.clamp(amax / E4M3_MAX, min=FLOAT32_MIN)
+    """max(amax / 448, FLT_MIN): all-zero groups get a tiny positive scale, never 0, NaN or Inf. The divisor is a
+    tensor on amax's device: torch divides a CUDA tensor by a Python scalar as a product with its reciprocal, which
+    differs from the kernels' IEEE division in the last bit of some scales."""
+    return torch.clamp(amax / amax.new_full((), E4M3_MAX), min=FLOAT32_MIN)
 
 
 def _pad_to(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:

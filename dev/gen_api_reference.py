@@ -59,6 +59,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Quantization": ("quantize_per_token_group", "quantize_per_block", "dequantize_per_token_group",
                      "dequantize_per_block"),
     "Layout helpers": ("to_mn_major_tma_aligned",),
+    "FP8 training": ("fp8_linear", "Fp8TrainingLinear"),
+    "Fused softmax and RoPE": ("softmax", "rope", "rope_"),
     "PyTorch modules (deepgemm.nn)": ("Fp8Linear", "convert", "ConversionReport", "load_fp8_checkpoint",
                                       "save_fp8_checkpoint", "LoadReport", "precompile_model", "PrecompileSummary"),
     "Tensor parallelism (deepgemm.distributed)": ("ColumnParallelFp8Linear", "RowParallelFp8Linear",
@@ -104,8 +106,12 @@ def is_record(obj: Any) -> bool:
 
 
 def section_of(name: str, obj: Any, exported_by: Iterable[str]) -> str:
-    """Where a public name goes: by the subpackage exporting it, else by kind and name."""
+    """Where a public name goes: the section listing it, else by the subpackage exporting it, else by kind and
+    name."""
     modules = set(exported_by)
+    for section, names in SECTIONS.items():  # a name listed in a section goes there
+        if name in names:
+            return section
     if "deepgemm.distributed" in modules:
         return "Tensor parallelism (deepgemm.distributed)"
     if "deepgemm.nn" in modules:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests files sanitize host sass bench moe repeat breadth grouped kgrouped kgtiles maskedtiles bf16grouped twins ncu ncusource ncugrouped split bf16split clusters tiles placement pdl floor ab nn route block racecheck bf16 fused all
+# Steps: install smoke tests files sanitize host sass bench moe repeat breadth grouped kgrouped kgtiles maskedtiles bf16grouped twins ncu ncusource ncugrouped split bf16split clusters tiles placement pdl floor ab nn route block racecheck bf16 fused training all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times other trees, carried under .ab (dev/rename_package.sh; AB_TREES names them, default deepgemm_old), interleaved
@@ -116,6 +116,12 @@ if has fused; then
   timeout "$(left 240)" python3 -m pytest --timeout "$(left 120)" -q -p no:cacheprovider tests/gpu/test_softmax_rope_gpu.py 2>&1 \
     | tee "$OUT/pytest_fused.log" | grep -E "^(FAILED|ERROR)|passed|failed|rror" | tail -25; failed "${PIPESTATUS[0]}"
   timeout "$(left 300)" python3 dev/bench_softmax_rope.py ${FUSED_ARGS:-} 2>&1 | tee "$OUT/bench_fused.md"
+fi
+# training: the FP8 training GPU tests (deepgemm.fp8_linear, the transposed quantizer), then dev/bench_fp8_training.py.
+if has training; then
+  timeout "$(left 300)" python3 -m pytest --timeout "$(left 150)" -q -p no:cacheprovider tests/gpu/test_fp8_training_gpu.py 2>&1 \
+    | tee "$OUT/pytest_training.log" | grep -E "^(FAILED|ERROR)|passed|failed|rror" | tail -25; failed "${PIPESTATUS[0]}"
+  timeout "$(left 300)" python3 dev/bench_fp8_training.py ${TRAINING_ARGS:-} 2>&1 | tee "$OUT/bench_training.md"
 fi
 if has racecheck; then
   bash dev/racecheck_ab.sh

@@ -70,6 +70,7 @@ def main() -> None:
     bf16_grouped()
     quantizers()
     softmax_and_rope()
+    fp8_training()
 
 
 def quantizers() -> None:
@@ -320,6 +321,39 @@ def softmax_and_rope() -> None:
             assert torch.equal(out.isnan(), expected.isnan())
             assert (out.double() - expected).nan_to_num().abs().max().item() < 5e-2
         print(f"sanitize rope {dtype} interleaved={interleaved} pad={pad}: ok")
+
+
+def fp8_training() -> None:
+    """The transposing quantizers (alone and both ways; 16-byte and scalar paths, padded tokens, odd sizes), the
+    per-block quantizer with its transpose, and an FP8 training step of deepgemm.fp8_linear on odd shapes."""
+    from deepgemm.ops.quant import quantize_both_ways, quantize_per_block_transposed, quantize_transposed
+
+    for t, c, dtype, pad in ((1, 1, torch.bfloat16, 0), (130, 72, torch.float32, 0), (300, 200, torch.bfloat16, 1),
+                             (77, 4104, torch.float16, 0)):
+        base = torch.randn(t, c + pad, device="cuda").to(dtype)
+        x = base[:, pad:]  # pad 1: a misaligned base, the scalar path
+        tokens = (t + 127) // 128 * 128
+        qt, _ = quantize_transposed(x, tokens)
+        q, _, qt2, _ = quantize_both_ways(x, tokens)
+        torch.cuda.synchronize()
+        assert torch.equal(qt.view(torch.uint8), qt2.view(torch.uint8)) and q.shape == (t, c)
+        print(f"sanitize transposed quantizers {t} x {c} {dtype} pad={pad}: ok")
+    for n, k in ((300, 200), (8, 24), (129, 4096)):
+        q, _, qt = quantize_per_block_transposed(torch.randn(n, k, device="cuda"))
+        torch.cuda.synchronize()
+        assert torch.equal(qt.view(torch.uint8), q.t().contiguous().view(torch.uint8))
+        print(f"sanitize quantize_per_block_transposed {n} x {k}: ok")
+    for t, n, k in ((7, 64, 128), (129, 272, 400), (1000, 2112, 512)):
+        x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        w = (torch.randn(n, k, device="cuda") * 0.05).requires_grad_()
+        b = torch.randn(n, device="cuda", requires_grad=True)
+        y = deepgemm.fp8_linear(x, w, b)
+        y.backward(torch.randn_like(y))
+        torch.cuda.synchronize()
+        ref = x.detach().double() @ w.detach().double().t() + b.detach().double()
+        diff = deepgemm.calc_diff(y.detach().double(), ref)
+        assert diff < 3e-3 and x.grad is not None and w.grad is not None and not w.grad.isnan().any()
+        print(f"sanitize fp8_linear step {t} x {n} x {k}: calc_diff={diff:.2e}")
 
 
 if __name__ == "__main__":

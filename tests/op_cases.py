@@ -68,6 +68,9 @@ def op_cases(device: str, seed: int) -> dict[str, tuple]:
         "quantize_per_token_group": (x, 128),
         "silu_mul_quantize_per_token_group": (x, 128),  # [gate | up] of 100 columns each
         "quantize_per_block": (x, 128),
+        "quantize_transposed": (x, 256),  # x [100, 200] -> x^T [200, 256], padded past 100 tokens
+        "quantize_both_ways": (x, 128),
+        "quantize_per_block_transposed": (x,),
         "bf16_gemm": (xa, wn, "nn", torch.randn(100, 200, generator=gen).to(device), bf16),
         "bf16_gemm_out": (xt, wt, "tt", None, torch.empty(104, 200, dtype=torch.float32, device=device)),
         "bf16_gemm_accumulate": (xa, wt, "nt", torch.randn(100, 200, generator=gen).to(device, bf16)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from deepgemm.api.backend import backend_for
@@ -17,8 +19,10 @@ from deepgemm.api.validation import (
     require_tensor,
 )
 from deepgemm.kernels.quantize_fp8.launch import (
+    TRANSPOSED_GROUP,
     quantize_per_block_cuda,
     quantize_per_token_group_cuda,
+    quantize_transposed_cuda,
 )
 from deepgemm.reference import (
     dequantize_per_block as _dequantize_per_block,
@@ -36,12 +40,14 @@ DEQUANTIZE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64
 MAX_GRID_X = 2**31 - 1  # CUDA's grid limits: x up to 2^31 - 1 blocks, y up to 65535
 MAX_GRID_Y = 65535
 _TOKEN_GROUP_WARPS_PER_CTA = 8  # the per-token-group kernel's 256-thread CTAs: at worst one group per warp
+MAX_TRANSPOSED_COLUMNS = 64 * MAX_GRID_Y  # the transposed quantizer's grid: 64 columns of x per CTA along y
 
 
-# Inputs of the per-token-group quantizers that passed validation and took the kernel path without a copy, by
-# (shape, strides, dtype, device index, group size, silu_mul): a warm call with the same metadata goes straight to the
-# kernel (the checks, the stride test and the backend lookup cost ~2 us of Python per call).
-_kernel_ready: dict[tuple, bool] = {}  # (a ready_launches table: the key is all there is to remember)
+# Inputs of the per-token-group quantizers that passed validation and took a kernel path without a copy, by
+# (shape, strides, dtype, device index, group size, silu_mul) -> the launcher: a warm call with the same metadata
+# goes straight to the kernel (the checks, the stride test and the backend lookup cost ~2 us of Python per call).
+_Launcher = Callable[[torch.Tensor, int, bool], tuple[torch.Tensor, torch.Tensor]]
+_kernel_ready: dict[tuple, _Launcher] = {}
 _grad_enabled = torch.is_grad_enabled
 
 
@@ -53,9 +59,26 @@ def _kernel_ready_key(x: object, group_size: object, silu_mul: bool) -> tuple | 
     return (x.shape, x.stride(), x.dtype, x.get_device(), group_size, silu_mul)
 
 
-def _remember_kernel_ready(key: tuple | None) -> None:
+def _remember_kernel_ready(key: tuple | None, launcher: _Launcher) -> None:
     if key is not None:
-        keep(_kernel_ready, key, True)
+        keep(_kernel_ready, key, launcher)
+
+
+def _rows_kernel(x: torch.Tensor, group_size: int, silu_mul: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize_per_token_group_cuda(x, group_size, silu_mul=silu_mul)
+
+
+def _columns_kernel(x: torch.Tensor, group_size: int, silu_mul: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A column-major x [M, K] (x.t() row-major, e.g. dY.t() for a Wgrad operand): the transposed kernel reads
+    x.t() in place instead of a contiguous copy being made first."""
+    qt, sft = quantize_transposed_cuda(x.t(), x.shape[1])
+    return qt, sft
+
+
+def _column_major(x: torch.Tensor, group_size: int, silu_mul: bool) -> bool:
+    """x is a transposed row-major tensor the transposed kernel reads in place (groups of 128, no activation)."""
+    return (not silu_mul and group_size == TRANSPOSED_GROUP and x.shape[1] > 1 and x.stride(0) == 1
+            and x.stride(1) != 1 and x.shape[0] <= MAX_TRANSPOSED_COLUMNS)
 
 
 def empty_token_group_scales(m: int, groups: int, device: torch.device) -> torch.Tensor:
@@ -140,19 +163,78 @@ def _token_group(x: torch.Tensor, group_size: int, silu_mul: bool) -> tuple[torc
     """Both per-token-group quantizers: a warm input (its metadata passed the checks on the kernel path before) goes
     straight to the kernel; otherwise the checks, then the kernel or the reference path."""
     key = _kernel_ready_key(x, group_size, silu_mul)
-    if key in _kernel_ready and not (_grad_enabled() and x.requires_grad):
-        return quantize_per_token_group_cuda(x, group_size, silu_mul=silu_mul)
+    launcher = _kernel_ready.get(key) if key is not None else None
+    if launcher is not None and not (_grad_enabled() and x.requires_grad):
+        return launcher(x, group_size, silu_mul)
     if silu_mul:
         checked = check_silu_mul_input(x, group_size)
     else:
         checked = check_quantize_input(x, "x", group_size, "group_size", GROUP_SIZES, "quantize_per_token_group")
+    if backend_for(checked) == "sm90" and _column_major(checked, group_size, silu_mul):
+        _remember_kernel_ready(key, _columns_kernel)
+        return _columns_kernel(checked, group_size, silu_mul)
     x = _unit_column_stride(checked)
     if backend_for(x) == "sm90":
         if x is checked:
-            _remember_kernel_ready(key)
-        return quantize_per_token_group_cuda(x, group_size, silu_mul=silu_mul)
+            _remember_kernel_ready(key, _rows_kernel)
+        return _rows_kernel(x, group_size, silu_mul)
     q, sf = quantize_per_token_group_reference(silu_mul_reference(x) if silu_mul else x, group_size)
     return q, _as_mn_major(sf)
+
+
+def check_transposed_input(x: object, tokens: object, where: str) -> torch.Tensor:
+    """The transposing quantizers' rules (shared with their fake kernels): x as for quantize_per_token_group, and
+    `tokens` an int >= x's rows (the padded token count)."""
+    checked = check_quantize_input(x, "x", TRANSPOSED_GROUP, "group_size", (TRANSPOSED_GROUP,), where)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < checked.shape[0]:
+        raise ValueError(f"{where}: 'tokens' must be an int >= x's {checked.shape[0]} rows, got {tokens!r}")
+    return checked
+
+
+def _transposed_reference(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    t, c = x.shape
+    padded = torch.zeros((c, tokens), dtype=torch.float32, device=x.device)
+    padded[:, :t] = x.t()
+    if backend_for(x) == "sm90":  # (more columns than the transposed kernel's grid takes)
+        return quantize_per_token_group_cuda(padded, TRANSPOSED_GROUP)
+    q, sf = quantize_per_token_group_reference(padded, TRANSPOSED_GROUP)
+    return q, _as_mn_major(sf)
+
+
+def quantize_transposed(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, C] -> quantize_per_token_group of x^T zero-padded to `tokens` (>= T) columns: (qt e4m3 [C, tokens],
+    sft float32 [C, ceil(tokens/128)] M-major), in one pass on an sm_90 GPU (no transposed or padded copy): a Wgrad
+    operand (the 1D1D GEMM takes whole 128-token blocks)."""
+    checked = check_transposed_input(x, tokens, "quantize_transposed")
+    if backend_for(checked) == "sm90" and checked.shape[1] <= MAX_TRANSPOSED_COLUMNS:
+        qt, sft = quantize_transposed_cuda(_unit_column_stride(checked), tokens)
+        return qt, sft
+    return _transposed_reference(checked, tokens)
+
+
+def quantize_both_ways(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, C] -> quantize_per_token_group(x) + quantize_transposed(x, tokens) from one read of x: (q [T, C], sf
+    [T, ceil(C/128)] M-major, qt [C, tokens], sft [C, ceil(tokens/128)] M-major), an FP8 training step's two
+    quantizations of an activation or a gradient (Fprop/Dgrad along C, Wgrad along the tokens)."""
+    checked = check_transposed_input(x, tokens, "quantize_both_ways")
+    if backend_for(checked) == "sm90" and checked.shape[1] <= MAX_TRANSPOSED_COLUMNS:
+        q, sf, qt, sft = quantize_transposed_cuda(_unit_column_stride(checked), tokens, rows_too=True)
+        return q, sf, qt, sft
+    q, sf = _token_group(checked, TRANSPOSED_GROUP, False)
+    qt, sft = _transposed_reference(checked, tokens)
+    return q, sf, qt, sft
+
+
+def quantize_per_block_transposed(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """quantize_per_block(w, 128) plus qt = q^T (contiguous e4m3 [K, N]) written by the same pass: the FP8 training
+    linear's weight for Fprop (q) and Dgrad (qt, whose 128x128 block scales are sf^T)."""
+    w = check_quantize_input(w, "w", 128, "block", (128,), "quantize_per_block_transposed")
+    w = _unit_column_stride(w)
+    if backend_for(w) == "sm90":
+        q, sf, qt = quantize_per_block_cuda(w, 128, transposed=True)
+        return q, sf, qt
+    q, sf = quantize_per_block_reference(w, 128)
+    return q, sf, q.t().contiguous()
 
 
 def check_silu_mul_input(x: object, group_size: object) -> torch.Tensor:
@@ -222,7 +304,8 @@ def quantize_per_block(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor,
     w = check_quantize_input(w, "w", block, "block", BLOCK_SIZES, "quantize_per_block")
     w = _unit_column_stride(w)
     if backend_for(w) == "sm90":
-        return quantize_per_block_cuda(w, block)
+        q, sf = quantize_per_block_cuda(w, block)
+        return q, sf
     return quantize_per_block_reference(w, block)
 
 

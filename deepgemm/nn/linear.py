@@ -29,7 +29,8 @@ class Fp8Linear(nn.Module):
     `dtype`. Each call quantizes x per 1x128 group with the one-pass kernel and runs the FP8 GEMM with FP32
     accumulation; the output has `dtype` (bfloat16 or float32) and the bias is added to it. Layers whose shape the
     kernel cannot take or runs slower on (`fp8_linear_route`) keep a dequantized copy of the weight and run a plain
-    matmul instead: `route` says which. The module holds no gradient: FP8 training is not supported yet.
+    matmul instead: `route` says which. The module holds no gradient (an inference layer): to train in FP8, use
+    Fp8TrainingLinear (or `convert(model, training=True)`).
 
     A call takes x [..., in_features] (float32, bfloat16 or float16) and returns [..., out_features] in `dtype`.
 

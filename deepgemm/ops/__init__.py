@@ -11,6 +11,7 @@ from deepgemm.ops.bf16_grouped import (
     m_grouped_bf16_gemm_nt_contiguous_psum,
     m_grouped_bf16_gemm_nt_masked,
 )
+from deepgemm.ops.fp8_linear import fp8_linear
 from deepgemm.ops.gemm import fp8_gemm_nt
 from deepgemm.ops.grouped import (
     m_grouped_fp8_gemm_nt_contiguous,
@@ -28,6 +29,7 @@ __all__ = [
     "bf16_gemm_tn",
     "bf16_gemm_tt",
     "fp8_gemm_nt",
+    "fp8_linear",
     "k_grouped_bf16_gemm_tn_contiguous",
     "k_grouped_fp8_gemm_tn_contiguous",
     "m_grouped_bf16_gemm_nt_contiguous",

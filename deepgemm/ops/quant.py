@@ -46,11 +46,45 @@ def _block_fake(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.
     return q, sf
 
 
+def _transposed_impl(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return api.quantize_transposed(x, tokens)
+
+
+def _transposed_fake(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    api.check_transposed_input(x, tokens, "quantize_transposed")
+    return _token_group_outputs(x.shape[1], tokens, api.TRANSPOSED_GROUP, x.device)
+
+
+def _both_impl(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return api.quantize_both_ways(x, tokens)
+
+
+def _both_fake(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    api.check_transposed_input(x, tokens, "quantize_both_ways")
+    t, c = x.shape
+    return (*_token_group_outputs(t, c, api.TRANSPOSED_GROUP, x.device),
+            *_token_group_outputs(c, tokens, api.TRANSPOSED_GROUP, x.device))
+
+
+def _block_transposed_impl(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return api.quantize_per_block_transposed(w)
+
+
+def _block_transposed_fake(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    api.check_quantize_input(w, "w", 128, "block", (128,), "quantize_per_block_transposed")
+    q, sf = _block_fake(w, 128)
+    return q, sf, torch.empty((w.shape[1], w.shape[0]), dtype=FP8, device=w.device)
+
+
 define("quantize_per_token_group(Tensor x, int group_size=128) -> (Tensor, Tensor)", _token_group_impl,
        _token_group_fake)
 define("silu_mul_quantize_per_token_group(Tensor x, int group_size=128) -> (Tensor, Tensor)", _silu_mul_impl,
        _silu_mul_fake)
 define("quantize_per_block(Tensor w, int block=128) -> (Tensor, Tensor)", _block_impl, _block_fake)
+define("quantize_transposed(Tensor x, int tokens) -> (Tensor, Tensor)", _transposed_impl, _transposed_fake)
+define("quantize_both_ways(Tensor x, int tokens) -> (Tensor, Tensor, Tensor, Tensor)", _both_impl, _both_fake)
+define("quantize_per_block_transposed(Tensor w) -> (Tensor, Tensor, Tensor)", _block_transposed_impl,
+       _block_transposed_fake)
 
 
 def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,6 +108,30 @@ def quantize_per_block(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor,
     return q, sf
 
 
+def quantize_transposed(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if not compiling():
+        return api.quantize_transposed(x, tokens)
+    q, sf = torch.ops.deepgemm.quantize_transposed(x, tokens)
+    return q, sf
+
+
+def quantize_both_ways(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    if not compiling():
+        return api.quantize_both_ways(x, tokens)
+    q, sf, qt, sft = torch.ops.deepgemm.quantize_both_ways(x, tokens)
+    return q, sf, qt, sft
+
+
+def quantize_per_block_transposed(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if not compiling():
+        return api.quantize_per_block_transposed(w)
+    q, sf, qt = torch.ops.deepgemm.quantize_per_block_transposed(w)
+    return q, sf, qt
+
+
 quantize_per_token_group.__doc__ = api.quantize_per_token_group.__doc__
+quantize_transposed.__doc__ = api.quantize_transposed.__doc__
+quantize_both_ways.__doc__ = api.quantize_both_ways.__doc__
+quantize_per_block_transposed.__doc__ = api.quantize_per_block_transposed.__doc__
 quantize_per_block.__doc__ = api.quantize_per_block.__doc__
 silu_mul_quantize_per_token_group.__doc__ = api.silu_mul_quantize_per_token_group.__doc__

@@ -23,7 +23,7 @@ from deepgemm.api.gemm import planned_spec
 from deepgemm.errors import CompileError
 from deepgemm.jit import compile_kernel
 from deepgemm.kernels.common.hopper import SMEM_CAPACITY, elem_bytes
-from deepgemm.kernels.quantize_fp8.launch import block_source, token_group_source
+from deepgemm.kernels.quantize_fp8.launch import block_source, token_group_source, transposed_source
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import clusters_allowed, make_config, pipelined_for
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import max_stages
@@ -87,6 +87,12 @@ QUANTIZE = [
     ("block_fp16_32", block_source, torch.float16, 32),
     ("silu_mul_token_group_bf16_128", functools.partial(token_group_source, silu_mul=True), BF16, 128),
     ("silu_mul_token_group_fp32_1024", functools.partial(token_group_source, silu_mul=True), FP32, 1024),
+    ("transposed_bf16", lambda dtype, _size: transposed_source(dtype), BF16, 128),
+    ("transposed_fp32", lambda dtype, _size: transposed_source(dtype), FP32, 128),
+    ("both_ways_bf16", lambda dtype, _size: transposed_source(dtype, rows_too=True), BF16, 128),
+    ("both_ways_fp32", lambda dtype, _size: transposed_source(dtype, rows_too=True), FP32, 128),
+    ("block_transposed_fp32_128", functools.partial(block_source, transposed=True), FP32, 128),
+    ("block_transposed_bf16_128", functools.partial(block_source, transposed=True), BF16, 128),
 ]
 
 

@@ -327,6 +327,13 @@ def test_warm_token_group_calls_skip_the_checks(monkeypatch: pytest.MonkeyPatch,
         q, sf = quantize_per_token_group_reference(silu_mul_reference(x) if silu_mul else x, group_size)
         return q, api._as_mn_major(sf)
 
+    transposed: list[tuple[tuple[int, ...], int]] = []
+
+    def transposed_kernel(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        transposed.append((tuple(x.shape), tokens))
+        q, sf = quantize_per_token_group_reference(x.t(), 128)
+        return q, api._as_mn_major(sf)
+
     checked: list[str] = []
     real_check, real_silu_check = api.check_quantize_input, api.check_silu_mul_input
 
@@ -341,6 +348,7 @@ def test_warm_token_group_calls_skip_the_checks(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(api, "_kernel_ready", {})
     monkeypatch.setattr(api, "backend_for", lambda *tensors, **kw: "sm90")
     monkeypatch.setattr(api, "quantize_per_token_group_cuda", kernel)
+    monkeypatch.setattr(api, "quantize_transposed_cuda", transposed_kernel)
     monkeypatch.setattr(api, "check_quantize_input", counted)
     monkeypatch.setattr(api, "check_silu_mul_input", counted_silu)
     x = torch.randn(16, 512).to(torch.bfloat16)
@@ -350,13 +358,19 @@ def test_warm_token_group_calls_skip_the_checks(monkeypatch: pytest.MonkeyPatch,
     assert torch.equal(first[1], again[1]) and again[1].stride() == (1, 16)
     deepgemm.quantize_per_token_group(x, 64)  # another group size
     deepgemm.quantize_per_token_group(x[:8])  # another shape
-    strided = torch.randn(512, 16).to(torch.bfloat16).t()  # column stride 16: copied first, never remembered
+    strided = torch.randn(512, 16).to(torch.bfloat16)[:, ::2].t()  # neither unit stride: copied, never remembered
     deepgemm.quantize_per_token_group(strided)
     deepgemm.quantize_per_token_group(strided)
     assert checked == ["plain"] * 5 and len(launched) == 6
+    columns = torch.randn(512, 16).to(torch.bfloat16).t()  # column-major: the transposed kernel, remembered
+    deepgemm.quantize_per_token_group(columns)
+    deepgemm.quantize_per_token_group(columns)
+    deepgemm.quantize_per_token_group(columns, 64)  # only groups of 128 take it: copied, then the row kernel
+    assert checked == ["plain"] * 7 and len(transposed) == 2 and len(launched) == 7
+    assert transposed[0] == ((512, 16), 512)  # x.t() read in place, no padding
     deepgemm.silu_mul_quantize_per_token_group(x)
     deepgemm.silu_mul_quantize_per_token_group(x)
-    assert checked[5:] == ["silu", "plain"] and launched[-1] == ((16, 512), 128, True)  # (its check calls the plain one)
+    assert checked[7:] == ["silu", "plain"] and launched[-1] == ((16, 512), 128, True)  # (its check calls the plain one)
     leaf = x.float().requires_grad_()
     deepgemm.quantize_per_token_group(leaf.detach())  # warm for float32 [16, 512]
     with pytest.raises(deepgemm.NotDifferentiableError):

@@ -1,4 +1,4 @@
-"""GPU FP8 quantization kernels (per-token-group and per-block): instantiation and launch."""
+"""GPU FP8 quantization kernels (per-token-group, its transposed form, per-block): instantiation and launch."""
 
 from __future__ import annotations
 
@@ -34,17 +34,56 @@ deepgemm_{name}(const void* x, deepgemm::u64 x_row_stride, deepgemm::u8* q, deep
     return KernelSource(code=code, entry=f"deepgemm_{name}", label=label)
 
 
-def block_source(dtype: torch.dtype, block: int) -> KernelSource:
+def block_source(dtype: torch.dtype, block: int, transposed: bool = False) -> KernelSource:
+    """The per-block quantizer; transposed: it also writes q^T [K, N]."""
+    entry = "deepgemm_quantize_per_block_transposed" if transposed else "deepgemm_quantize_per_block"
+    extra = ", deepgemm::u8* qt, deepgemm::u64 qt_row_stride" if transposed else ""
     code = f"""\
 #include <deepgemm/impls/quantize_fp8.cuh>
-using Kernel = deepgemm::QuantizePerBlock<{ELEMENT_KINDS[dtype]}, {block}u>;
+using Kernel = deepgemm::QuantizePerBlock<{ELEMENT_KINDS[dtype]}, {block}u, {"true" if transposed else "false"}>;
 extern "C" __global__ void __launch_bounds__({_THREADS})
-deepgemm_quantize_per_block(const void* w, deepgemm::u64 w_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride, float* sf,
-                deepgemm::u32 n, deepgemm::u32 k) {{
-    Kernel::run(w, w_row_stride, q, q_row_stride, sf, n, k);
+{entry}(const void* w, deepgemm::u64 w_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride, float* sf,
+                deepgemm::u32 n, deepgemm::u32 k{extra}) {{
+    Kernel::run(w, w_row_stride, q, q_row_stride, sf, n, k{", qt, qt_row_stride" if transposed else ""});
 }}
 """
-    return KernelSource(code=code, entry="deepgemm_quantize_per_block", label=f"quantize_per_block {dtype} b={block}")
+    label = f"quantize_per_block {dtype} b={block}{' +transposed' if transposed else ''}"
+    return KernelSource(code=code, entry=entry, label=label)
+
+
+TRANSPOSED_GROUP = 128  # the transposed quantizer's token group (QuantizeTransposed::kTokens)
+
+
+def transposed_columns(rows_too: bool) -> int:
+    """Columns of x per CTA (QuantizeTransposed::kCols)."""
+    return 128 if rows_too else 64
+
+
+def transposed_smem_bytes(dtype: torch.dtype, rows_too: bool) -> int:
+    """QuantizeTransposed::kSmemBytes: the staged tile of raw elements (a row pitch of one 4-byte word over kCols)
+    and the column parts' float maxima."""
+    cols, size = transposed_columns(rows_too), dtype.itemsize
+    return TRANSPOSED_GROUP * (cols + 4 // size) * size + (_THREADS // cols) * cols * 4
+
+
+def transposed_source(dtype: torch.dtype, rows_too: bool = False) -> KernelSource:
+    """x [T, C] -> qt [C, T_out] quantized per 1x128 group along T (QuantizeTransposed); rows_too: also q [T, C]
+    quantized per 1x128 group along C, in the same pass."""
+    name = "quantize_both_ways" if rows_too else "quantize_transposed"
+    code = f"""\
+#include <deepgemm/impls/quantize_fp8.cuh>
+using Kernel = deepgemm::QuantizeTransposed<{ELEMENT_KINDS[dtype]}, {"true" if rows_too else "false"}>;
+static_assert(Kernel::kSmemBytes == {transposed_smem_bytes(dtype, rows_too)}, "host mirror of the shared memory size");
+extern "C" __global__ void __launch_bounds__({_THREADS})
+deepgemm_{name}(const void* x, deepgemm::u64 x_row_stride, deepgemm::u32 t, deepgemm::u32 c, deepgemm::u8* qt,
+                deepgemm::u64 qt_row_stride, deepgemm::u32 t_out, float* sft, deepgemm::u32 sft_stride,
+                deepgemm::u32 vectorized, deepgemm::u8* q, deepgemm::u64 q_row_stride, float* sf,
+                deepgemm::u32 sf_stride) {{
+    Kernel::run(x, x_row_stride, t, c, qt, qt_row_stride, t_out, sft, sft_stride, vectorized, q, q_row_stride, sf,
+                sf_stride);
+}}
+"""
+    return KernelSource(code=code, entry=f"deepgemm_{name}", label=f"{name.replace('_', ' ', 1)} {dtype}")
 
 
 _token_group_kernels: dict[tuple[torch.dtype, int, bool], LoadedKernel] = {}
@@ -127,20 +166,70 @@ def quantize_per_token_group_cuda(x: torch.Tensor, group_size: int,
     return q, sf
 
 
-def quantize_per_block_cuda(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] (unit column stride) -> (q e4m3 [N, K], sf [ceil(N/b), ceil(K/b)] row-major)."""
+_transposed_kernels: dict[tuple[torch.dtype, bool], LoadedKernel] = {}
+_transposed_ready: dict[tuple, tuple[LoadedKernel, Any, PackedArgs]] = {}
+
+
+def quantize_transposed_cuda(x: torch.Tensor, tokens_out: int, rows_too: bool = False) -> tuple[torch.Tensor, ...]:
+    """x [T, C] (unit column stride) -> (qt e4m3 [C, tokens_out], sft [C, ceil(tokens_out/128)] with strides
+    (1, align(C, 4))): x^T quantized per 1x128 group along T, tokens T..tokens_out (tokens_out >= T) zeros. rows_too:
+    (q, sf, qt, sft), where (q [T, C], sf [T, ceil(C/128)] M-major) is quantize_per_token_group(x), same pass."""
+    t, c = x.shape
+    device = x.device
+    qt = torch.empty(c, tokens_out, dtype=torch.float8_e4m3fn, device=device)
+    groups = ceil_div(tokens_out, TRANSPOSED_GROUP)
+    sft = torch.empty_strided((c, groups), (1, align_up(c, 4)), dtype=torch.float32, device=device)
+    q = sf = None
+    if rows_too:
+        q = torch.empty(t, c, dtype=torch.float8_e4m3fn, device=device)
+        sf = torch.empty_strided((t, ceil_div(c, TRANSPOSED_GROUP)), (1, align_up(t, 4)), dtype=torch.float32,
+                                 device=device)
+    outputs = (qt, sft) if q is None or sf is None else (q, sf, qt, sft)
+    if c == 0 or tokens_out == 0:
+        return outputs
+    device_index = device.index
+    stream = current_raw_stream(device_index)
+    key = (x.data_ptr(), t, c, x.stride(0), x.dtype, qt.data_ptr(), tokens_out, sft.data_ptr(), stream,
+           0 if q is None else q.data_ptr(), 0 if sf is None else sf.data_ptr())
+    ready = _transposed_ready.get(key)
+    if ready is None:
+        kernel = _transposed_kernels.get((x.dtype, rows_too))
+        if kernel is None:
+            kernel = _transposed_kernels[(x.dtype, rows_too)] = load_kernel(
+                transposed_source(x.dtype, rows_too), transposed_smem_bytes(x.dtype, rows_too), device_index)
+        args = PackedArgs([U64(x.data_ptr()), U64(x.stride(0)), U32(t), U32(c), U64(qt.data_ptr()), U64(tokens_out),
+                           U32(tokens_out), U64(sft.data_ptr()), U32(sft.stride(1)), U32(_vectorizable(x)),
+                           U64(0 if q is None else q.data_ptr()), U64(c), U64(0 if sf is None else sf.data_ptr()),
+                           U32(0 if sf is None else sf.stride(1))])
+        grid = (groups, ceil_div(c, transposed_columns(rows_too)))
+        config = kernel.launch_config_2d(device_index, stream, grid, _THREADS)
+        if len(_transposed_ready) >= _READY_CAPACITY:
+            _transposed_ready.clear()
+        ready = _transposed_ready[key] = (kernel, config, args)
+    kernel, config, args = ready
+    launch_on_device(kernel, device_index, stream, config, args.address)
+    return outputs
+
+
+def quantize_per_block_cuda(w: torch.Tensor, block: int, transposed: bool = False
+                            ) -> tuple[torch.Tensor, ...]:
+    """w [N, K] (unit column stride) -> (q e4m3 [N, K], sf [ceil(N/b), ceil(K/b)] row-major), and with transposed
+    also qt = q^T as a contiguous e4m3 [K, N] (written by the same pass)."""
     n, k = w.shape
     q = torch.empty((n, k), dtype=torch.float8_e4m3fn, device=w.device)
     sf = torch.empty((ceil_div(n, block), ceil_div(k, block)), dtype=torch.float32, device=w.device)
+    qt = torch.empty((k, n), dtype=torch.float8_e4m3fn, device=w.device) if transposed else None
     if n == 0 or k == 0:
-        return q, sf
-    kernel = load_kernel(block_source(w.dtype, block), 0, w.device.index)
-    args = PackedArgs(
-        [U64(w.data_ptr()), U64(w.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf.data_ptr()), U32(n), U32(k)]
-    )
+        return (q, sf) if qt is None else (q, sf, qt)
+    kernel = load_kernel(block_source(w.dtype, block, transposed), 0, w.device.index)
+    values = [U64(w.data_ptr()), U64(w.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf.data_ptr()), U32(n),
+              U32(k)]
+    if qt is not None:
+        values += [U64(qt.data_ptr()), U64(qt.stride(0))]
+    args = PackedArgs(values)
     device_index = w.device.index
     stream = current_raw_stream(device_index)
     # Grid: blockIdx.x walks N blocks (up to 2^31 - 1), blockIdx.y walks K blocks (at most 65535).
     config = kernel.launch_config_2d(device_index, stream, (sf.shape[0], sf.shape[1]), _THREADS)
     launch_on_device(kernel, device_index, stream, config, args.address)
-    return q, sf
+    return (q, sf) if qt is None else (q, sf, qt)

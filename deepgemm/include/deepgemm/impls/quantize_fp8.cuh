@@ -1,9 +1,13 @@
 // One-pass FP8 (e4m3) quantization kernels producing the scale layouts the FP8 GEMM reads.
 //   per-token-group: x [M,K] -> q [M,K] e4m3, sf[g, m] = amax(x[m, g*G : (g+1)*G]) / 448 stored M-major
 //                    (element (m, g) at sf + g * sf_stride + m; sf_stride = M rounded up to 4).
-//   per-block:       w [N,K] -> q [N,K] e4m3, sf[nb, kb] = amax of the B x B block / 448, row-major.
+//   per-block:       w [N,K] -> q [N,K] e4m3, sf[nb, kb] = amax of the B x B block / 448, row-major; optionally
+//                    also q^T [K,N] (the transposed weight an FP8 Dgrad reads).
 //   gated (kSiluMul): x [M, 2K] holds [gate | up]; the quantized values are silu(gate) * up in float32
 //                    (no rounding in between), a fused MLP activation, with the per-token-group layout above.
+//   transposed:      x [T, C] -> q [C, T_out] e4m3 quantized per 1x128 group along T (the per-token-group result
+//                    of x^T without the transposed copy: Wgrad operands), tokens T..T_out written as zeros;
+//                    optionally also x's own per-token-group result in the same pass (both operands of a step).
 // The scale is max(amax / 448, FLT_MIN): an all-zero group gets a tiny positive scale and zeros, never
 // NaN or Inf. q = x / scale (IEEE division), rounded to nearest-even and saturated to +-448. A NaN in a
 // group makes its scale (and q) NaN, matching the CPU reference.
@@ -157,16 +161,21 @@ struct QuantizePerTokenGroup {
     }
 };
 
-// One CTA of 256 threads per kBlock x kBlock block; grid (ceil(N/kBlock), ceil(K/kBlock)).
-template <InputKind kKind, u32 kBlock>
+// One CTA of 256 threads per kBlock x kBlock block; grid (ceil(N/kBlock), ceil(K/kBlock)). kTransposed: also
+// writes qt [K, N] = q^T (row stride qt_row_stride), the same bytes transposed through shared memory: the FP8
+// training linear's Dgrad operand (W^T per block), with no second pass over w.
+template <InputKind kKind, u32 kBlock, bool kTransposed = false>
 struct QuantizePerBlock {
     static_assert(kBlock == 32 || kBlock == 64 || kBlock == 128, "block must be 32, 64 or 128");
     static constexpr u32 kNumWarps = 8;
     static constexpr u32 kRowsPerWarp = kBlock / kNumWarps;
     static constexpr u32 kColsPerLane = kBlock / 32;
+    static constexpr u32 kTilePitch = kBlock + 4;  // bytes per staged row (kTransposed)
 
-    DG_DEVICE static void run(const void* w, u64 w_row_stride, u8* q, u64 q_row_stride, float* sf, u32 n, u32 k) {
+    DG_DEVICE static void run(const void* w, u64 w_row_stride, u8* q, u64 q_row_stride, float* sf, u32 n, u32 k,
+                              u8* qt = nullptr, u64 qt_row_stride = 0) {
         __shared__ float warp_amax[kNumWarps];
+        __shared__ u8 tile[kTransposed ? kBlock * kTilePitch : 1];
         ptx::programmatic_launch_sync();
         const u32 warp = threadIdx.x / 32;
         const u32 lane = threadIdx.x % 32;
@@ -201,14 +210,214 @@ struct QuantizePerBlock {
             for (u32 c = 0; c < kColsPerLane; ++c) {
                 const u32 row = row0 + r;
                 const u32 col = col0 + c * 32;
+                const u8 byte = to_e4m3(values[r][c] / scale);
                 if (row < n && col < k) {
-                    q[row * q_row_stride + col] = to_e4m3(values[r][c] / scale);
+                    q[row * q_row_stride + col] = byte;
+                }
+                if constexpr (kTransposed) {
+                    tile[(warp * kRowsPerWarp + r) * kTilePitch + lane + c * 32] = byte;
                 }
             }
         }
         if (threadIdx.x == 0) {
             sf[static_cast<u64>(blockIdx.x) * gridDim.y + blockIdx.y] = scale;
         }
+        if constexpr (kTransposed) {
+            __syncthreads();
+            store_transposed(tile, qt, qt_row_stride, n, k);
+        }
+    }
+
+    // qt row j (column blockIdx.y * kBlock + j of w) gets the block's column j: 16-byte pieces of staged bytes.
+    DG_DEVICE static void store_transposed(const u8* tile, u8* qt, u64 qt_row_stride, u32 n, u32 k) {
+        constexpr u32 kPiecesPerRow = kBlock / 16;
+        const u32 n0 = blockIdx.x * kBlock, k0 = blockIdx.y * kBlock;
+        for (u32 p = threadIdx.x; p < kBlock * kPiecesPerRow; p += kNumWarps * 32) {
+            const u32 j = p / kPiecesPerRow, i0 = (p % kPiecesPerRow) * 16;
+            if (k0 + j >= k || n0 + i0 >= n) {
+                continue;
+            }
+            u8* target = qt + static_cast<u64>(k0 + j) * qt_row_stride + n0 + i0;
+            if (n0 + i0 + 16 <= n && qt_row_stride % 16 == 0) {  // (qt's base is a fresh, aligned block)
+                u32 words[4];
+#pragma unroll
+                for (u32 w = 0; w < 4; ++w) {
+                    words[w] = 0;
+#pragma unroll
+                    for (u32 e = 0; e < 4; ++e) {
+                        words[w] |= static_cast<u32>(tile[(i0 + 4 * w + e) * kTilePitch + j]) << (8 * e);
+                    }
+                }
+                *reinterpret_cast<uint4*>(target) = make_uint4(words[0], words[1], words[2], words[3]);
+            } else {
+                for (u32 e = 0; e < 16 && n0 + i0 + e < n; ++e) {
+                    target[e] = tile[(i0 + e) * kTilePitch + j];
+                }
+            }
+        }
+    }
+};
+
+// Transposed per-token-group: x [T, C] (unit column stride) -> qt [C, t_out] per 1x128 group along T, sft[g, c]
+// M-major over C (element (c, g) at sft + g * sft_stride + c); tokens t..t_out are zeros (a padded Wgrad operand).
+// kRowsToo: the same pass also writes the per-token-group result of x itself, q [T, C] with sf M-major over T (what
+// quantize_per_token_group(x) gives), so an FP8 training step reads its activations and gradients once for both.
+// One 256-thread CTA per 128-token x kCols-column tile (kCols 64, or 128 = one row group with kRowsToo): the tile's
+// rows are read coalesced (16-byte vectors where x allows) into shared memory as raw elements (a row pitch of one
+// 4-byte word over the row: conflict-free down the columns; 34 KB with kRowsToo in 16 bits, so 6 CTAs per SM), then
+// each column is quantized by kParts threads of 128 / kParts tokens, and with kRowsToo each row by two threads of 64
+// columns; every thread stores whole 16-byte pieces where the row allows.
+template <u32 kBytes>
+struct RawElement {
+    using Type = u16;
+};
+template <>
+struct RawElement<4> {
+    using Type = u32;
+};
+
+template <InputKind kKind, bool kRowsToo = false>
+struct QuantizeTransposed {
+    static constexpr u32 kTokens = 128;  // one scale group per tile
+    static constexpr u32 kCols = kRowsToo ? 128 : 64;
+    static constexpr u32 kThreads = 256;
+    static constexpr u32 kParts = kThreads / kCols;
+    static constexpr u32 kTokensPerPart = kTokens / kParts;
+    static constexpr u32 kInputBytes = kKind == InputKind::kFloat32 ? 4 : 2;
+    using Raw = typename RawElement<kInputBytes>::Type;  // staged bits: u32 (float32) or u16
+    static constexpr u32 kPitch = kCols + 4 / kInputBytes;  // elements per staged row
+    static constexpr u32 kColsPerRowThread = kCols / (kThreads / kTokens);  // kRowsToo: 64
+    static constexpr u32 kTileBytes = kTokens * kPitch * kInputBytes;
+    static constexpr u32 kSmemBytes = kTileBytes + kParts * kCols * 4;
+    static constexpr u32 kVec = 16 / kInputBytes;
+    static_assert(kTokensPerPart % 16 == 0 && kColsPerRowThread % 16 == 0, "whole 16-byte pieces per thread");
+    static_assert(kTileBytes % 16 == 0, "the column maxima follow the tile, aligned");
+
+    DG_DEVICE static float staged(const Raw* tile, u32 row, u32 col) {
+        return load_as_float<kKind>(tile, row * kPitch + col);
+    }
+
+    DG_DEVICE static void load_tile(const void* x, u64 x_row_stride, u32 t, u32 c, u32 t0, u32 c0, u32 vectorized,
+                                    Raw* tile) {
+        if (vectorized) {  // the host checked: x's base and rows 16-byte aligned, C a whole number of vectors
+            constexpr u32 kVecsPerRow = kCols / kVec;
+            for (u32 i = threadIdx.x; i < kTokens * kVecsPerRow; i += kThreads) {
+                const u32 row = i / kVecsPerRow, col = (i % kVecsPerRow) * kVec;
+                uint4 raw = make_uint4(0, 0, 0, 0);  // (zero bits: +0 in every element type)
+                if (t0 + row < t && c0 + col < c) {
+                    const u64 index = static_cast<u64>(t0 + row) * x_row_stride + c0 + col;
+                    raw = *reinterpret_cast<const uint4*>(static_cast<const u8*>(x) + index * kInputBytes);
+                }
+                const u32 words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+                for (u32 e = 0; e < kVec; ++e) {
+                    tile[row * kPitch + col + e] =
+                        static_cast<Raw>(kInputBytes == 4 ? words[e] : words[e / 2] >> (16 * (e % 2)));
+                }
+            }
+        } else {
+            for (u32 i = threadIdx.x; i < kTokens * kCols; i += kThreads) {
+                const u32 row = i / kCols, col = i % kCols;
+                const bool inside = t0 + row < t && c0 + col < c;
+                tile[row * kPitch + col] =
+                    inside ? static_cast<const Raw*>(x)[static_cast<u64>(t0 + row) * x_row_stride + c0 + col] : Raw(0);
+            }
+        }
+    }
+
+    // kCount staged values from (row, col) stepping (dr, dc), quantized with `scale` and stored at `target` (those
+    // before the row's `limit`): 16-byte pieces where the whole run is in range and the row stride keeps them
+    // aligned, else byte by byte. The values are read again from shared memory rather than held in registers.
+    template <u32 kCount>
+    DG_DEVICE static void store_quantized(const Raw* tile, u32 row, u32 col, u32 dr, u32 dc, float scale, u8* target,
+                                          u32 first, u32 limit, u64 row_stride) {
+        if (first + kCount <= limit && row_stride % 16 == 0) {  // (the outputs' bases are fresh, aligned blocks)
+#pragma unroll
+            for (u32 piece = 0; piece < kCount / 16; ++piece) {
+                u32 words[4];
+#pragma unroll
+                for (u32 w = 0; w < 4; ++w) {
+                    float f[4];
+#pragma unroll
+                    for (u32 e = 0; e < 4; ++e) {
+                        const u32 i = piece * 16 + 4 * w + e;
+                        f[e] = staged(tile, row + i * dr, col + i * dc) / scale;
+                    }
+                    words[w] = static_cast<u32>(ptx::pack_e4m3x2(f[0], f[1])) |
+                               (static_cast<u32>(ptx::pack_e4m3x2(f[2], f[3])) << 16);
+                }
+                *reinterpret_cast<uint4*>(target + piece * 16) = make_uint4(words[0], words[1], words[2], words[3]);
+            }
+        } else {
+            for (u32 i = 0; i < kCount && first + i < limit; ++i) {
+                target[i] = to_e4m3(staged(tile, row + i * dr, col + i * dc) / scale);
+            }
+        }
+    }
+
+    // The largest |value| of kCount staged values from (row, col) stepping (dr, dc) (NaN-propagating).
+    template <u32 kCount>
+    DG_DEVICE static float staged_amax(const Raw* tile, u32 row, u32 col, u32 dr, u32 dc) {
+        float amax = 0.0f;
+#pragma unroll 16
+        for (u32 i = 0; i < kCount; ++i) amax = max_nan(amax, fabsf(staged(tile, row + i * dr, col + i * dc)));
+        return amax;
+    }
+
+    DG_DEVICE static void quantize_columns(const Raw* tile, float* part_amax, u32 c, u32 c0, u8* qt,
+                                           u64 qt_row_stride, u32 t_out, float* sft, u32 sft_stride) {
+        const u32 col = threadIdx.x % kCols, part = threadIdx.x / kCols;  // a warp: 32 adjacent columns
+        const u32 row = part * kTokensPerPart;
+        part_amax[part * kCols + col] = staged_amax<kTokensPerPart>(tile, row, col, 1, 0);
+        __syncthreads();
+        float amax = part_amax[col];
+#pragma unroll
+        for (u32 p = 1; p < kParts; ++p) amax = max_nan(amax, part_amax[p * kCols + col]);
+        const float scale = fp8_scale_for(amax);
+        if (c0 + col >= c) {
+            return;
+        }
+        const u32 token = blockIdx.x * kTokens + row;
+        store_quantized<kTokensPerPart>(tile, row, col, 1, 0, scale,
+                                        qt + static_cast<u64>(c0 + col) * qt_row_stride + token, token, t_out,
+                                        qt_row_stride);
+        if (part == 0) {
+            sft[static_cast<u64>(blockIdx.x) * sft_stride + c0 + col] = scale;
+        }
+    }
+
+    // kRowsToo: row r of the tile is token t0 + r's whole 128-column group; threads 2r and 2r + 1 take 64 columns each.
+    DG_DEVICE static void quantize_rows(const Raw* tile, u32 t, u32 c, u32 t0, u32 c0, u8* q, u64 q_row_stride,
+                                        float* sf, u32 sf_stride) {
+        const u32 row = threadIdx.x / 2, half = threadIdx.x % 2, col = half * kColsPerRowThread;
+        float amax = staged_amax<kColsPerRowThread>(tile, row, col, 0, 1);
+        amax = max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+        const float scale = fp8_scale_for(amax);
+        const u32 first = c0 + col;
+        if (t0 + row < t && first < c) {  // (no early return: quantize_columns synchronizes the CTA next)
+            store_quantized<kColsPerRowThread>(tile, row, col, 0, 1, scale,
+                                               q + static_cast<u64>(t0 + row) * q_row_stride + first, first, c,
+                                               q_row_stride);
+        }
+        if (t0 + row < t && half == 0) {
+            sf[static_cast<u64>(blockIdx.y) * sf_stride + t0 + row] = scale;
+        }
+    }
+
+    DG_DEVICE static void run(const void* x, u64 x_row_stride, u32 t, u32 c, u8* qt, u64 qt_row_stride, u32 t_out,
+                              float* sft, u32 sft_stride, u32 vectorized, u8* q, u64 q_row_stride, float* sf,
+                              u32 sf_stride) {
+        extern __shared__ __align__(16) u8 smem[];
+        Raw* tile = reinterpret_cast<Raw*>(smem);
+        float* part_amax = reinterpret_cast<float*>(smem + kTileBytes);
+        ptx::programmatic_launch_sync();
+        const u32 t0 = blockIdx.x * kTokens, c0 = blockIdx.y * kCols;
+        load_tile(x, x_row_stride, t, c, t0, c0, vectorized, tile);
+        __syncthreads();
+        if constexpr (kRowsToo) {
+            quantize_rows(tile, t, c, t0, c0, q, q_row_stride, sf, sf_stride);
+        }
+        quantize_columns(tile, part_amax, c, c0, qt, qt_row_stride, t_out, sft, sft_stride);
     }
 };
 

@@ -1,0 +1,220 @@
+"""FP8 training on CPU (the reference path): deepgemm.fp8_linear's forward and its three-GEMM backward against
+float64, the transposed quantizer against the per-token-group reference, Fp8TrainingLinear, convert(training=True),
+argument rules, torch.compile."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+import deepgemm
+from deepgemm.nn import Fp8TrainingLinear, convert
+from deepgemm.ops.quant import quantize_both_ways, quantize_per_block_transposed, quantize_transposed
+from deepgemm.reference import quantize_per_token_group_reference
+from tests.fp8_training_helpers import activations, quantized, transposed_padded, unquantized, weights
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+
+def _run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dy: torch.Tensor):
+    x = x.clone().requires_grad_()
+    w = w.clone().requires_grad_()
+    b = None if b is None else b.clone().requires_grad_()
+    y = deepgemm.fp8_linear(x, w, b)
+    y.backward(dy)
+    return y.detach(), x.grad, w.grad, None if b is None else b.grad
+
+
+@pytest.mark.parametrize("t,n,k,bias,x_dtype,w_dtype", [
+    (1, 64, 128, True, BF16, FP32),
+    (7, 48, 272, False, BF16, BF16),
+    (129, 256, 128, True, FP32, FP32),
+    (300, 80, 400, True, FP16, FP32),
+    (256, 128, 256, False, BF16, FP32),
+])
+def test_fp8_linear_gradients_match_float64(t: int, n: int, k: int, bias: bool, x_dtype: torch.dtype,
+                                            w_dtype: torch.dtype, seed: int) -> None:
+    x, w = activations(t, k, x_dtype), weights(n, k, w_dtype)
+    b = torch.randn(n, dtype=w_dtype) if bias else None
+    dy = activations(t, n, x_dtype)
+    y, dx, dw, db = _run(x, w, b, dy)
+    assert y.dtype == x_dtype and dx.dtype == x_dtype and dw.dtype == w_dtype
+    want = quantized(x, w, b, dy)
+    plain = unquantized(x, w, b, dy)
+    for name, got, exact, approx in (("y", y, want.y, plain.y), ("dx", dx, want.dx, plain.dx),
+                                     ("dw", dw, want.dw, plain.dw)):
+        assert deepgemm.calc_diff(got.double(), exact) < 2e-5, name   # the quantized math, up to output rounding
+        assert deepgemm.calc_diff(got.double(), approx) < 3e-3, name  # FP8 training's error against float64
+        bound = 2.0**-7 * exact.abs().amax() + 1e-6
+        assert (got.double() - exact).abs().amax() <= bound, name
+    if bias:
+        assert db.dtype == w_dtype
+        torch.testing.assert_close(db.double(), want.db, rtol=1e-5 if w_dtype == FP32 else 8e-3, atol=1e-4)
+
+
+def test_three_dimensional_input_and_partial_gradients(seed: int) -> None:
+    x, w = activations(6 * 5, 256, BF16).view(6, 5, 256), weights(64, 256, FP32)
+    dy = activations(30, 64, BF16)
+    frozen = w.clone()  # no grad for W: only Dgrad runs
+    xg = x.clone().requires_grad_()
+    y = deepgemm.fp8_linear(xg, frozen)
+    assert y.shape == (6, 5, 64)
+    y.backward(dy.view(6, 5, 64))
+    want = quantized(x.reshape(30, 256), w, None, dy)
+    assert deepgemm.calc_diff(xg.grad.reshape(30, 256).double(), want.dx) < 2e-5
+    wg = w.clone().requires_grad_()  # no grad for x: only Wgrad runs
+    deepgemm.fp8_linear(x, wg).backward(dy.view(6, 5, 64))
+    assert deepgemm.calc_diff(wg.grad.double(), want.dw) < 2e-5
+
+
+def test_no_tokens_gives_zero_gradients() -> None:
+    x = torch.zeros(0, 128, dtype=BF16, requires_grad=True)
+    w = torch.randn(32, 128, requires_grad=True)
+    b = torch.randn(32, requires_grad=True)
+    y = deepgemm.fp8_linear(x, w, b)
+    assert y.shape == (0, 32)
+    y.sum().backward()
+    assert x.grad.shape == (0, 128)
+    assert torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(b.grad, torch.zeros_like(b))
+
+
+@pytest.mark.parametrize("t,c,tokens,dtype", [(1, 1, 128, BF16), (100, 64, 128, FP32), (128, 65, 128, BF16),
+                                              (300, 200, 384, FP16), (256, 7, 512, FP32)])
+def test_transposed_quantizer_matches_the_padded_reference(t: int, c: int, tokens: int, dtype: torch.dtype,
+                                                           seed: int) -> None:
+    x = activations(t, c, dtype)
+    q, sf = quantize_transposed(x, tokens)
+    want_q, want_sf = quantize_per_token_group_reference(transposed_padded(x, tokens), 128)
+    assert q.shape == (c, tokens) and sf.shape == (c, tokens // 128) and sf.stride()[0] == 1
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(sf, want_sf)
+    assert not q[:, t:].view(torch.uint8).any()  # the padding quantizes to zeros
+
+
+@pytest.mark.parametrize("t,c,tokens", [(1, 1, 128), (300, 200, 384), (128, 7, 256)])
+def test_both_ways_is_the_two_quantizations(t: int, c: int, tokens: int, seed: int) -> None:
+    x = activations(t, c, BF16)
+    q, sf, qt, sft = quantize_both_ways(x, tokens)
+    want_q, want_sf = deepgemm.quantize_per_token_group(x)
+    want_qt, want_sft = quantize_transposed(x, tokens)
+    for got, want in ((q, want_q), (qt, want_qt)):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(sf, want_sf) and sf.stride() == want_sf.stride()
+    assert torch.equal(sft, want_sft) and sft.stride() == want_sft.stride()
+
+
+def test_block_quantizer_with_transpose(seed: int) -> None:
+    w = weights(300, 200, FP32)
+    q, sf, qt = quantize_per_block_transposed(w)
+    want_q, want_sf = deepgemm.quantize_per_block(w)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(sf, want_sf)
+    assert qt.shape == (200, 300) and qt.is_contiguous()
+    assert torch.equal(qt.view(torch.uint8), q.t().contiguous().view(torch.uint8))
+    # Quantizing W^T per block gives the same bytes and the transposed scales: Dgrad's operand
+    t_q, t_sf = deepgemm.quantize_per_block(w.t().contiguous())
+    assert torch.equal(t_q.view(torch.uint8), qt.view(torch.uint8)) and torch.equal(t_sf, sf.t())
+
+
+def test_column_major_input_gives_what_a_contiguous_copy_gives(seed: int) -> None:
+    x = activations(300, 96, BF16)
+    a = deepgemm.quantize_per_token_group(x.t())
+    b = deepgemm.quantize_per_token_group(x.t().contiguous())
+    assert torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8)) and torch.equal(a[1], b[1])
+
+
+def test_argument_rules() -> None:
+    x, w = torch.randn(4, 128), torch.randn(32, 128)
+    cases = [
+        (ValueError, "in_features=120 must be a multiple of 16", lambda: deepgemm.fp8_linear(torch.randn(4, 120),
+                                                                                            torch.randn(32, 120))),
+        (ValueError, "out_features=40 must be a multiple of 16", lambda: deepgemm.fp8_linear(x, torch.randn(40, 128))),
+        (ValueError, "'x' has 64 features", lambda: deepgemm.fp8_linear(torch.randn(4, 64), w)),
+        (ValueError, "'weight' must be 2-D", lambda: deepgemm.fp8_linear(x, torch.randn(2, 32, 128))),
+        (ValueError, "'bias' must have shape (32,)", lambda: deepgemm.fp8_linear(x, w, torch.randn(31))),
+        (TypeError, "'weight'", lambda: deepgemm.fp8_linear(x, w.double())),
+        (TypeError, "'x'", lambda: deepgemm.fp8_linear(x.to(torch.int32), w)),
+        (TypeError, "'bias'", lambda: deepgemm.fp8_linear(x, w, [0.0] * 32)),
+        (ValueError, "'tokens' must be an int >= x's 4 rows", lambda: quantize_transposed(x, 3)),
+        (ValueError, "'tokens' must be an int >= x's 4 rows", lambda: quantize_both_ways(x, True)),
+        (ValueError, "in_features'=100 must be a multiple of 16", lambda: Fp8TrainingLinear(100, 32)),
+        (ValueError, "out_features'=20 must be a multiple of 16",
+         lambda: Fp8TrainingLinear.from_linear(nn.Linear(32, 20))),
+    ]
+    for error, message, call in cases:
+        with pytest.raises(error, match=re.escape(message)):
+            call()
+
+
+def test_double_backward_is_refused(seed: int) -> None:
+    x = torch.randn(8, 128, requires_grad=True)
+    w = torch.randn(32, 128, requires_grad=True)
+    (gx,) = torch.autograd.grad(deepgemm.fp8_linear(x, w).square().sum(), x, create_graph=True)  # dy requires grad
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gx.sum().backward()
+
+
+def test_training_linear_shares_parameters_and_state_dict(seed: int) -> None:
+    linear = nn.Linear(256, 128)
+    layer = Fp8TrainingLinear.from_linear(linear)
+    assert layer.weight is linear.weight and layer.bias is linear.bias
+    assert set(layer.state_dict()) == set(linear.state_dict())
+    x = activations(40, 256, FP32)
+    dy = activations(40, 128, FP32)
+    xg = x.clone().requires_grad_()
+    layer(xg).backward(dy)
+    want = quantized(x, linear.weight.detach(), linear.bias.detach(), dy)
+    assert deepgemm.calc_diff(linear.weight.grad.double(), want.dw) < 2e-5
+    torch.testing.assert_close(linear.bias.grad.double(), want.db, rtol=1e-5, atol=1e-4)
+    fresh = Fp8TrainingLinear(256, 128, bias=False, dtype=BF16)
+    assert fresh.weight.dtype == BF16 and fresh.bias is None
+
+
+def test_convert_for_training_keeps_the_optimizer_working(seed: int) -> None:
+    model = nn.Sequential(nn.Linear(2048, 4096), nn.ReLU(), nn.Linear(4096, 2040), nn.Linear(2040, 16),
+                          nn.Linear(16, 64))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    report = convert(model, training=True)
+    assert [layer.name for layer in report.replaced] == ["0"]
+    assert str(report).startswith("converted 1 linear layer(s) to Fp8TrainingLinear, left 3")
+    reasons = {layer.name: layer.reason for layer in report.left}
+    assert "out_features % 16 != 0" in reasons["2"]
+    assert "in_features % 16 != 0" in reasons["3"] and "too small" in reasons["4"]
+    assert type(model[0]) is Fp8TrainingLinear and type(model[2]) is nn.Linear
+    model(torch.randn(4, 2048)).square().sum().backward()
+    optimizer.step()
+    assert all(not torch.equal(p, q) for p, q in zip(model.parameters(), before))  # the optimizer saw the grads
+    with pytest.raises(ValueError, match="leave dtype=None"):
+        convert(nn.Sequential(nn.Linear(2048, 4096)), training=True, dtype=BF16)
+
+
+def test_convert_for_training_takes_meta_weights() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4096, 2048))
+    report = convert(model, training=True)
+    assert len(report.replaced) == 1 and model[0].weight.is_meta
+    model.to_empty(device="cpu")
+    assert not model[0].weight.is_meta and model(torch.randn(2, 4096)).shape == (2, 2048)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiles_fullgraph_forward_and_backward(dynamic: bool, seed: int) -> None:
+    torch._dynamo.reset()
+    layer = Fp8TrainingLinear(256, 128)
+
+    def step(inp: torch.Tensor) -> torch.Tensor:
+        return layer(inp)
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=dynamic, backend="aot_eager")
+    for tokens in (64, 100, 300) if dynamic else (64,):
+        x = activations(tokens, 256, FP32)
+        dy = activations(tokens, 128, FP32)
+        eager = _run(x, layer.weight.detach(), layer.bias.detach(), dy)
+        layer.zero_grad()
+        xg = x.clone().requires_grad_()
+        compiled(xg).backward(dy)
+        assert torch.equal(xg.grad, eager[1])
+        assert torch.equal(layer.weight.grad, eager[2]) and torch.equal(layer.bias.grad, eager[3])
