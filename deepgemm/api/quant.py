@@ -118,7 +118,7 @@ def _require_quantizable_size(x: torch.Tensor, name: str, group: int, where: str
         if size > MAX_ROWS:
             raise ValueError(f"{where}: '{name}' has {size} {what}, past the quantizers' 32-bit index limit "
                              f"({MAX_ROWS})")
-    if where == "quantize_per_block":
+    if where.startswith("quantize_per_block"):  # (also quantize_per_block_transposed: the same grid)
         k_blocks = ceil_div(cols, group)
         if k_blocks > MAX_GRID_Y:
             raise ValueError(f"{where}: '{name}' has {cols} columns = {k_blocks} blocks of {group}; the kernel's grid "
@@ -139,7 +139,9 @@ def quantize_per_token_group(x: torch.Tensor, group_size: int = 128) -> tuple[to
     GPU; elsewhere the reference path gives bit-identical results.
 
     Args:
-        x: float32, bfloat16 or float16 [M, K], any strides (a non-unit column stride is copied first).
+        x: float32, bfloat16 or float16 [M, K], any strides: a transposed view (unit stride along M, e.g. dY.t())
+            with group_size 128 is read in place by a transposing kernel, another non-unit column stride is copied
+            first.
         group_size: columns per scale, a multiple of 32 from 32 to 1024; the GEMMs read 128.
 
     Raises:
@@ -186,8 +188,9 @@ def check_transposed_input(x: object, tokens: object, where: str) -> torch.Tenso
     """The transposing quantizers' rules (shared with their fake kernels): x as for quantize_per_token_group, and
     `tokens` an int >= x's rows (the padded token count)."""
     checked = check_quantize_input(x, "x", TRANSPOSED_GROUP, "group_size", (TRANSPOSED_GROUP,), where)
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < checked.shape[0]:
-        raise ValueError(f"{where}: 'tokens' must be an int >= x's {checked.shape[0]} rows, got {tokens!r}")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not checked.shape[0] <= tokens <= MAX_ROWS:
+        raise ValueError(f"{where}: 'tokens' must be an int >= x's {checked.shape[0]} rows and <= {MAX_ROWS} (the "
+                         f"kernel's 32-bit token index), got {tokens!r}")
     return checked
 
 

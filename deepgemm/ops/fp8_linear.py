@@ -45,24 +45,33 @@ def _to(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return y if y.dtype == dtype else y.to(dtype)
 
 
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, need_dx: bool = False,
+             need_dw: bool = False) -> tuple[torch.Tensor, list[torch.Tensor] | None, tuple[torch.Tensor, ...] | None]:
+    """y = x W^T (+ bias) in x's dtype, and the backward's operands where a gradient needs them: x^T quantized along
+    the tokens (Wgrad), W^T per block with its scales transposed (Dgrad)."""
+    tokens = align_up(x.shape[0], BLOCK)
+    x_t = w_t = None
+    if need_dw:  # x along the tokens too (Wgrad's operand), from the same read; saved in FP8 instead of x
+        x_q, x_sf, *x_t = _quantize_both(x, tokens)
+    else:
+        x_q, x_sf = _quantize_groups(x)
+    if need_dx:  # W^T per block (Dgrad's operand), written by the same pass
+        w_q, w_sf, w_qt = _quantize_weight_transposed(weight)
+        w_t = (w_qt, w_sf.t().contiguous())
+    else:
+        w_q, w_sf = quantize_per_block(weight, BLOCK)
+    y = _to(_gemm((x_q, x_sf), (w_q, w_sf), _gemm_dtype(x.dtype)), x.dtype)
+    if bias is not None:  # traced: out of place (an in-place add on the Function's output lost every gradient),
+        y = (y + bias).to(y.dtype) if compiling() else y.add_(bias)  # rounded once to x's dtype, as add_ does
+    return y, x_t, w_t
+
+
 class _Fp8Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         need_dx, need_dw, _ = _needs(ctx)
+        y, x_t, w_t = _forward(x, weight, bias, need_dx, need_dw)
         tokens = align_up(x.shape[0], BLOCK)
-        x_t = w_t = None
-        if need_dw:  # x along the tokens too (Wgrad's operand), from the same read; saved in FP8 instead of x
-            x_q, x_sf, *x_t = _quantize_both(x, tokens)
-        else:
-            x_q, x_sf = _quantize_groups(x)
-        if need_dx:  # W^T per block (Dgrad's operand), written by the same pass
-            w_q, w_sf, w_qt = _quantize_weight_transposed(weight)
-            w_t = (w_qt, w_sf)
-        else:
-            w_q, w_sf = quantize_per_block(weight, BLOCK)
-        y = _to(_gemm((x_q, x_sf), (w_q, w_sf), _gemm_dtype(x.dtype)), x.dtype)
-        if bias is not None:  # (traced: out of place; an in-place add on the returned tensor lost every gradient)
-            y = y + bias if compiling() else y.add_(bias)
         ctx.save_for_backward(*(x_t or (None, None)), *(w_t or (None, None)))
         ctx.tokens, ctx.x_dtype, ctx.weight_dtype = tokens, x.dtype, weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -71,10 +80,12 @@ class _Fp8Linear(torch.autograd.Function):
     @staticmethod
     @once_differentiable  # (our GEMMs have no double backward: differentiating the gradients raises)
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x_qt, x_sft, w_qt, w_sf = ctx.saved_tensors
+        x_qt, x_sft, w_qt, w_sft = ctx.saved_tensors
         need_dx, need_dw, need_db = _needs(ctx)
         tokens = ctx.tokens
         dx = dw = db = None
+        if dy.stride(-1) != 1:  # (e.g. the stride-0 gradient of a sum): one copy for both quantizers
+            dy = dy.contiguous()
         # dy's two quantizations as two kernels: for a gradient of N >= 2048 columns they ran faster than the
         # both-ways kernel the forward uses for x (docs/performance.md, FP8 training)
         if need_dx:
@@ -82,7 +93,7 @@ class _Fp8Linear(torch.autograd.Function):
         if need_dw:
             dy_qt, dy_sft = _quantize_tokens(dy, tokens)
         if need_dx:  # dx = dy W: B = W^T [K, N] e4m3 with the block scales transposed
-            dx = _to(_gemm((dy_q, dy_sf), (w_qt, w_sf.t().contiguous()), _gemm_dtype(ctx.x_dtype)), ctx.x_dtype)
+            dx = _to(_gemm((dy_q, dy_sf), (w_qt, w_sft), _gemm_dtype(ctx.x_dtype)), ctx.x_dtype)
         if need_dw:  # dW = dy^T x over the (zero-padded) tokens
             dw = _to(_wgrad((dy_qt, dy_sft), (x_qt, x_sft), tokens), ctx.weight_dtype)
         if ctx.bias_dtype is not None and need_db:
@@ -174,12 +185,14 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     """y = x W^T (+ bias) with FP8 Fprop, Dgrad and Wgrad: torch.nn.functional.linear for FP8 training.
 
     `weight` (and `bias`) stay in your precision (the optimizer's master copy, e.g. bfloat16 or float32); each call
-    quantizes x per 1x128 group and W per 128x128 block, and the backward quantizes dy (per 1x128 group along the
-    output features for dx, along the tokens for dW) and x (along the tokens), as DeepSeek-V3 trains. All three GEMMs
+    quantizes x per 1x128 group (and, where W needs a gradient, along the tokens too, for Wgrad) and W per 128x128
+    block, and the backward quantizes dy (per 1x128 group along the output features for dx, along the tokens for
+    dW), as DeepSeek-V3 trains. All three GEMMs
     accumulate in FP32 with the scales applied every 128 K; dx comes back in x's dtype, dW in the weight's, the bias
     gradient (an FP32 sum of dy) in the bias's. Saved for the backward, only where a gradient needs it: x^T and W^T in
-    e4m3 with their scales (half the bytes of a BF16 x).
-    On CPU tensors and other GPUs the reference path computes the same quantized math.
+    e4m3 with their scales (half the bytes of a BF16 x). torch.autocast does not change what it computes (x's dtype
+    in, x's dtype out; the operands are FP8 either way). On CPU tensors and other GPUs the reference path computes
+    the same quantized math.
 
     Args:
         x: float32, bfloat16 or float16 [..., in_features]; the output has x's dtype.
@@ -205,5 +218,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     """
     x_t, w_t, b_t = check_fp8_linear(x, weight, bias)
     rows = x_t.reshape(-1, w_t.shape[1])
-    y = _Fp8Linear.apply(rows, w_t, b_t)
+    if torch.is_grad_enabled():
+        y = _Fp8Linear.apply(rows, w_t, b_t)
+    else:  # (no_grad / inference_mode: the forward alone, without the backward's operands)
+        y = _forward(rows, w_t, b_t)[0]
     return y if x_t.dim() == 2 else y.reshape(*x_t.shape[:-1], w_t.shape[0])

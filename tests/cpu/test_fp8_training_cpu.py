@@ -5,6 +5,7 @@ argument rules, torch.compile."""
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from deepgemm.reference import quantize_per_token_group_reference
 from tests.fp8_training_helpers import activations, quantized, transposed_padded, unquantized, weights
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+fp8_linear_module = sys.modules["deepgemm.ops.fp8_linear"]  # (deepgemm.ops.fp8_linear is also the function's name)
 
 
 def _run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dy: torch.Tensor):
@@ -68,6 +70,25 @@ def test_three_dimensional_input_and_partial_gradients(seed: int) -> None:
     wg = w.clone().requires_grad_()  # no grad for x: only Wgrad runs
     deepgemm.fp8_linear(x, wg).backward(dy.view(6, 5, 64))
     assert deepgemm.calc_diff(wg.grad.double(), want.dw) < 2e-5
+
+
+def test_stride_zero_gradient_and_no_grad_forward(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    x, w, b = activations(50, 128, BF16), weights(32, 128, FP32), torch.randn(32)
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    deepgemm.fp8_linear(xg, wg, b).sum().backward()  # dy: ones with strides (0, 0)
+    want = quantized(x, w, b, torch.ones(50, 32, dtype=BF16))
+    assert deepgemm.calc_diff(xg.grad.double(), want.dx) < 2e-5 and deepgemm.calc_diff(wg.grad.double(), want.dw) < 2e-5
+    with_grad = deepgemm.fp8_linear(x, w.clone().requires_grad_(), b).detach()
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("a forward without grad mode quantized x for a backward")
+
+    monkeypatch.setattr(fp8_linear_module, "_quantize_both", refuse)
+    monkeypatch.setattr(fp8_linear_module, "_quantize_weight_transposed", refuse)
+    with torch.no_grad():
+        assert torch.equal(deepgemm.fp8_linear(x, w.clone().requires_grad_(), b), with_grad)
+    with torch.inference_mode():
+        assert torch.equal(deepgemm.fp8_linear(x, w, b), with_grad)
 
 
 def test_no_tokens_gives_zero_gradients() -> None:
@@ -138,6 +159,9 @@ def test_argument_rules() -> None:
         (TypeError, "'x'", lambda: deepgemm.fp8_linear(x.to(torch.int32), w)),
         (TypeError, "'bias'", lambda: deepgemm.fp8_linear(x, w, [0.0] * 32)),
         (ValueError, "'tokens' must be an int >= x's 4 rows", lambda: quantize_transposed(x, 3)),
+        (ValueError, "and <= 2147483647", lambda: quantize_transposed(x, 2**32)),
+        (ValueError, "at most 65535 (CUDA's grid y limit)",
+         lambda: quantize_per_block_transposed(torch.empty(1, 65536 * 128))),
         (ValueError, "'tokens' must be an int >= x's 4 rows", lambda: quantize_both_ways(x, True)),
         (ValueError, "in_features'=100 must be a multiple of 16", lambda: Fp8TrainingLinear(100, 32)),
         (ValueError, "out_features'=20 must be a multiple of 16",
@@ -198,6 +222,15 @@ def test_convert_for_training_takes_meta_weights() -> None:
     assert len(report.replaced) == 1 and model[0].weight.is_meta
     model.to_empty(device="cpu")
     assert not model[0].weight.is_meta and model(torch.randn(2, 4096)).shape == (2, 2048)
+
+
+def test_compiled_output_keeps_x_dtype_with_a_float32_bias(seed: int) -> None:
+    torch._dynamo.reset()
+    w, b = weights(64, 256, FP32), torch.randn(64)
+    x = activations(40, 256, BF16)
+    eager = deepgemm.fp8_linear(x, w, b)
+    compiled = torch.compile(deepgemm.fp8_linear, fullgraph=True, backend="aot_eager")(x, w.clone().requires_grad_(), b)
+    assert eager.dtype == compiled.dtype == BF16 and torch.equal(compiled.detach(), eager)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])

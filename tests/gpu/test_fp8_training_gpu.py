@@ -28,11 +28,11 @@ GEMM_1D2D = "deepgemm_fp8_gemm_1d2d"
 WGRAD = "deepgemm_fp8_gemm_kgrouped_1d1d"
 
 
-def poison_allocator(nbytes: int) -> None:
-    """Leave a freed block of 0xFF bytes (NaN in e4m3 and float32) in the caching allocator: the next allocation
-    of that size reuses it, so an element a kernel never writes reads NaN."""
-    block = torch.full((nbytes,), 255, dtype=torch.uint8, device="cuda")
-    del block
+def poison_allocator(nbytes: int, count: int = 2) -> None:
+    """Leave `count` freed blocks of 0xFF bytes (NaN in e4m3 and float32) in the caching allocator: the next
+    allocations of that size reuse them (a kernel's q and q^T), so an element a kernel never writes reads NaN."""
+    blocks = [torch.full((nbytes,), 255, dtype=torch.uint8, device="cuda") for _ in range(count)]
+    del blocks
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -58,6 +58,7 @@ TRANSPOSED_CASES = [
     pytest.param(1000, 2048, 1024, BF16, "contiguous", marks=quick),
     (4097, 100, 4224, FP16, "contiguous"),   # scalar path: 100 columns are not whole 16-byte vectors
     (300, 65, 384, FP32, "contiguous"),
+    (100, 64, 512, FP32, "contiguous"),      # three CTAs of padding only
     (513, 200, 640, BF16, "wider rows"),     # x = big[:, :200] of a [513, 256] tensor
     pytest.param(256, 128, 256, BF16, "unaligned", marks=quick),  # x = big[:, 1:129]: a base 2 bytes past alignment
 ]

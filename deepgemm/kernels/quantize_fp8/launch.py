@@ -189,7 +189,7 @@ def quantize_transposed_cuda(x: torch.Tensor, tokens_out: int, rows_too: bool = 
         return outputs
     device_index = device.index
     stream = current_raw_stream(device_index)
-    key = (x.data_ptr(), t, c, x.stride(0), x.dtype, qt.data_ptr(), tokens_out, sft.data_ptr(), stream,
+    key = (x.data_ptr(), t, c, x.stride(0), x.dtype, qt.data_ptr(), tokens_out, sft.data_ptr(), stream, rows_too,
            0 if q is None else q.data_ptr(), 0 if sf is None else sf.data_ptr())
     ready = _transposed_ready.get(key)
     if ready is None:
