@@ -45,9 +45,10 @@ def _to(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return y if y.dtype == dtype else y.to(dtype)
 
 
-def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, need_dx: bool = False,
-             need_dw: bool = False) -> tuple[torch.Tensor, list[torch.Tensor] | None, tuple[torch.Tensor, ...] | None]:
-    """y = x W^T (+ bias) in x's dtype, and the backward's operands where a gradient needs them: x^T quantized along
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
+             need_dx: bool = False, need_dw: bool = False
+             ) -> tuple[torch.Tensor, list[torch.Tensor] | None, tuple[torch.Tensor, ...] | None]:
+    """y = x W^T (+ bias) in out_dtype, and the backward's operands where a gradient needs them: x^T quantized along
     the tokens (Wgrad), W^T per block with its scales transposed (Dgrad)."""
     tokens = align_up(x.shape[0], BLOCK)
     x_t = w_t = None
@@ -60,17 +61,18 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n
         w_t = (w_qt, w_sf.t().contiguous())
     else:
         w_q, w_sf = quantize_per_block(weight, BLOCK)
-    y = _to(_gemm((x_q, x_sf), (w_q, w_sf), _gemm_dtype(x.dtype)), x.dtype)
+    y = _to(_gemm((x_q, x_sf), (w_q, w_sf), _gemm_dtype(out_dtype)), out_dtype)
     if bias is not None:  # traced: out of place (an in-place add on the Function's output lost every gradient),
-        y = (y + bias).to(y.dtype) if compiling() else y.add_(bias)  # rounded once to x's dtype, as add_ does
+        y = (y + bias).to(y.dtype) if compiling() else y.add_(bias)  # rounded once to y's dtype, as add_ does
     return y, x_t, w_t
 
 
 class _Fp8Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                out_dtype: torch.dtype) -> torch.Tensor:
         need_dx, need_dw, _ = _needs(ctx)
-        y, x_t, w_t = _forward(x, weight, bias, need_dx, need_dw)
+        y, x_t, w_t = _forward(x, weight, bias, out_dtype, need_dx, need_dw)
         tokens = align_up(x.shape[0], BLOCK)
         ctx.save_for_backward(*(x_t or (None, None)), *(w_t or (None, None)))
         ctx.tokens, ctx.x_dtype, ctx.weight_dtype = tokens, x.dtype, weight.dtype
@@ -98,7 +100,7 @@ class _Fp8Linear(torch.autograd.Function):
             dw = _to(_wgrad((dy_qt, dy_sft), (x_qt, x_sft), tokens), ctx.weight_dtype)
         if ctx.bias_dtype is not None and need_db:
             db = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-        return dx, dw, db
+        return dx, dw, db, None
 
 
 def _needs(ctx: Any) -> tuple[bool, bool, bool]:
@@ -153,8 +155,9 @@ def _wgrad(dy_t: tuple[torch.Tensor, torch.Tensor], x_t: tuple[torch.Tensor, tor
     return kgrouped_api.k_grouped_fp8_gemm_tn_contiguous(dy_t, x_t, out, [tokens])[0]
 
 
-def check_fp8_linear(x: object, weight: object, bias: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """fp8_linear's argument rules (every path)."""
+def check_fp8_linear(x: object, weight: object, bias: object, out_dtype: object = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.dtype]:
+    """fp8_linear's argument rules (every path); returns the tensors and the output dtype."""
     where = _WHERE
     x_t = require_tensor(x, "x", where)
     w_t = require_tensor(weight, "weight", where)
@@ -178,10 +181,14 @@ def check_fp8_linear(x: object, weight: object, bias: object) -> tuple[torch.Ten
             raise ValueError(f"{where}: 'bias' must have shape ({n},) (one per output feature), got {tuple(b_t.shape)}")
     tensors = {"x": x_t, "weight": w_t} if b_t is None else {"x": x_t, "weight": w_t, "bias": b_t}
     require_same_device(where, **tensors)
-    return x_t, w_t, b_t
+    if out_dtype is not None and out_dtype not in INPUT_DTYPES:
+        names = ", ".join(str(d) for d in INPUT_DTYPES)
+        raise TypeError(f"{where}: 'out_dtype' must be None (x's dtype) or one of {names}, got {out_dtype!r}")
+    return x_t, w_t, b_t, x_t.dtype if out_dtype is None else out_dtype
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """y = x W^T (+ bias) with FP8 Fprop, Dgrad and Wgrad: torch.nn.functional.linear for FP8 training.
 
     `weight` (and `bias`) stay in your precision (the optimizer's master copy, e.g. bfloat16 or float32); each call
@@ -195,15 +202,17 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     the same quantized math.
 
     Args:
-        x: float32, bfloat16 or float16 [..., in_features]; the output has x's dtype.
+        x: float32, bfloat16 or float16 [..., in_features]; dx comes back in its dtype.
         weight: float32, bfloat16 or float16 [out_features, in_features]; both multiples of 16.
         bias: None or [out_features], float32/bfloat16/float16.
+        out_dtype: the output's dtype (None: x's), float32/bfloat16/float16; e.g. float32 partial sums that a
+            row-parallel layer reduces before rounding once.
 
     Returns:
-        [..., out_features] in x's dtype.
+        [..., out_features] in out_dtype.
 
     Raises:
-        TypeError: an argument is not a tensor or has another dtype.
+        TypeError: an argument is not a tensor or has another dtype, or `out_dtype` is not allowed.
         ValueError: x's last dimension is not in_features, in_features or out_features is not a multiple of 16,
             `bias` is not [out_features], or the tensors are on two devices.
         deepgemm.CompileError, deepgemm.CacheError, deepgemm.LockTimeoutError, deepgemm.GraphCaptureError: as for
@@ -216,10 +225,10 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         y = deepgemm.fp8_linear(x, w)            # bfloat16 [4096, 2048]
         y.float().square().mean().backward()     # x.grad bfloat16, w.grad float32, all from FP8 GEMMs
     """
-    x_t, w_t, b_t = check_fp8_linear(x, weight, bias)
+    x_t, w_t, b_t, dtype = check_fp8_linear(x, weight, bias, out_dtype)
     rows = x_t.reshape(-1, w_t.shape[1])
     if torch.is_grad_enabled():
-        y = _Fp8Linear.apply(rows, w_t, b_t)
+        y = _Fp8Linear.apply(rows, w_t, b_t, dtype)
     else:  # (no_grad / inference_mode: the forward alone, without the backward's operands)
-        y = _forward(rows, w_t, b_t)[0]
+        y = _forward(rows, w_t, b_t, dtype)[0]
     return y if x_t.dim() == 2 else y.reshape(*x_t.shape[:-1], w_t.shape[0])

@@ -23,7 +23,14 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import deepgemm.api.backend as backend
-from deepgemm.distributed import ColumnParallelFp8Linear, RowParallelFp8Linear, shard_fp8_checkpoint
+from deepgemm.distributed import (
+    ColumnParallelFp8Linear,
+    ColumnParallelFp8TrainingLinear,
+    RowParallelFp8Linear,
+    RowParallelFp8TrainingLinear,
+    shard_fp8_checkpoint,
+)
+from deepgemm.ops import fp8_linear
 from deepgemm.nn.linear import Fp8Linear
 from deepgemm.ops import quantize_per_token_group
 from deepgemm.reference import fp8_gemm_nt_reference
@@ -232,6 +239,37 @@ def sequence_parallel_mlp(rank: int, world_size: int, *, seed: int, s: int, chun
     down_tp = RowParallelFp8Linear.from_fp8_linear(down, sequence_parallel=True, chunks=chunks)
     y = down_tp(up_tp(rows_of(x, rank, world_size)))
     return {"diff_full": calc_diff(y, rows_of(full_y, rank, world_size)), "shape": tuple(y.shape)}
+
+
+def training_mlp_vs_full(rank: int, world_size: int, *, seed: int, m: int, bias: bool, input_is_parallel: bool,
+                         **_: Any) -> dict[str, Any]:
+    """up (column-parallel) -> GELU -> down (row-parallel), trained in FP8, against the same MLP on one process
+    (deepgemm.fp8_linear on the whole layers): the output and every gradient, this rank's slices of them."""
+    h, inner = 256, 256 * world_size
+    up, down = nn.Linear(h, inner, bias=bias), nn.Linear(inner, h, bias=bias)  # FP32 master weights, seeded
+    x = activations(m, h)
+    dy = activations(m, h)
+
+    def mlp(inp: torch.Tensor, first: nn.Module, second: nn.Module) -> torch.Tensor:
+        return second(torch.nn.functional.gelu(first(inp)))
+
+    x_full = x.clone().requires_grad_()
+    y_full = fp8_linear(torch.nn.functional.gelu(fp8_linear(x_full, up.weight, up.bias)), down.weight, down.bias)
+    y_full.backward(dy)
+    up_tp = ColumnParallelFp8TrainingLinear.from_linear(up, gather_output=not input_is_parallel)
+    down_tp = RowParallelFp8TrainingLinear.from_linear(down, input_is_parallel=input_is_parallel)
+    assert up_tp.weight.shape == (inner // world_size, h) and down_tp.weight.shape == (h, inner // world_size)
+    x_tp = x.clone().requires_grad_()
+    y = mlp(x_tp, up_tp, down_tp)
+    y.backward(dy)
+    result = {"y": calc_diff(y.detach(), y_full.detach()), "dx": calc_diff(x_tp.grad, x_full.grad),
+              "up_dw": calc_diff(up_tp.weight.grad, rows_of(up.weight.grad, rank, world_size)),
+              "down_dw": calc_diff(down_tp.weight.grad, cols_of(down.weight.grad, rank, world_size)),
+              "dtypes": (str(y.dtype), str(x_tp.grad.dtype), str(up_tp.weight.grad.dtype))}
+    if bias:
+        result["up_db"] = calc_diff(up_tp.bias.grad, rows_of(up.bias.grad, rank, world_size))
+        result["down_db"] = calc_diff(down_tp.bias.grad, down.bias.grad)
+    return result
 
 
 def construction_errors(rank: int, world_size: int, **_: Any) -> dict[str, str]:
@@ -522,6 +560,25 @@ def test_routed_layers(pool: Pool, seed: int) -> None:
     for result in pool.run("routed_bf16", seed=seed):
         assert result["routes"] == ("bf16", "bf16", "bf16")
         assert result["diff_column"] < TOL and result["diff_row"] < TOL, result
+
+
+@pytest.mark.parametrize("input_is_parallel", [True, False])
+def test_training_mlp_equals_the_full_mlp(pool: Pool, seed: int, input_is_parallel: bool) -> None:
+    """Every GEMM of the TP step is the single process's GEMM on a slice (the 128-aligned shards keep the scale
+    groups), so the forward and the slices of dW match it to float32 noise; dx and the row layer's output sum
+    partials in another order (float32, one rounding)."""
+    for bias in (True, False):
+        for result in pool.run("training_mlp_vs_full", seed=seed, m=37, bias=bias,
+                               input_is_parallel=input_is_parallel):
+            assert result["dtypes"] == ("torch.bfloat16", "torch.bfloat16", "torch.float32"), result
+            for name in ("y", "dx", "up_dw", "down_dw", *(("up_db", "down_db") if bias else ())):
+                assert result[name] < TOL, (name, result)
+            assert result["up_dw"] < TIGHT and result["down_dw"] < TIGHT, result
+
+
+def test_training_layers_need_a_process_group_and_whole_blocks() -> None:
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
+        ColumnParallelFp8TrainingLinear(256, 256)
 
 
 def test_construction_errors(pool: Pool, seed: int) -> None:

@@ -91,6 +91,18 @@ def test_stride_zero_gradient_and_no_grad_forward(seed: int, monkeypatch: pytest
         assert torch.equal(deepgemm.fp8_linear(x, w, b), with_grad)
 
 
+def test_float32_output_of_bfloat16_activations(seed: int) -> None:
+    """out_dtype=float32: the GEMM's FP32 result unrounded (a row-parallel layer's partial sums); dx keeps x's dtype."""
+    x, w, dy = activations(70, 256, BF16), weights(48, 256, FP32), activations(70, 48, FP32)
+    xg = x.clone().requires_grad_()
+    y = deepgemm.fp8_linear(xg, w, out_dtype=FP32)
+    y.backward(dy)
+    want = quantized(x, w, None, dy)
+    assert y.dtype == FP32 and xg.grad.dtype == BF16
+    assert deepgemm.calc_diff(y.detach().double(), want.y) < 1e-9  # no output rounding left
+    assert deepgemm.calc_diff(xg.grad.double(), want.dx) < 2e-5
+
+
 def test_no_tokens_gives_zero_gradients() -> None:
     x = torch.zeros(0, 128, dtype=BF16, requires_grad=True)
     w = torch.randn(32, 128, requires_grad=True)
@@ -158,6 +170,8 @@ def test_argument_rules() -> None:
         (TypeError, "'weight'", lambda: deepgemm.fp8_linear(x, w.double())),
         (TypeError, "'x'", lambda: deepgemm.fp8_linear(x.to(torch.int32), w)),
         (TypeError, "'bias'", lambda: deepgemm.fp8_linear(x, w, [0.0] * 32)),
+        (TypeError, "'out_dtype' must be None (x's dtype) or one of",
+         lambda: deepgemm.fp8_linear(x, w, out_dtype=torch.int8)),
         (ValueError, "'tokens' must be an int >= x's 4 rows", lambda: quantize_transposed(x, 3)),
         (ValueError, "and <= 2147483647", lambda: quantize_transposed(x, 2**32)),
         (ValueError, "at most 65535 (CUDA's grid y limit)",
