@@ -21,7 +21,9 @@ from deepgemm.api.grouped import MASKED_M_ALIGNMENT, get_m_alignment_for_contigu
 from deepgemm.jit.compiler import KernelSource, compile_kernel_outcome, compile_stats, default_cache_dir
 from deepgemm.kernels.common.device import device_name, planning_sm_count
 from deepgemm.kernels.common.elements import ELEMENT_KINDS
-from deepgemm.kernels.quantize_fp8.launch import token_group_source
+from deepgemm.kernels.quantize_fp8.launch import block_source, token_group_source, transposed_source
+from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec
+from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import render_source as render_kgrouped_source
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Geometry, grouped_spec
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, render_source
@@ -93,6 +95,23 @@ def quantizer_kernel(input_dtype: torch.dtype, group_size: int = ACTIVATION_GROU
     if input_dtype not in ELEMENT_KINDS:
         raise TypeError(f"input dtype must be one of {tuple(ELEMENT_KINDS)}, got {input_dtype}")
     return token_group_source(input_dtype, group_size, silu_mul)
+
+
+def training_kernels(tokens: int, n: int, k: int, x_dtype: torch.dtype, weight_dtype: torch.dtype,
+                     out_dtype: torch.dtype, target: Target) -> list[Kernel]:
+    """The kernels one FP8 training step of fp8_linear loads (x [tokens, k] in x_dtype, W [n, k] in weight_dtype,
+    the output and its gradient in out_dtype, both gradients wanted): Fprop and Dgrad GEMMs, the Wgrad 1D1D GEMM
+    (one group), x's both-ways quantizer, W's per-block quantizer with its transpose, dy's row and transposed
+    quantizers; and what a forward without grad mode adds (the row quantizer of x, W's plain per-block quantizer)."""
+    for dtype in (x_dtype, weight_dtype, out_dtype):
+        if dtype not in ELEMENT_KINDS:
+            raise TypeError(f"dtypes must be one of {tuple(ELEMENT_KINDS)}, got {dtype}")
+    x_gemm = torch.float32 if x_dtype == torch.float32 else torch.bfloat16
+    y_gemm = torch.float32 if out_dtype == torch.float32 else torch.bfloat16
+    return [dense_kernel(tokens, n, k, y_gemm, target), dense_kernel(tokens, k, n, x_gemm, target),
+            render_kgrouped_source(KGroupedSpec.for_shape(n, k)), transposed_source(x_dtype, rows_too=True),
+            block_source(weight_dtype, 128, transposed=True), token_group_source(out_dtype, ACTIVATION_GROUP),
+            transposed_source(out_dtype), token_group_source(x_dtype, ACTIVATION_GROUP), block_source(weight_dtype, 128)]
 
 
 # ---------------------------------------------------------------- MoE rows as engines lay them out

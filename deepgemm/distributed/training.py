@@ -18,6 +18,7 @@ from torch import nn
 
 from deepgemm.distributed.comm import gather_columns
 from deepgemm.distributed.sharding import group_size_rank, shard_bounds
+from deepgemm.nn.training import Fp8TrainingGemm
 from deepgemm.ops.fp8_linear import fp8_linear
 
 
@@ -136,6 +137,13 @@ class _ParallelFp8TrainingLinear(nn.Module):
             raise ValueError(f"{type(self).__name__}: input has {got} features in its last dimension, expected "
                              f"{features}")
         return x.reshape(-1, features)
+
+    def fp8_training_gemm(self) -> Fp8TrainingGemm:
+        """This rank's GEMM shape (precompile_model plans its kernels): the row-parallel layer's partial sums are
+        float32 with more than one rank."""
+        partial = self.shard_dim == 1 and self.tp_size > 1
+        return Fp8TrainingGemm(self.out_features, self.in_features, self.weight.dtype,
+                               torch.float32 if partial else None)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.full_in_features}, out_features={self.full_out_features}, "

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
 from deepgemm.ops.fp8_linear import ALIGNMENT, fp8_linear
+
+
+class Fp8TrainingGemm(NamedTuple):
+    """The GEMM shape a layer trained through fp8_linear runs (what precompile_model plans): its weight [out_features,
+    in_features] in weight_dtype, and its output's dtype (None: the input's)."""
+
+    out_features: int
+    in_features: int
+    weight_dtype: torch.dtype
+    out_dtype: torch.dtype | None = None
 
 
 class Fp8TrainingLinear(nn.Linear):
@@ -50,6 +62,10 @@ class Fp8TrainingLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp8_linear(x, self.weight, self.bias)
+
+    def fp8_training_gemm(self) -> Fp8TrainingGemm:
+        """The GEMM shape this layer trains with (precompile_model plans its kernels)."""
+        return Fp8TrainingGemm(self.out_features, self.in_features, self.weight.dtype)
 
 
 def _require_aligned(in_features: int, out_features: int) -> None:

@@ -265,3 +265,37 @@ def test_compiles_fullgraph_forward_and_backward(dynamic: bool, seed: int) -> No
         compiled(xg).backward(dy)
         assert torch.equal(xg.grad, eager[1])
         assert torch.equal(layer.weight.grad, eager[2]) and torch.equal(layer.bias.grad, eager[3])
+
+
+def test_precompile_plans_a_whole_training_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """precompile_model on a model trained in FP8 plans every kernel of a step: Fprop and Dgrad GEMMs, the Wgrad
+    1D1D GEMM the launch path builds, and the quantizers of x (both ways), W (with W^T) and dy (rows, transposed),
+    in the layer's dtypes; a layer whose output is float32 (a row-parallel shard's partial sums) gets dy's float32
+    quantizers."""
+    from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec, render_source
+    from deepgemm.nn import precompile as precompile_module
+    from deepgemm.nn.training import Fp8TrainingGemm
+
+    planned: list = []
+
+    def record(sources, **_: object) -> str:
+        planned.extend(sources)
+        return "recorded"
+
+    class PartialSums(nn.Module):  # the protocol the tensor-parallel training layers implement
+        def fp8_training_gemm(self) -> Fp8TrainingGemm:
+            return Fp8TrainingGemm(256, 512, BF16, FP32)
+
+    monkeypatch.setattr(precompile_module, "compile_sources", record)
+    model = nn.Sequential(Fp8TrainingLinear(256, 128), Fp8TrainingLinear(256, 128), PartialSums())
+    assert deepgemm.precompile_model(model, tokens=(64,), num_sms=132) == "recorded"
+    entries = [source.entry for source in planned]
+    assert entries.count("deepgemm_fp8_gemm_1d2d") == 4 and entries.count("deepgemm_fp8_gemm_kgrouped_1d1d") == 2
+    assert render_source(KGroupedSpec.for_shape(128, 256)) in planned  # what get_kgrouped_plan(…, 128, 256) builds
+    labels = {source.label for source in planned}
+    for label in ("quantize both_ways torch.bfloat16", "quantize_per_block torch.float32 b=128 +transposed",
+                  "quantize transposed torch.bfloat16", "quantize transposed torch.float32",
+                  "quantize_per_token_group torch.bfloat16 g=128", "quantize_per_token_group torch.float32 g=128",
+                  "quantize_per_block torch.bfloat16 b=128 +transposed"):
+        assert label in labels, (label, sorted(labels))
+    assert len(planned) == len(set(planned))  # deduplicated: the two equal layers plan once
