@@ -4,8 +4,8 @@
 `RowParallelFp8TrainingLinear` holds columns [r*k, (r+1)*k) (input features) and the whole bias. The parameters are
 this rank's slices in your precision (the optimizer's master copy); every GEMM of a step, forward and backward, is
 `fp8_linear`'s FP8 GEMM on this rank's shard. The collectives are autograd functions of ours on torch.distributed
-(NCCL on GPUs, gloo on CPUs): the column layer's input gradient and the row layer's output are all-reduced (in
-float32: every partial sum is rounded once, after the reduction).
+(NCCL on GPUs, gloo on CPUs): the column layer's input gradient and the row layer's output are all-reduced in
+float32 (the row layer's float32 partial sums are then rounded once; each rank's dx is in x's dtype already).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class _GatherColumns(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        return grad[:, ctx.rank * ctx.n:(ctx.rank + 1) * ctx.n], None, None, None
+        return grad[..., ctx.rank * ctx.n:(ctx.rank + 1) * ctx.n], None, None, None
 
 
 class _SplitColumns(torch.autograd.Function):
@@ -74,7 +74,7 @@ class _SplitColumns(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, tp_size: int, rank: int) -> torch.Tensor:
         k = x.shape[-1] // tp_size
         ctx.group, ctx.tp_size = group, tp_size
-        return x[:, rank * k:(rank + 1) * k].contiguous()
+        return x[..., rank * k:(rank + 1) * k].contiguous()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
@@ -105,14 +105,16 @@ class _ParallelFp8TrainingLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty((self.out_features, self.in_features), **factory))  # type: ignore[arg-type]
         bias_size = self.out_features if self.shard_dim == 0 else out_features
         self.bias = nn.Parameter(torch.empty(bias_size, **factory)) if bias else None  # type: ignore[arg-type]
-        self._init_from_full(device, dtype)
+        self.reset_parameters()
 
-    def _init_from_full(self, device: torch.device | str | None, dtype: torch.dtype | None) -> None:
-        """nn.Linear's initialization of the whole layer (the same on every rank under the same seed), sliced."""
+    def reset_parameters(self) -> None:
+        """nn.Linear's initialization of the whole layer (the same on every rank under the same seed), sliced: a
+        TP run starts from the weights a single-process run has. A no-op on the meta device (call it after
+        to_empty)."""
         if self.weight.is_meta:
             return
-        full = nn.Linear(self.full_in_features, self.full_out_features, self.bias is not None, device=device,
-                         dtype=dtype)
+        full = nn.Linear(self.full_in_features, self.full_out_features, self.bias is not None,
+                         device=self.weight.device, dtype=self.weight.dtype)
         self.load_full(full.weight, full.bias)
 
     @torch.no_grad()
@@ -126,6 +128,8 @@ class _ParallelFp8TrainingLinear(nn.Module):
             raise ValueError(f"{where}: 'weight' must be the whole layer's {full}, got {got}")
         start, stop = self.shard
         self.weight.copy_(weight[start:stop] if self.shard_dim == 0 else weight[:, start:stop])
+        if self.bias is None and bias is not None:
+            raise ValueError(f"{where}: the layer has no bias, but 'bias' was given")
         if self.bias is not None:
             if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (self.full_out_features,):
                 raise ValueError(f"{where}: the layer has a bias: 'bias' must be [{self.full_out_features}]")
@@ -211,9 +215,9 @@ class ColumnParallelFp8TrainingLinear(_ParallelFp8TrainingLinear):
 
 class RowParallelFp8TrainingLinear(_ParallelFp8TrainingLinear):
     """y = x W^T (+ bias) with W [out_features, in_features] split by columns over `group`, trained in FP8: rank r
-    holds columns [r*k, (r+1)*k), k = in_features / tp_size (a multiple of 128 * tp_size with more than one rank),
-    and the whole bias. Each rank's GEMM gives a float32 partial sum, all-reduced in float32; the bias is added and
-    the sum rounded once to x's dtype. input_is_parallel (default True): the input is this rank's k features (a
+    holds columns [r*k, (r+1)*k), k = in_features / tp_size (in_features a multiple of 128 * tp_size with more than
+    one rank), and the whole bias. With more than one rank each GEMM gives a float32 partial sum, all-reduced in
+    float32; the bias is added and the sum rounded once to x's dtype (one rank: fp8_linear itself). input_is_parallel (default True): the input is this rank's k features (a
     ColumnParallelFp8TrainingLinear's output without gather_output); False: the whole input, of which the layer takes
     its k columns (and all-gathers the input gradient's columns in the backward). The bias gradient is the same on
     every rank (it is computed from the replicated output gradient).

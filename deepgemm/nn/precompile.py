@@ -60,7 +60,10 @@ def precompile_model(model: nn.Module, tokens: Iterable[int] = DEFAULT_TOKENS, *
             (after convert(model, training=True)) are planned.
         tokens: the row counts to plan for (positive ints; default 1, 2, 4, ..., 8192).
         num_sms / gpu: see above.
-        input_dtype: the dtype of the layers' inputs, whose quantizer is compiled (default bfloat16).
+        input_dtype: the dtype of the layers' inputs, whose quantizer is compiled (default bfloat16); for layers
+            trained in FP8 also their outputs' and output gradients' dtype (unless the layer fixes it, as a
+            row-parallel shard's float32 partial sums), which picks the Fprop / Dgrad GEMM outputs and dy's
+            quantizers: pass the dtype the training step's activations have.
         workers / progress: see above.
 
     Returns:

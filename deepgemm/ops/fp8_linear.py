@@ -197,8 +197,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     dW), as DeepSeek-V3 trains. All three GEMMs
     accumulate in FP32 with the scales applied every 128 K; dx comes back in x's dtype, dW in the weight's, the bias
     gradient (an FP32 sum of dy) in the bias's. Saved for the backward, only where a gradient needs it: x^T and W^T in
-    e4m3 with their scales (half the bytes of a BF16 x). torch.autocast does not change what it computes (x's dtype
-    in, x's dtype out; the operands are FP8 either way). On CPU tensors and other GPUs the reference path computes
+    e4m3 with their scales (half the bytes of a BF16 x). torch.autocast does not change what it computes (the output
+    in out_dtype, by default x's; the operands are FP8 either way). On CPU tensors and other GPUs the reference path computes
     the same quantized math.
 
     Args:

@@ -263,12 +263,25 @@ def training_mlp_vs_full(rank: int, world_size: int, *, seed: int, m: int, bias:
     y = mlp(x_tp, up_tp, down_tp)
     y.backward(dy)
     result = {"y": calc_diff(y.detach(), y_full.detach()), "dx": calc_diff(x_tp.grad, x_full.grad),
-              "up_dw": calc_diff(up_tp.weight.grad, rows_of(up.weight.grad, rank, world_size)),
-              "down_dw": calc_diff(down_tp.weight.grad, cols_of(down.weight.grad, rank, world_size)),
-              "dtypes": (str(y.dtype), str(x_tp.grad.dtype), str(up_tp.weight.grad.dtype))}
+              "up_dw": bool(torch.equal(up_tp.weight.grad, rows_of(up.weight.grad, rank, world_size))),
+              "down_dw": bool(torch.equal(down_tp.weight.grad, cols_of(down.weight.grad, rank, world_size))),
+              "dtypes": (str(y.dtype), str(x_tp.grad.dtype), str(up_tp.weight.grad.dtype)),
+              "gemms": (tuple(up_tp.fp8_training_gemm()), tuple(down_tp.fp8_training_gemm()))}
     if bias:
-        result["up_db"] = calc_diff(up_tp.bias.grad, rows_of(up.bias.grad, rank, world_size))
-        result["down_db"] = calc_diff(down_tp.bias.grad, down.bias.grad)
+        result["up_db"] = bool(torch.equal(up_tp.bias.grad, rows_of(up.bias.grad, rank, world_size)))
+        result["down_db"] = bool(torch.equal(down_tp.bias.grad, down.bias.grad))
+    # A layer built in place starts from the whole nn.Linear's initialization, sliced (the same seed on every rank).
+    torch.manual_seed(seed + 1)
+    built = ColumnParallelFp8TrainingLinear(h, inner, bias=bias), RowParallelFp8TrainingLinear(inner, h, bias=bias)
+    torch.manual_seed(seed + 1)
+    wholes = nn.Linear(h, inner, bias=bias), nn.Linear(inner, h, bias=bias)
+    result["init"] = (bool(torch.equal(built[0].weight, rows_of(wholes[0].weight, rank, world_size)))
+                      and bool(torch.equal(built[1].weight, cols_of(wholes[1].weight, rank, world_size))))
+    try:
+        ColumnParallelFp8TrainingLinear(256, 128 * world_size + 64)
+        result["split_block"] = "no error"
+    except ValueError as error:
+        result["split_block"] = str(error)
     return result
 
 
@@ -570,13 +583,17 @@ def test_training_mlp_equals_the_full_mlp(pool: Pool, seed: int, input_is_parall
     for bias in (True, False):
         for result in pool.run("training_mlp_vs_full", seed=seed, m=37, bias=bias,
                                input_is_parallel=input_is_parallel):
+            tp = pool.world_size
             assert result["dtypes"] == ("torch.bfloat16", "torch.bfloat16", "torch.float32"), result
-            for name in ("y", "dx", "up_dw", "down_dw", *(("up_db", "down_db") if bias else ())):
-                assert result[name] < TOL, (name, result)
-            assert result["up_dw"] < TIGHT and result["down_dw"] < TIGHT, result
+            assert result["y"] < TOL and result["dx"] < TOL, result
+            # the same GEMMs on slices of the same operands: this rank's dW and db bit for bit
+            assert result["up_dw"] and result["down_dw"] and result.get("up_db", True) and result.get("down_db", True)
+            assert result["gemms"] == ((256, 256, torch.float32, None), (256, 256, torch.float32, torch.float32)), result
+            assert result["init"], result
+            assert f"must be a multiple of 128 * {tp}" in result["split_block"], result
 
 
-def test_training_layers_need_a_process_group_and_whole_blocks() -> None:
+def test_training_layers_need_a_process_group() -> None:
     with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
         ColumnParallelFp8TrainingLinear(256, 256)
 

@@ -272,6 +272,7 @@ def test_precompile_plans_a_whole_training_step(monkeypatch: pytest.MonkeyPatch)
     1D1D GEMM the launch path builds, and the quantizers of x (both ways), W (with W^T) and dy (rows, transposed),
     in the layer's dtypes; a layer whose output is float32 (a row-parallel shard's partial sums) gets dy's float32
     quantizers."""
+    from deepgemm.api.precompile import Target, dense_kernel, unique_sources
     from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec, render_source
     from deepgemm.nn import precompile as precompile_module
     from deepgemm.nn.training import Fp8TrainingGemm
@@ -292,10 +293,13 @@ def test_precompile_plans_a_whole_training_step(monkeypatch: pytest.MonkeyPatch)
     entries = [source.entry for source in planned]
     assert entries.count("deepgemm_fp8_gemm_1d2d") == 4 and entries.count("deepgemm_fp8_gemm_kgrouped_1d1d") == 2
     assert render_source(KGroupedSpec.for_shape(128, 256)) in planned  # what get_kgrouped_plan(…, 128, 256) builds
+    target = Target(132)
+    for m, n, k, out in ((64, 128, 256, BF16), (64, 256, 128, BF16),   # Fprop, Dgrad of the bf16 layers
+                         (64, 256, 512, FP32), (64, 512, 256, BF16)):  # float32 partial sums; dx in x's bf16
+        assert unique_sources([dense_kernel(m, n, k, out, target)])[0] in planned, (m, n, k, out)
     labels = {source.label for source in planned}
     for label in ("quantize both_ways torch.bfloat16", "quantize_per_block torch.float32 b=128 +transposed",
                   "quantize transposed torch.bfloat16", "quantize transposed torch.float32",
                   "quantize_per_token_group torch.bfloat16 g=128", "quantize_per_token_group torch.float32 g=128",
                   "quantize_per_block torch.bfloat16 b=128 +transposed"):
         assert label in labels, (label, sorted(labels))
-    assert len(planned) == len(set(planned))  # deduplicated: the two equal layers plan once
