@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+import deepgemm
 from deepgemm.reference import quantize_per_block_reference, quantize_per_token_group_reference
 from deepgemm.utils import align_up, ceil_div
 
@@ -63,6 +64,16 @@ def unquantized(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dy: to
     x, w, dy = x.to(F64), w.to(F64), dy.to(F64)
     y = x @ w.t() + (0 if b is None else b.to(F64))
     return LinearGrads(y, dy @ w, dy.t() @ x, dy.sum(0))
+
+
+def train_step(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dy: torch.Tensor):
+    """(y, dx, dW, db) of deepgemm.fp8_linear on fresh leaf copies of x, w, b, with dy as the output gradient."""
+    x = x.clone().requires_grad_()
+    w = w.clone().requires_grad_()
+    b = None if b is None else b.clone().requires_grad_()
+    y = deepgemm.fp8_linear(x, w, b)
+    y.backward(dy)
+    return y.detach(), x.grad, w.grad, None if b is None else b.grad
 
 
 def activations(t: int, k: int, dtype: torch.dtype, device: str | torch.device = "cpu") -> torch.Tensor:

@@ -10,7 +10,7 @@ float32 (the row layer's float32 partial sums are then rounded once; each rank's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -81,6 +81,9 @@ class _SplitColumns(torch.autograd.Function):
         return gather_columns(grad.contiguous(), ctx.group, ctx.tp_size), None, None, None
 
 
+_Layer = TypeVar("_Layer", bound="_ParallelFp8TrainingLinear")
+
+
 class _ParallelFp8TrainingLinear(nn.Module):
     """The shard, the group and the parameters both layers share."""
 
@@ -106,6 +109,17 @@ class _ParallelFp8TrainingLinear(nn.Module):
         bias_size = self.out_features if self.shard_dim == 0 else out_features
         self.bias = nn.Parameter(torch.empty(bias_size, **factory)) if bias else None  # type: ignore[arg-type]
         self.reset_parameters()
+
+    @classmethod
+    def from_linear(cls: type[_Layer], linear: nn.Linear, group: dist.ProcessGroup | None = None,
+                    **options: bool) -> _Layer:
+        """This rank's shard of a whole nn.Linear (copied, on its device and in its dtype); `options`: the layer's
+        own (gather_output, input_is_parallel)."""
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, group=group, device="meta",
+                    dtype=linear.weight.dtype, **options)
+        layer.to_empty(device=linear.weight.device)
+        layer.load_full(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
+        return layer
 
     def reset_parameters(self) -> None:
         """nn.Linear's initialization of the whole layer (the same on every rank under the same seed), sliced: a
@@ -192,16 +206,6 @@ class ColumnParallelFp8TrainingLinear(_ParallelFp8TrainingLinear):
         super().__init__(in_features, out_features, bias, group, device, dtype)
         self.gather_output = bool(gather_output)
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, group: dist.ProcessGroup | None = None, *,
-                    gather_output: bool = False) -> ColumnParallelFp8TrainingLinear:
-        """This rank's shard of a whole nn.Linear (copied, on its device and in its dtype)."""
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, group=group,
-                    gather_output=gather_output, device="meta", dtype=linear.weight.dtype)
-        layer.to_empty(device=linear.weight.device)
-        layer.load_full(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
-        return layer
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = self._check_input(x, self.in_features)
         if self.tp_size > 1:
@@ -217,7 +221,8 @@ class RowParallelFp8TrainingLinear(_ParallelFp8TrainingLinear):
     """y = x W^T (+ bias) with W [out_features, in_features] split by columns over `group`, trained in FP8: rank r
     holds columns [r*k, (r+1)*k), k = in_features / tp_size (in_features a multiple of 128 * tp_size with more than
     one rank), and the whole bias. With more than one rank each GEMM gives a float32 partial sum, all-reduced in
-    float32; the bias is added and the sum rounded once to x's dtype (one rank: fp8_linear itself). input_is_parallel (default True): the input is this rank's k features (a
+    float32; the bias is added and the sum rounded once to x's dtype (one rank: fp8_linear itself).
+    input_is_parallel (default True): the input is this rank's k features (a
     ColumnParallelFp8TrainingLinear's output without gather_output); False: the whole input, of which the layer takes
     its k columns (and all-gathers the input gradient's columns in the backward). The bias gradient is the same on
     every rank (it is computed from the replicated output gradient).
@@ -250,16 +255,6 @@ class RowParallelFp8TrainingLinear(_ParallelFp8TrainingLinear):
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__(in_features, out_features, bias, group, device, dtype)
         self.input_is_parallel = bool(input_is_parallel)
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, group: dist.ProcessGroup | None = None, *,
-                    input_is_parallel: bool = True) -> RowParallelFp8TrainingLinear:
-        """This rank's shard of a whole nn.Linear (copied, on its device and in its dtype)."""
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, group=group,
-                    input_is_parallel=input_is_parallel, device="meta", dtype=linear.weight.dtype)
-        layer.to_empty(device=linear.weight.device)
-        layer.load_full(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
-        return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         features = self.in_features if self.input_is_parallel else self.full_in_features

@@ -46,11 +46,10 @@ def _to(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
-             need_dx: bool = False, need_dw: bool = False
+             need_dx: bool = False, need_dw: bool = False, tokens: int = 0
              ) -> tuple[torch.Tensor, list[torch.Tensor] | None, tuple[torch.Tensor, ...] | None]:
     """y = x W^T (+ bias) in out_dtype, and the backward's operands where a gradient needs them: x^T quantized along
-    the tokens (Wgrad), W^T per block with its scales transposed (Dgrad)."""
-    tokens = align_up(x.shape[0], BLOCK)
+    the tokens, zero-padded to `tokens` (Wgrad), W^T per block with its scales transposed (Dgrad)."""
     x_t = w_t = None
     if need_dw:  # x along the tokens too (Wgrad's operand), from the same read; saved in FP8 instead of x
         x_q, x_sf, *x_t = _quantize_both(x, tokens)
@@ -72,8 +71,8 @@ class _Fp8Linear(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 out_dtype: torch.dtype) -> torch.Tensor:
         need_dx, need_dw, _ = _needs(ctx)
-        y, x_t, w_t = _forward(x, weight, bias, out_dtype, need_dx, need_dw)
-        tokens = align_up(x.shape[0], BLOCK)
+        tokens = align_up(x.shape[0], BLOCK)  # Wgrad's K: whole 128-token blocks
+        y, x_t, w_t = _forward(x, weight, bias, out_dtype, need_dx, need_dw, tokens)
         ctx.save_for_backward(*(x_t or (None, None)), *(w_t or (None, None)))
         ctx.tokens, ctx.x_dtype, ctx.weight_dtype = tokens, x.dtype, weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype

@@ -15,19 +15,17 @@ import deepgemm
 from deepgemm.nn import Fp8TrainingLinear, convert
 from deepgemm.ops.quant import quantize_both_ways, quantize_per_block_transposed, quantize_transposed
 from deepgemm.reference import quantize_per_token_group_reference
-from tests.fp8_training_helpers import activations, quantized, transposed_padded, unquantized, weights
+from tests.fp8_training_helpers import (
+    activations,
+    quantized,
+    train_step,
+    transposed_padded,
+    unquantized,
+    weights,
+)
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 fp8_linear_module = sys.modules["deepgemm.ops.fp8_linear"]  # (deepgemm.ops.fp8_linear is also the function's name)
-
-
-def _run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dy: torch.Tensor):
-    x = x.clone().requires_grad_()
-    w = w.clone().requires_grad_()
-    b = None if b is None else b.clone().requires_grad_()
-    y = deepgemm.fp8_linear(x, w, b)
-    y.backward(dy)
-    return y.detach(), x.grad, w.grad, None if b is None else b.grad
 
 
 @pytest.mark.parametrize("t,n,k,bias,x_dtype,w_dtype", [
@@ -42,7 +40,7 @@ def test_fp8_linear_gradients_match_float64(t: int, n: int, k: int, bias: bool, 
     x, w = activations(t, k, x_dtype), weights(n, k, w_dtype)
     b = torch.randn(n, dtype=w_dtype) if bias else None
     dy = activations(t, n, x_dtype)
-    y, dx, dw, db = _run(x, w, b, dy)
+    y, dx, dw, db = train_step(x, w, b, dy)
     assert y.dtype == x_dtype and dx.dtype == x_dtype and dw.dtype == w_dtype
     want = quantized(x, w, b, dy)
     plain = unquantized(x, w, b, dy)
@@ -259,7 +257,7 @@ def test_compiles_fullgraph_forward_and_backward(dynamic: bool, seed: int) -> No
     for tokens in (64, 100, 300) if dynamic else (64,):
         x = activations(tokens, 256, FP32)
         dy = activations(tokens, 128, FP32)
-        eager = _run(x, layer.weight.detach(), layer.bias.detach(), dy)
+        eager = train_step(x, layer.weight.detach(), layer.bias.detach(), dy)
         layer.zero_grad()
         xg = x.clone().requires_grad_()
         compiled(xg).backward(dy)

@@ -14,7 +14,14 @@ import deepgemm
 from deepgemm.nn import Fp8TrainingLinear, convert
 from deepgemm.ops.quant import quantize_both_ways, quantize_per_block_transposed, quantize_transposed
 from deepgemm.reference import quantize_per_block_reference, quantize_per_token_group_reference
-from tests.fp8_training_helpers import activations, quantized, transposed_padded, unquantized, weights
+from tests.fp8_training_helpers import (
+    activations,
+    quantized,
+    train_step,
+    transposed_padded,
+    unquantized,
+    weights,
+)
 from tests.gpu.guard import GpuGuard
 
 pytestmark = pytest.mark.gpu
@@ -122,15 +129,6 @@ def test_column_major_input_reads_in_place(t: int, c: int, seed: int, gpu_guard:
     assert gpu_guard.launches(TRANSPOSED) == 2 and same_bits(q2, want_q)
 
 
-def _step(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dy: torch.Tensor):
-    x = x.clone().requires_grad_()
-    w = w.clone().requires_grad_()
-    b = None if b is None else b.clone().requires_grad_()
-    y = deepgemm.fp8_linear(x, w, b)
-    y.backward(dy)
-    return y.detach(), x.grad, w.grad, None if b is None else b.grad
-
-
 @pytest.mark.parametrize("t,n,k,bias,x_dtype,w_dtype", [
     pytest.param(4096, 2112, 7168, True, BF16, FP32, marks=quick),
     (1000, 1536, 512, False, BF16, BF16),
@@ -144,7 +142,7 @@ def test_fp8_linear_gradients_match_float64(t: int, n: int, k: int, bias: bool, 
     b = torch.randn(n, dtype=w_dtype, device="cuda") if bias else None
     dy = activations(t, n, x_dtype, "cuda")
     poison_allocator(t * max(n, k) * 4)
-    y, dx, dw, db = _step(x, w, b, dy)
+    y, dx, dw, db = train_step(x, w, b, dy)
     assert gpu_guard.launches(GEMM_1D2D) == 2 and gpu_guard.launches(WGRAD) == 1
     # x both ways and W with W^T in the forward; dy by the row and the transposed quantizers in the backward
     assert gpu_guard.launches(BOTH_WAYS) == 1 and gpu_guard.launches(BLOCK_TRANSPOSED) == 1
@@ -159,7 +157,7 @@ def test_fp8_linear_gradients_match_float64(t: int, n: int, k: int, bias: bool, 
         assert (got.double() - exact).abs().amax() <= 2.0**-7 * exact.abs().amax() + 1e-6, name
     if bias:
         torch.testing.assert_close(db.double(), want.db, rtol=1e-5, atol=1e-3)
-    again = _step(x, w, b, dy)  # bitwise repeatable
+    again = train_step(x, w, b, dy)  # bitwise repeatable
     assert all(same_bits(a, z) for a, z in zip((y, dx, dw), again[:3]))
 
 
