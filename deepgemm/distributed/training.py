@@ -111,8 +111,7 @@ class _ParallelFp8TrainingLinear(nn.Module):
         self.reset_parameters()
 
     @classmethod
-    def from_linear(cls: type[_Layer], linear: nn.Linear, group: dist.ProcessGroup | None = None,
-                    **options: bool) -> _Layer:
+    def _shard_of(cls: type[_Layer], linear: nn.Linear, group: dist.ProcessGroup | None, **options: bool) -> _Layer:
         """This rank's shard of a whole nn.Linear (copied, on its device and in its dtype); `options`: the layer's
         own (gather_output, input_is_parallel)."""
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, group=group, device="meta",
@@ -206,6 +205,12 @@ class ColumnParallelFp8TrainingLinear(_ParallelFp8TrainingLinear):
         super().__init__(in_features, out_features, bias, group, device, dtype)
         self.gather_output = bool(gather_output)
 
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group: dist.ProcessGroup | None = None, *,
+                    gather_output: bool = False) -> ColumnParallelFp8TrainingLinear:
+        """This rank's shard of a whole nn.Linear (copied, on its device and in its dtype)."""
+        return cls._shard_of(linear, group, gather_output=gather_output)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = self._check_input(x, self.in_features)
         if self.tp_size > 1:
@@ -255,6 +260,12 @@ class RowParallelFp8TrainingLinear(_ParallelFp8TrainingLinear):
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__(in_features, out_features, bias, group, device, dtype)
         self.input_is_parallel = bool(input_is_parallel)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group: dist.ProcessGroup | None = None, *,
+                    input_is_parallel: bool = True) -> RowParallelFp8TrainingLinear:
+        """This rank's shard of a whole nn.Linear (copied, on its device and in its dtype)."""
+        return cls._shard_of(linear, group, input_is_parallel=input_is_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         features = self.in_features if self.input_is_parallel else self.full_in_features
