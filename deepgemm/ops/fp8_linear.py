@@ -154,6 +154,19 @@ def _wgrad(dy_t: tuple[torch.Tensor, torch.Tensor], x_t: tuple[torch.Tensor, tor
     return kgrouped_api.k_grouped_fp8_gemm_tn_contiguous(dy_t, x_t, out, [tokens])[0]
 
 
+def traced_step(x: torch.Tensor) -> bool:
+    """Whether torch.compile traces the training step into its graph: not for CUDA tensors, whose compiled step
+    returned an all-zero x gradient on the GPU (torch 2.11, H100, 2026-12-05; cause not isolated): there the step
+    runs eagerly behind a graph break (fullgraph=True refuses it). No-grad forwards trace on every device."""
+    return x.device.type != "cuda"
+
+
+@torch.compiler.disable
+def _eager_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+                ) -> torch.Tensor:
+    return _Fp8Linear.apply(x, weight, bias, out_dtype)
+
+
 def check_fp8_linear(x: object, weight: object, bias: object, out_dtype: object = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.dtype]:
     """fp8_linear's argument rules (every path); returns the tensors and the output dtype."""
@@ -227,7 +240,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     x_t, w_t, b_t, dtype = check_fp8_linear(x, weight, bias, out_dtype)
     rows = x_t.reshape(-1, w_t.shape[1])
     if torch.is_grad_enabled():
-        y = _Fp8Linear.apply(rows, w_t, b_t, dtype)
+        step = _Fp8Linear.apply if not compiling() or traced_step(rows) else _eager_step
+        y = step(rows, w_t, b_t, dtype)
     else:  # (no_grad / inference_mode: the forward alone, without the backward's operands)
         y = _forward(rows, w_t, b_t, dtype)[0]
     return y if x_t.dim() == 2 else y.reshape(*x_t.shape[:-1], w_t.shape[0])
