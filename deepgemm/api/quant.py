@@ -237,7 +237,7 @@ def quantize_per_block_transposed(w: torch.Tensor) -> tuple[torch.Tensor, torch.
         q, sf, qt = quantize_per_block_cuda(w, 128, transposed=True)
         return q, sf, qt
     q, sf = quantize_per_block_reference(w, 128)
-    return q, sf, q.t().contiguous()
+    return q, sf, q.t().clone(memory_format=torch.contiguous_format)  # (.contiguous() of a [1, K] q^T aliases q)
 
 
 def check_silu_mul_input(x: object, group_size: object) -> torch.Tensor:

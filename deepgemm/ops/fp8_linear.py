@@ -211,7 +211,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     gradient (an FP32 sum of dy) in the bias's. Saved for the backward, only where a gradient needs it: x^T and W^T in
     e4m3 with their scales (half the bytes of a BF16 x). torch.autocast does not change what it computes (the output
     in out_dtype, by default x's; the operands are FP8 either way). On CPU tensors and other GPUs the reference path computes
-    the same quantized math.
+    the same quantized math. Under torch.compile a step with gradients on CUDA tensors runs eagerly behind a graph
+    break (fullgraph=True refuses it; no-grad calls and CPU tensors trace): the traced GPU step returned an all-zero
+    x gradient (torch 2.11, 2026-12-05).
 
     Args:
         x: float32, bfloat16 or float16 [..., in_features]; dx comes back in its dtype.

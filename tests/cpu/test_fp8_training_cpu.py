@@ -138,6 +138,16 @@ def test_both_ways_is_the_two_quantizations(t: int, c: int, tokens: int, seed: i
     assert torch.equal(sft, want_sft) and sft.stride() == want_sft.stride()
 
 
+@pytest.mark.parametrize("n,k", [(1, 200), (300, 1), (1, 1)])
+def test_block_quantizer_transpose_never_aliases(n: int, k: int, seed: int) -> None:
+    """A one-row or one-column weight's q^T is contiguous as a view of q: the op returns a copy (outputs of a custom
+    op may not alias each other)."""
+    q, _, qt = quantize_per_block_transposed(weights(n, k, FP32))
+    assert qt.shape == (k, n) and qt.is_contiguous()
+    assert qt.untyped_storage().data_ptr() != q.untyped_storage().data_ptr()
+    assert torch.equal(qt.view(torch.uint8), q.t().contiguous().view(torch.uint8))
+
+
 def test_block_quantizer_with_transpose(seed: int) -> None:
     w = weights(300, 200, FP32)
     q, sf, qt = quantize_per_block_transposed(w)
