@@ -241,9 +241,10 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     """
     x_t, w_t, b_t, dtype = check_fp8_linear(x, weight, bias, out_dtype)
     rows = x_t.reshape(-1, w_t.shape[1])
-    if torch.is_grad_enabled():
-        step = _Fp8Linear.apply if not compiling() or traced_step(rows) else _eager_step
-        y = step(rows, w_t, b_t, dtype)
-    else:  # (no_grad / inference_mode: the forward alone, without the backward's operands)
-        y = _forward(rows, w_t, b_t, dtype)[0]
+    if not torch.is_grad_enabled():
+        y = _forward(rows, w_t, b_t, dtype)[0]  # (no_grad / inference_mode: without the backward's operands)
+    elif compiling() and not traced_step(rows):
+        y = _eager_step(rows, w_t, b_t, dtype)
+    else:
+        y = _Fp8Linear.apply(rows, w_t, b_t, dtype)
     return y if x_t.dim() == 2 else y.reshape(*x_t.shape[:-1], w_t.shape[0])
