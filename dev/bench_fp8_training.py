@@ -85,9 +85,9 @@ def bench_pieces(iters: int, t: int, n: int, k: int) -> None:
     dy = torch.randn(t, n, device="cuda").to(BF16)
     tokens = align_up(t, 128)
     xq, xsf, xqt, xsft = quantize_both_ways(x, tokens)
-    wq, wsf, wqt = quantize_per_block_transposed(w)
+    wq, wsf, wqt, wsft = quantize_per_block_transposed(w)
     dyq, dysf, dyqt, dysft = quantize_both_ways(dy, tokens)
-    wt = (wqt, wsf.t().contiguous())
+    wt = (wqt, wsft)
     out = torch.empty(1, n, k, device="cuda")
     pieces = [
         ("quantize x both ways (Fprop + Wgrad operands)", lambda: quantize_both_ways(x, tokens)),

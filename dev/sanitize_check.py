@@ -339,9 +339,9 @@ def fp8_training() -> None:
         assert torch.equal(qt.view(torch.uint8), qt2.view(torch.uint8)) and q.shape == (t, c)
         print(f"sanitize transposed quantizers {t} x {c} {dtype} pad={pad}: ok")
     for n, k in ((300, 200), (8, 24), (129, 4096)):
-        q, _, qt = quantize_per_block_transposed(torch.randn(n, k, device="cuda"))
+        q, sf, qt, sft = quantize_per_block_transposed(torch.randn(n, k, device="cuda"))
         torch.cuda.synchronize()
-        assert torch.equal(qt.view(torch.uint8), q.t().contiguous().view(torch.uint8))
+        assert torch.equal(qt.view(torch.uint8), q.t().contiguous().view(torch.uint8)) and torch.equal(sft, sf.t())
         print(f"sanitize quantize_per_block_transposed {n} x {k}: ok")
     for t, n, k in ((7, 64, 128), (129, 272, 400), (1000, 2112, 512)):
         x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)

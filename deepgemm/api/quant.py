@@ -228,16 +228,19 @@ def quantize_both_ways(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torc
     return q, sf, qt, sft
 
 
-def quantize_per_block_transposed(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """quantize_per_block(w, 128) plus qt = q^T (contiguous e4m3 [K, N]) written by the same pass: the FP8 training
-    linear's weight for Fprop (q) and Dgrad (qt, whose 128x128 block scales are sf^T)."""
+def quantize_per_block_transposed(w: torch.Tensor
+                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """quantize_per_block(w, 128) plus qt = q^T (contiguous e4m3 [K, N]) and sft = sf^T (row-major
+    [ceil(K/128), ceil(N/128)]) written by the same pass: the FP8 training linear's weight for Fprop (q, sf) and
+    Dgrad (qt, sft), bit-identical to quantize_per_block(w.t())."""
     w = check_quantize_input(w, "w", 128, "block", (128,), "quantize_per_block_transposed")
     w = _unit_column_stride(w)
     if backend_for(w) == "sm90":
-        q, sf, qt = quantize_per_block_cuda(w, 128, transposed=True)
-        return q, sf, qt
+        q, sf, qt, sft = quantize_per_block_cuda(w, 128, transposed=True)
+        return q, sf, qt, sft
     q, sf = quantize_per_block_reference(w, 128)
-    return q, sf, q.t().clone(memory_format=torch.contiguous_format)  # (.contiguous() of a [1, K] q^T aliases q)
+    copy = torch.contiguous_format  # (a clone: .contiguous() of a [1, K] transpose would alias q)
+    return q, sf, q.t().clone(memory_format=copy), sf.t().clone(memory_format=copy)
 
 
 def check_silu_mul_input(x: object, group_size: object) -> torch.Tensor:

@@ -56,8 +56,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, o
     else:
         x_q, x_sf = _quantize_groups(x)
     if need_dx:  # W^T per block (Dgrad's operand), written by the same pass
-        w_q, w_sf, w_qt = _quantize_weight_transposed(weight)
-        w_t = (w_qt, w_sf.t().contiguous())
+        w_q, w_sf, *w_t = _quantize_weight_transposed(weight)
     else:
         w_q, w_sf = quantize_per_block(weight, BLOCK)
     y = _to(_gemm((x_q, x_sf), (w_q, w_sf), _gemm_dtype(out_dtype)), out_dtype)
@@ -131,10 +130,11 @@ def _quantize_both(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Te
     return quant_api.quantize_both_ways(x, tokens)
 
 
-def _quantize_weight_transposed(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _quantize_weight_transposed(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, sf) for Fprop and (q^T, sf^T) for Dgrad from one pass over w."""
     if compiling():
-        q, sf, qt = torch.ops.deepgemm.quantize_per_block_transposed(w)
-        return q, sf, qt
+        q, sf, qt, sft = torch.ops.deepgemm.quantize_per_block_transposed(w)
+        return q, sf, qt, sft
     return quant_api.quantize_per_block_transposed(w)
 
 

@@ -66,14 +66,15 @@ def _both_fake(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor
             *_token_group_outputs(c, tokens, api.TRANSPOSED_GROUP, x.device))
 
 
-def _block_transposed_impl(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _block_transposed_impl(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return api.quantize_per_block_transposed(w)
 
 
-def _block_transposed_fake(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _block_transposed_fake(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     api.check_quantize_input(w, "w", 128, "block", (128,), "quantize_per_block_transposed")
     q, sf = _block_fake(w, 128)
-    return q, sf, torch.empty((w.shape[1], w.shape[0]), dtype=FP8, device=w.device)
+    qt = torch.empty((w.shape[1], w.shape[0]), dtype=FP8, device=w.device)
+    return q, sf, qt, torch.empty((sf.shape[1], sf.shape[0]), dtype=torch.float32, device=w.device)
 
 
 define("quantize_per_token_group(Tensor x, int group_size=128) -> (Tensor, Tensor)", _token_group_impl,
@@ -83,7 +84,7 @@ define("silu_mul_quantize_per_token_group(Tensor x, int group_size=128) -> (Tens
 define("quantize_per_block(Tensor w, int block=128) -> (Tensor, Tensor)", _block_impl, _block_fake)
 define("quantize_transposed(Tensor x, int tokens) -> (Tensor, Tensor)", _transposed_impl, _transposed_fake)
 define("quantize_both_ways(Tensor x, int tokens) -> (Tensor, Tensor, Tensor, Tensor)", _both_impl, _both_fake)
-define("quantize_per_block_transposed(Tensor w) -> (Tensor, Tensor, Tensor)", _block_transposed_impl,
+define("quantize_per_block_transposed(Tensor w) -> (Tensor, Tensor, Tensor, Tensor)", _block_transposed_impl,
        _block_transposed_fake)
 
 
@@ -122,11 +123,11 @@ def quantize_both_ways(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torc
     return q, sf, qt, sft
 
 
-def quantize_per_block_transposed(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_per_block_transposed(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     if not compiling():
         return api.quantize_per_block_transposed(w)
-    q, sf, qt = torch.ops.deepgemm.quantize_per_block_transposed(w)
-    return q, sf, qt
+    q, sf, qt, sft = torch.ops.deepgemm.quantize_per_block_transposed(w)
+    return q, sf, qt, sft
 
 
 quantize_per_token_group.__doc__ = api.quantize_per_token_group.__doc__

@@ -150,14 +150,14 @@ def test_block_quantizer_transpose_never_aliases(n: int, k: int, seed: int) -> N
 
 def test_block_quantizer_with_transpose(seed: int) -> None:
     w = weights(300, 200, FP32)
-    q, sf, qt = quantize_per_block_transposed(w)
+    q, sf, qt, sft = quantize_per_block_transposed(w)
     want_q, want_sf = deepgemm.quantize_per_block(w)
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(sf, want_sf)
-    assert qt.shape == (200, 300) and qt.is_contiguous()
+    assert qt.shape == (200, 300) and qt.is_contiguous() and sft.shape == (2, 3) and sft.is_contiguous()
     assert torch.equal(qt.view(torch.uint8), q.t().contiguous().view(torch.uint8))
-    # Quantizing W^T per block gives the same bytes and the transposed scales: Dgrad's operand
+    # Quantizing W^T per block gives the same bytes and scales: Dgrad's operand
     t_q, t_sf = deepgemm.quantize_per_block(w.t().contiguous())
-    assert torch.equal(t_q.view(torch.uint8), qt.view(torch.uint8)) and torch.equal(t_sf, sf.t())
+    assert torch.equal(t_q.view(torch.uint8), qt.view(torch.uint8)) and torch.equal(t_sf, sft)
 
 
 def test_column_major_input_gives_what_a_contiguous_copy_gives(seed: int) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
@@ -377,3 +379,83 @@ def test_warm_token_group_calls_skip_the_checks(monkeypatch: pytest.MonkeyPatch,
         deepgemm.quantize_per_token_group(leaf)
     with pytest.raises(ValueError, match="'group_size' must be one of"):  # (True == 1 as a key; never the warm path)
         deepgemm.quantize_per_token_group(x, True)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- the GPU quantizers' division (with_quotient)
+# The kernels divide by a group's scale with FusedQuotient (quantize_fp8.cuh): inverse = RN(1/s), q0 = RN(x inverse),
+# t = RN(s q0 - x) (an FMA), q = RN(q0 - t inverse) (an FMA), for s in [2^-90, 2^120]. The sequence is replayed
+# here in exact rational arithmetic, each step rounded to float32 as the hardware does, against the correctly
+# rounded x / s: the same float32 bits wherever |x / s| >= 2^-11, and a zero-bound pair of the same sign below
+# (both round to that signed zero in e4m3, whose smallest step is 2^-9).
+
+
+def _rn32(value: Fraction) -> float:
+    """value rounded to the nearest float32 (ties to even; subnormals; a zero keeps value's sign)."""
+    guess = np.float32(float(value))
+    candidates = (guess, np.nextafter(guess, np.float32(np.inf)), np.nextafter(guess, np.float32(-np.inf)))
+    best = min(candidates, key=lambda c: (abs(Fraction(float(c)) - value), int(np.float32(c).view(np.uint32)) & 1))
+    if best == 0:
+        return -0.0 if value < 0 else 0.0
+    return float(best)
+
+
+def _negative(value: float) -> bool:
+    return math.copysign(1.0, value) < 0
+
+
+def _fma32(a: float, b: float, c: float) -> float:
+    """RN(a b + c) with IEEE's signed zeros: an exact zero sum is -0 only when a b and c are both -0."""
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    if exact != 0:
+        return _rn32(exact)
+    both_negative_zeros = a * b == 0 and c == 0 and (_negative(a) != _negative(b)) and _negative(c)
+    return -0.0 if both_negative_zeros else 0.0
+
+
+def _fused_quotient(x: float, s: float) -> float:
+    inverse = _rn32(1 / Fraction(s))
+    q0 = _fma32(x, inverse, -0.0)  # RN(x * inverse) (adding -0 keeps a product's zero sign)
+    t = _fma32(s, q0, -x)
+    return _fma32(-t, inverse, q0)
+
+
+def _divided(x: float, s: float) -> float:
+    return _rn32(Fraction(x) / Fraction(s)) if x != 0 else x
+
+
+def _same_e4m3_code(fused: float, divided: float) -> bool:
+    if np.float32(fused).view(np.uint32) == np.float32(divided).view(np.uint32):
+        return True
+    return abs(fused) < 2.0**-11 and abs(divided) < 2.0**-11 and _negative(fused) == _negative(divided)
+
+
+def test_fused_quotient_is_the_division(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    e4m3_steps = np.array(sorted({float(v) for v in torch.arange(256, dtype=torch.uint8).view(FP8).float()
+                                  if math.isfinite(float(v)) and v >= 0}))
+    midpoints = (e4m3_steps[1:] + e4m3_steps[:-1]) / 2  # where e4m3 rounding turns
+    cases = []
+    for _ in range(400):
+        s = float(np.float32(2.0 ** rng.uniform(-90, 119)))
+        for _ in range(12):
+            kind = rng.integers(4)
+            if kind == 0:  # anywhere in the group's range
+                x = rng.uniform(-448, 448) * s
+            elif kind == 1:  # next to an e4m3 rounding point, a few float32 steps either side
+                x = float(rng.choice(midpoints)) * s * (1 + rng.integers(-4, 5) * 2.0**-24)
+            elif kind == 2:  # x / s next to the midpoint of two float32 values: the correction step decides
+                q = np.float32(rng.uniform(2.0**-11, 448))
+                x = (float(q) + float(np.nextafter(q, np.float32(np.inf)) - q) / 2) * s
+            else:  # tiny: quotients from 2^-40 down into float32's subnormals
+                x = s * 2.0 ** rng.uniform(-40, -11) if rng.integers(2) else 2.0 ** rng.uniform(-149, -102)
+            x = float(np.float32(x * (1 if rng.integers(2) else -1)))
+            if math.isfinite(x) and abs(x) <= 448 * s:
+                cases.append((x, s))
+    cases += [(0.0, 1.0), (-0.0, 1.0), (-0.0, 2.0**-90), (448.0 * 2.0**-90, 2.0**-90), (-2.0**-149, 2.0**-90),
+              (float(np.float32(3.0e38)), float(np.float32(3.0e38 / 448)))]
+    wrong = [(x, s, _fused_quotient(x, s), _divided(x, s)) for x, s in cases
+             if not _same_e4m3_code(_fused_quotient(x, s), _divided(x, s))]
+    assert not wrong, wrong[:5]
+    exact = sum(np.float32(_fused_quotient(x, s)).view(np.uint32) == np.float32(_divided(x, s)).view(np.uint32)
+                for x, s in cases)
+    assert exact >= 0.8 * len(cases)  # (most cases are the bit-exact kind, not the tiny-quotient kind)

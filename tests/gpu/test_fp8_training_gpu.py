@@ -111,11 +111,11 @@ def test_block_quantizer_writes_the_transpose_too(n: int, k: int, dtype: torch.d
                                                   gpu_guard: GpuGuard) -> None:
     w = weights(n, k, dtype, "cuda")
     poison_allocator(n * k)
-    q, sf, qt = quantize_per_block_transposed(w)
+    q, sf, qt, sft = quantize_per_block_transposed(w)
     assert gpu_guard.launches(BLOCK_TRANSPOSED) == 1
     want_q, want_sf = quantize_per_block_reference(w.cpu().float(), 128)
     assert same_bits(q, want_q) and same_bits(sf, want_sf)
-    assert same_bits(qt, want_q.t().contiguous())
+    assert same_bits(qt, want_q.t().contiguous()) and same_bits(sft, want_sf.t().contiguous())
 
 
 @pytest.mark.parametrize("t,c", [(1000, 4096), pytest.param(1001, 96, marks=quick), (4096, 7168), (77, 8)])
@@ -248,3 +248,29 @@ def test_a_converted_model_trains_like_bf16(seed: int, gpu_guard: GpuGuard) -> N
     fp8, bf16 = losses["fp8"], losses["bf16"]
     assert fp8[-1] < fp8[0] / 10 and bf16[-1] < bf16[0] / 10, (fp8[::10], bf16[::10])
     assert fp8[-1] < bf16[-1] * 1.25, (fp8[-1], bf16[-1])
+
+
+@quick
+def test_a_precompiled_training_model_compiles_nothing_in_its_step(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                                    seed: int, gpu_guard: GpuGuard) -> None:
+    """precompile_model plans a whole training step for Fp8TrainingLinear layers: forward, backward and a no-grad
+    forward at each planned token count then load every kernel from the disk cache."""
+    from deepgemm.jit import compile_stats
+
+    monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path))  # cold: nothing of the other tests' cache
+    model = nn.Sequential(nn.Linear(1024, 1536, dtype=BF16, device="cuda"), nn.GELU(),
+                          nn.Linear(1536, 1024, dtype=BF16, device="cuda"))
+    with monkeypatch.context() as mp:  # small layers: past the shipped FP8 size rule
+        mp.setattr("deepgemm.api.backend.FP8_LINEAR_MIN_WEIGHT_ELEMENTS", 1)
+        assert len(convert(model, training=True).replaced) == 2
+    tokens = (200, 1024)
+    assert deepgemm.precompile_model(model, tokens=tokens).compiled > 0
+    before = compile_stats()
+    for t in tokens:
+        x = activations(t, 1024, BF16, "cuda").requires_grad_()
+        model(x).backward(activations(t, 1024, BF16, "cuda"))
+        assert x.grad is not None and torch.isfinite(x.grad).all()
+        with torch.no_grad():
+            model(x)
+    assert (compile_stats() - before).compiled == 0
+    assert gpu_guard.launches(WGRAD) == 2 * len(tokens)

@@ -110,3 +110,58 @@ def test_silu_mul_quantize_matches_the_reference_within_an_e4m3_step(layout: str
     assert (q.cpu().view(torch.uint8) != q_ref.view(torch.uint8)).float().mean() < 1e-3
     gate, up = x_cpu.double().chunk(2, dim=1)
     assert deepgemm.calc_diff(deq, torch.nn.functional.silu(gate) * up) < 1e-3
+
+
+def hard_quotients(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """float32 rows whose 128-column groups make the division by the scale hard to get bit-exact: each group's
+    scale s = amax / 448 is drawn over 2^-100..2^100 (the fused quotient's range and both sides of its 2^-90
+    bound), one element holds the amax, the others sit next to e4m3 rounding points and float32 midpoints of x / s,
+    are tiny or signed zeros; some groups have subnormal amaxes (the FLT_MIN scale, divided)."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    steps = torch.unique(codes[torch.isfinite(codes) & (codes >= 0)])
+    midpoints = (steps[1:] + steps[:-1]) / 2
+    groups = rows * (cols // 128)
+    amax = torch.exp2(torch.empty(groups, 1).uniform_(-100, 100, generator=gen)).float()
+    amax[::17] = torch.exp2(torch.empty(amax[::17].shape).uniform_(-149, -127, generator=gen))  # subnormal
+    amax[1::13] = 448 * 2.0**-90 * (1 + torch.randint(-2, 3, amax[1::13].shape, generator=gen) * 2.0**-20)
+    s = amax / 448  # float32 division, as the kernels form the scale
+    pick = torch.randint(0, len(midpoints), (groups, 128), generator=gen)
+    wiggle = 1 + torch.randint(-3, 4, (groups, 128), generator=gen).double() * 2.0**-24
+    ratio = midpoints[pick].double() * wiggle  # x / s wanted, in float64; x is rounded to float32 once
+    kind = torch.randint(0, 4, (groups, 128), generator=gen)
+    uniform = torch.empty(groups, 128).uniform_(2.0**-11, 440, generator=gen)  # float32 quotients ...
+    half_ulp = (torch.nextafter(uniform, torch.tensor(1e30)) - uniform).double() / 2
+    ratio = torch.where(kind == 1, uniform.double() + half_ulp, ratio)  # ... plus half a float32 step
+    ratio = torch.where(kind == 2, torch.exp2(torch.empty(groups, 128).uniform_(-40, -11, generator=gen)).double(),
+                        ratio)
+    x = (s.double() * ratio).float()
+    x = torch.where(kind == 3, torch.zeros_like(x), x)
+    sign = torch.where(torch.rand(groups, 128, generator=gen) < 0.5, -1.0, 1.0)
+    x = x * sign  # (zeros become -0 half the time)
+    x[:, 0] = amax[:, 0] * sign[:, 0]
+    return x.reshape(rows, cols)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hard_quotients_are_bit_exact(dtype: torch.dtype, seed: int) -> None:
+    """Every GPU quantizer divides by the group scale bit-identically to the reference's IEEE division, on values
+    built to break a reciprocal multiply: per-token-group (vector and scalar paths), per block, transposed and
+    both ways."""
+    from deepgemm.ops.quant import quantize_both_ways, quantize_transposed
+
+    x = hard_quotients(256, 1024, seed).to(dtype)
+    xc = x.cuda()
+    both = quantize_both_ways(xc.t().contiguous(), 1024)
+    cases = {"token group": (deepgemm.quantize_per_token_group(xc), quantize_per_token_group_reference(x)),
+             "token group, scalar": (deepgemm.quantize_per_token_group(xc[:, 1:1 + 896]),
+                                     quantize_per_token_group_reference(x[:, 1:1 + 896])),
+             "per block": (deepgemm.quantize_per_block(xc), quantize_per_block_reference(x, 128)),
+             "transposed": (quantize_transposed(xc.t().contiguous(), 1024), quantize_per_token_group_reference(x)),
+             "both ways, transposed": (both[2:], quantize_per_token_group_reference(x)),
+             "both ways, rows": (both[:2], quantize_per_token_group_reference(x.t().contiguous()))}
+    for name, ((q, sf), (q_ref, sf_ref)) in cases.items():
+        assert torch.equal(sf.cpu(), sf_ref), name
+        assert torch.equal(q.cpu().view(torch.uint8), q_ref.view(torch.uint8)), name
+    assert (x.view(torch.int32 if dtype == torch.float32 else torch.int16) < 0).any()  # (negative zeros present)

@@ -35,16 +35,16 @@ deepgemm_{name}(const void* x, deepgemm::u64 x_row_stride, deepgemm::u8* q, deep
 
 
 def block_source(dtype: torch.dtype, block: int, transposed: bool = False) -> KernelSource:
-    """The per-block quantizer; transposed: it also writes q^T [K, N]."""
+    """The per-block quantizer; transposed: it also writes q^T [K, N] and sf^T."""
     entry = "deepgemm_quantize_per_block_transposed" if transposed else "deepgemm_quantize_per_block"
-    extra = ", deepgemm::u8* qt, deepgemm::u64 qt_row_stride" if transposed else ""
+    extra = ", deepgemm::u8* qt, deepgemm::u64 qt_row_stride, float* sft" if transposed else ""
     code = f"""\
 #include <deepgemm/impls/quantize_fp8.cuh>
 using Kernel = deepgemm::QuantizePerBlock<{ELEMENT_KINDS[dtype]}, {block}u, {"true" if transposed else "false"}>;
 extern "C" __global__ void __launch_bounds__({_THREADS})
 {entry}(const void* w, deepgemm::u64 w_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride, float* sf,
                 deepgemm::u32 n, deepgemm::u32 k{extra}) {{
-    Kernel::run(w, w_row_stride, q, q_row_stride, sf, n, k{", qt, qt_row_stride" if transposed else ""});
+    Kernel::run(w, w_row_stride, q, q_row_stride, sf, n, k{", qt, qt_row_stride, sft" if transposed else ""});
 }}
 """
     label = f"quantize_per_block {dtype} b={block}{' +transposed' if transposed else ''}"
@@ -214,22 +214,25 @@ def quantize_transposed_cuda(x: torch.Tensor, tokens_out: int, rows_too: bool = 
 def quantize_per_block_cuda(w: torch.Tensor, block: int, transposed: bool = False
                             ) -> tuple[torch.Tensor, ...]:
     """w [N, K] (unit column stride) -> (q e4m3 [N, K], sf [ceil(N/b), ceil(K/b)] row-major), and with transposed
-    also qt = q^T as a contiguous e4m3 [K, N] (written by the same pass)."""
+    also qt = q^T as a contiguous e4m3 [K, N] and sft = sf^T row-major (written by the same pass)."""
     n, k = w.shape
     q = torch.empty((n, k), dtype=torch.float8_e4m3fn, device=w.device)
     sf = torch.empty((ceil_div(n, block), ceil_div(k, block)), dtype=torch.float32, device=w.device)
-    qt = torch.empty((k, n), dtype=torch.float8_e4m3fn, device=w.device) if transposed else None
+    extra = ()
+    if transposed:
+        extra = (torch.empty((k, n), dtype=torch.float8_e4m3fn, device=w.device),
+                 torch.empty((sf.shape[1], sf.shape[0]), dtype=torch.float32, device=w.device))
     if n == 0 or k == 0:
-        return (q, sf) if qt is None else (q, sf, qt)
+        return (q, sf, *extra)
     kernel = load_kernel(block_source(w.dtype, block, transposed), 0, w.device.index)
     values = [U64(w.data_ptr()), U64(w.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf.data_ptr()), U32(n),
               U32(k)]
-    if qt is not None:
-        values += [U64(qt.data_ptr()), U64(qt.stride(0))]
+    if extra:
+        values += [U64(extra[0].data_ptr()), U64(extra[0].stride(0)), U64(extra[1].data_ptr())]
     args = PackedArgs(values)
     device_index = w.device.index
     stream = current_raw_stream(device_index)
     # Grid: blockIdx.x walks N blocks (up to 2^31 - 1), blockIdx.y walks K blocks (at most 65535).
     config = kernel.launch_config_2d(device_index, stream, (sf.shape[0], sf.shape[1]), _THREADS)
     launch_on_device(kernel, device_index, stream, config, args.address)
-    return (q, sf) if qt is None else (q, sf, qt)
+    return (q, sf, *extra)

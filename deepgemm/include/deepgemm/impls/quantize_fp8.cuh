@@ -9,8 +9,8 @@
 //                    of x^T without the transposed copy: Wgrad operands), tokens T..T_out written as zeros;
 //                    optionally also x's own per-token-group result in the same pass (both operands of a step).
 // The scale is max(amax / 448, FLT_MIN): an all-zero group gets a tiny positive scale and zeros, never
-// NaN or Inf. q = x / scale (IEEE division), rounded to nearest-even and saturated to +-448. A NaN in a
-// group makes its scale (and q) NaN, matching the CPU reference.
+// NaN or Inf. q = x / scale (bit-identical to IEEE division: with_quotient), rounded to nearest-even and
+// saturated to +-448. A NaN in a group makes its scale (and q) NaN, matching the CPU reference.
 #pragma once
 #include <deepgemm/elementwise/elements.cuh>
 #include <deepgemm/ptx/sync.cuh>
@@ -28,6 +28,38 @@ DG_DEVICE float fp8_scale_for(float amax) {
     constexpr float kE4m3Max = 448.0f;
     constexpr float kFloatMin = 1.17549435e-38f;
     return max_nan(amax / kE4m3Max, kFloatMin);
+}
+
+// x / scale as an IEEE division (any scale).
+struct DividedQuotient {
+    float scale;
+    DG_DEVICE float operator()(float x) const { return x / scale; }
+};
+
+// x / scale, bit-identical to the IEEE division, in three FMA-pipe instructions instead of a reciprocal, a range
+// check and a branch per value. With inverse = RN(1/scale) (one division per group), q0 = RN(x * inverse) is within
+// an ulp of x / scale, so the remainder x - scale * q0 is exact in an FMA and RN(q0 + inverse * remainder) is the
+// correctly rounded quotient (Markstein's theorem). It needs remainders above the subnormal range: true for scale in
+// [2^-90, 2^120] and |x / scale| <= 448 wherever |x| >= 2^-102; smaller x give quotients below 2^-12, which round
+// to a zero of x's sign in e4m3 either way. The remainder is negated (fma(scale, q0, -x)) so that x = -0 gives -0.
+// tests/cpu/test_quantize_cpu.py replays the sequence in exact arithmetic against the division.
+struct FusedQuotient {
+    float scale, inverse;
+    DG_DEVICE float operator()(float x) const {
+        const float q0 = __fmul_rn(x, inverse);
+        return __fmaf_rn(-__fmaf_rn(scale, q0, -x), inverse, q0);
+    }
+};
+
+// body(quotient) with the fused quotient where its conditions hold (every finite scale of a group with
+// amax >= 448 * 2^-90), else the division (an all-zero group's FLT_MIN scale, NaN, Inf): one branch per group.
+template <typename Body>
+DG_DEVICE void with_quotient(float scale, Body&& body) {
+    if (scale >= 0x1p-90f && scale <= 0x1p120f) {
+        body(FusedQuotient{scale, 1.0f / scale});
+    } else {
+        body(DividedQuotient{scale});
+    }
 }
 
 DG_DEVICE u8 to_e4m3(float value) {
@@ -102,25 +134,27 @@ struct QuantizePerTokenGroup {
             amax = max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
         }
         const float scale = fp8_scale_for(amax);
+        with_quotient(scale, [&](auto divide) {
 #pragma unroll
-        for (u32 v = 0; v < kVecsPerLane; ++v) {
-            const u32 col = group * kGroupSize + (v * kLanes + sub) * kVec;
-            if (valid && col < k) {
-                u32 words[kVec / 4];
+            for (u32 v = 0; v < kVecsPerLane; ++v) {
+                const u32 col = group * kGroupSize + (v * kLanes + sub) * kVec;
+                if (valid && col < k) {
+                    u32 words[kVec / 4];
 #pragma unroll
-                for (u32 w = 0; w < kVec / 4; ++w) {
-                    const float* f = values[v] + 4 * w;
-                    words[w] = static_cast<u32>(ptx::pack_e4m3x2(f[0] / scale, f[1] / scale)) |
-                               (static_cast<u32>(ptx::pack_e4m3x2(f[2] / scale, f[3] / scale)) << 16);
-                }
-                u8* target = q + row * q_row_stride + col;
-                if constexpr (kVec == 8) {
-                    *reinterpret_cast<uint2*>(target) = make_uint2(words[0], words[1]);
-                } else {
-                    *reinterpret_cast<u32*>(target) = words[0];
+                    for (u32 w = 0; w < kVec / 4; ++w) {
+                        const float* f = values[v] + 4 * w;
+                        words[w] = static_cast<u32>(ptx::pack_e4m3x2(divide(f[0]), divide(f[1]))) |
+                                   (static_cast<u32>(ptx::pack_e4m3x2(divide(f[2]), divide(f[3]))) << 16);
+                    }
+                    u8* target = q + row * q_row_stride + col;
+                    if constexpr (kVec == 8) {
+                        *reinterpret_cast<uint2*>(target) = make_uint2(words[0], words[1]);
+                    } else {
+                        *reinterpret_cast<u32*>(target) = words[0];
+                    }
                 }
             }
-        }
+        });
         if (valid && sub == 0) {
             sf[static_cast<u64>(group) * sf_stride + row] = scale;
         }
@@ -148,13 +182,15 @@ struct QuantizePerTokenGroup {
             amax = max_nan(amax, fabsf(values[i]));
         }
         const float scale = fp8_scale_for(warp_max(amax));
+        with_quotient(scale, [&](auto divide) {
 #pragma unroll
-        for (u32 i = 0; i < kPerLane; ++i) {
-            const u32 col = group * kGroupSize + i * 32 + lane;
-            if (col < k) {
-                q[row * q_row_stride + col] = to_e4m3(values[i] / scale);
+            for (u32 i = 0; i < kPerLane; ++i) {
+                const u32 col = group * kGroupSize + i * 32 + lane;
+                if (col < k) {
+                    q[row * q_row_stride + col] = to_e4m3(divide(values[i]));
+                }
             }
-        }
+        });
         if (lane == 0) {
             sf[static_cast<u64>(group) * sf_stride + row] = scale;
         }
@@ -162,8 +198,9 @@ struct QuantizePerTokenGroup {
 };
 
 // One CTA of 256 threads per kBlock x kBlock block; grid (ceil(N/kBlock), ceil(K/kBlock)). kTransposed: also
-// writes qt [K, N] = q^T (row stride qt_row_stride), the same bytes transposed through shared memory: the FP8
-// training linear's Dgrad operand (W^T per block), with no second pass over w.
+// writes qt [K, N] = q^T (row stride qt_row_stride), the same bytes transposed through shared memory, and sft =
+// sf^T (row-major [ceil(K/kBlock), ceil(N/kBlock)]): the FP8 training linear's Dgrad operand (W^T per block) with
+// its scales, with no second pass over w.
 template <InputKind kKind, u32 kBlock, bool kTransposed = false>
 struct QuantizePerBlock {
     static_assert(kBlock == 32 || kBlock == 64 || kBlock == 128, "block must be 32, 64 or 128");
@@ -173,7 +210,7 @@ struct QuantizePerBlock {
     static constexpr u32 kTilePitch = kBlock + 4;  // bytes per staged row (kTransposed)
 
     DG_DEVICE static void run(const void* w, u64 w_row_stride, u8* q, u64 q_row_stride, float* sf, u32 n, u32 k,
-                              u8* qt = nullptr, u64 qt_row_stride = 0) {
+                              u8* qt = nullptr, u64 qt_row_stride = 0, float* sft = nullptr) {
         __shared__ float warp_amax[kNumWarps];
         __shared__ u8 tile[kTransposed ? kBlock * kTilePitch : 1];
         ptx::programmatic_launch_sync();
@@ -204,23 +241,28 @@ struct QuantizePerBlock {
             amax = max_nan(amax, warp_amax[i]);
         }
         const float scale = fp8_scale_for(amax);
+        with_quotient(scale, [&](auto divide) {
 #pragma unroll
-        for (u32 r = 0; r < kRowsPerWarp; ++r) {
+            for (u32 r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
-            for (u32 c = 0; c < kColsPerLane; ++c) {
-                const u32 row = row0 + r;
-                const u32 col = col0 + c * 32;
-                const u8 byte = to_e4m3(values[r][c] / scale);
-                if (row < n && col < k) {
-                    q[row * q_row_stride + col] = byte;
-                }
-                if constexpr (kTransposed) {
-                    tile[(warp * kRowsPerWarp + r) * kTilePitch + lane + c * 32] = byte;
+                for (u32 c = 0; c < kColsPerLane; ++c) {
+                    const u32 row = row0 + r;
+                    const u32 col = col0 + c * 32;
+                    const u8 byte = to_e4m3(divide(values[r][c]));
+                    if (row < n && col < k) {
+                        q[row * q_row_stride + col] = byte;
+                    }
+                    if constexpr (kTransposed) {
+                        tile[(warp * kRowsPerWarp + r) * kTilePitch + lane + c * 32] = byte;
+                    }
                 }
             }
-        }
+        });
         if (threadIdx.x == 0) {
             sf[static_cast<u64>(blockIdx.x) * gridDim.y + blockIdx.y] = scale;
+            if constexpr (kTransposed) {
+                sft[static_cast<u64>(blockIdx.y) * gridDim.x + blockIdx.x] = scale;
+            }
         }
         if constexpr (kTransposed) {
             __syncthreads();
@@ -331,6 +373,14 @@ struct QuantizeTransposed {
     template <u32 kCount>
     DG_DEVICE static void store_quantized(const Raw* tile, u32 row, u32 col, u32 dr, u32 dc, float scale, u8* target,
                                           u32 first, u32 limit, u64 row_stride) {
+        with_quotient(scale, [&](auto divide) {
+            store_quantized<kCount>(tile, row, col, dr, dc, divide, target, first, limit, row_stride);
+        });
+    }
+
+    template <u32 kCount, typename Quotient>
+    DG_DEVICE static void store_quantized(const Raw* tile, u32 row, u32 col, u32 dr, u32 dc, Quotient divide,
+                                          u8* target, u32 first, u32 limit, u64 row_stride) {
         if (first + kCount <= limit && row_stride % 16 == 0) {  // (the outputs' bases are fresh, aligned blocks)
 #pragma unroll
             for (u32 piece = 0; piece < kCount / 16; ++piece) {
@@ -341,7 +391,7 @@ struct QuantizeTransposed {
 #pragma unroll
                     for (u32 e = 0; e < 4; ++e) {
                         const u32 i = piece * 16 + 4 * w + e;
-                        f[e] = staged(tile, row + i * dr, col + i * dc) / scale;
+                        f[e] = divide(staged(tile, row + i * dr, col + i * dc));
                     }
                     words[w] = static_cast<u32>(ptx::pack_e4m3x2(f[0], f[1])) |
                                (static_cast<u32>(ptx::pack_e4m3x2(f[2], f[3])) << 16);
@@ -350,7 +400,7 @@ struct QuantizeTransposed {
             }
         } else {
             for (u32 i = 0; i < kCount && first + i < limit; ++i) {
-                target[i] = to_e4m3(staged(tile, row + i * dr, col + i * dc) / scale);
+                target[i] = to_e4m3(divide(staged(tile, row + i * dr, col + i * dc)));
             }
         }
     }
