@@ -47,7 +47,7 @@ def _to(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
              need_dx: bool = False, need_dw: bool = False, tokens: int = 0
-             ) -> tuple[torch.Tensor, list[torch.Tensor] | None, tuple[torch.Tensor, ...] | None]:
+             ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[torch.Tensor] | None]:
     """y = x W^T (+ bias) in out_dtype, and the backward's operands where a gradient needs them: x^T quantized along
     the tokens, zero-padded to `tokens` (Wgrad), W^T per block with its scales transposed (Dgrad)."""
     x_t = w_t = None

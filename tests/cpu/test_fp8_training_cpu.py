@@ -142,9 +142,10 @@ def test_both_ways_is_the_two_quantizations(t: int, c: int, tokens: int, seed: i
 def test_block_quantizer_transpose_never_aliases(n: int, k: int, seed: int) -> None:
     """A one-row or one-column weight's q^T is contiguous as a view of q: the op returns a copy (outputs of a custom
     op may not alias each other)."""
-    q, _, qt = quantize_per_block_transposed(weights(n, k, FP32))
-    assert qt.shape == (k, n) and qt.is_contiguous()
+    q, sf, qt, sft = quantize_per_block_transposed(weights(n, k, FP32))
+    assert qt.shape == (k, n) and qt.is_contiguous() and sft.is_contiguous()
     assert qt.untyped_storage().data_ptr() != q.untyped_storage().data_ptr()
+    assert sft.untyped_storage().data_ptr() != sf.untyped_storage().data_ptr()
     assert torch.equal(qt.view(torch.uint8), q.t().contiguous().view(torch.uint8))
 
 

@@ -218,7 +218,7 @@ def quantize_per_block_cuda(w: torch.Tensor, block: int, transposed: bool = Fals
     n, k = w.shape
     q = torch.empty((n, k), dtype=torch.float8_e4m3fn, device=w.device)
     sf = torch.empty((ceil_div(n, block), ceil_div(k, block)), dtype=torch.float32, device=w.device)
-    extra = ()
+    extra: tuple[torch.Tensor, ...] = ()
     if transposed:
         extra = (torch.empty((k, n), dtype=torch.float8_e4m3fn, device=w.device),
                  torch.empty((sf.shape[1], sf.shape[0]), dtype=torch.float32, device=w.device))
