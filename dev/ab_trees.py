@@ -163,9 +163,21 @@ def precompile(trees: list, shapes: list, contiguous: list, masked: list) -> Non
 
 # Dense BF16 shapes of --more: the M = 4096 suite shapes, and decode, mid-M and large-M shapes whose tile picks are
 # near ties in the BF16 cost model.
-BF16_DENSE = ((4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (4096, 7168, 16384), (32768, 4096, 7168),
+BF16_DENSE = ((4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (4096, 7168, 16384), (4096, 24576, 1536),
+              (4096, 32768, 512), (32768, 4096, 7168),
               (2048, 7168, 2048), (2048, 8192, 8192), (512, 4096, 7168), (256, 4096, 7168), (256, 7168, 2048),
               (128, 4096, 7168), (128, 7168, 2048), (64, 4096, 7168))
+
+
+def precompile_bf16(trees: list, cases: list[tuple[str, int, int, int]]) -> None:  # noqa: ANN001 - modules
+    """Every tree's dense BF16 kernels of `cases` (layout, m, n, k; BF16 out, no C) compiled at once, all cores."""
+    for tree in trees:
+        api = importlib.import_module(f"{tree.__name__}.api.precompile")
+        plan = importlib.import_module(f"{tree.__name__}.kernels.sm90_bf16_gemm.plan")
+        spec = importlib.import_module(f"{tree.__name__}.kernels.sm90_bf16_gemm.spec")
+        sms = api.local_target().num_sms
+        sources = [spec.render_source(plan.bf16_spec(m, n, k, layout, torch.bfloat16, None, sms)) for layout, m, n, k in cases]
+        print(f"{tree.__name__}: {api.compile_sources(list(dict.fromkeys(sources)))}", flush=True)
 
 
 def more_cases(trees: list, keep) -> None:  # noqa: ANN001 - modules, a label filter
@@ -199,6 +211,8 @@ def more_cases(trees: list, keep) -> None:  # noqa: ANN001 - modules, a label fi
             outs = [torch.empty(m_indices.numel(), case.n, dtype=torch.bfloat16, device="cuda") for _ in trees]
             calls = [lambda t=t, o=o: t.m_grouped_bf16_gemm_nt_contiguous(a, b, o, m_indices) for t, o in zip(trees, outs)]
             print(row(label, calls, outs, None, 2 * sum(case.counts) * case.n * case.k), flush=True)
+    precompile_bf16(trees, [(layout, m, n, k) for layout in ("nt", "tn") for m, n, k in BF16_DENSE
+                            if keep(f"bf16 {layout} {m}x{n}x{k}")])
     for layout in ("nt", "tn"):
         for m, n, k in BF16_DENSE:
             label = f"bf16 {layout} {m}x{n}x{k}"
