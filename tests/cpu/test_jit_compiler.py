@@ -370,3 +370,21 @@ def test_malformed_variables_name_themselves(monkeypatch: pytest.MonkeyPatch) ->
             device._sm_cap()
     monkeypatch.setenv("DEEPGEMM_NUM_SMS", " 66 ")
     assert device._sm_cap() == 66
+
+
+def test_device_headers_avoid_what_nvrtc_13_0_rejects() -> None:
+    """The package accepts nvidia-cuda-nvrtc 13.0 (torch cu130's, the GPU machine's), which refuses in JIT mode a
+    lambda with `auto` parameters (its templated call operator counts as a host function) and any `__device__` /
+    `__host__` annotation on a lambda (nvcc's --extended-lambda). Newer NVRTC builds accept the first, so CI's
+    compile-only builds would not catch it: generic bodies are template functions instead."""
+    import re
+
+    generic_lambda = re.compile(r"\[[^\]\n]*\]\s*(__device__|__host__)?\s*\((?:[^()]*,)?\s*(const\s+)?auto\b")
+    annotated_lambda = re.compile(r"\[[^\]\n]*\]\s*(__device__|__host__)")
+    headers = sorted(compiler.include_dir().rglob("*.cuh"))
+    assert len(headers) > 20
+    found = [f"{header.name}:{number}: {line.strip()}" for header in headers
+             for number, line in enumerate(header.read_text().splitlines(), 1)
+             if generic_lambda.search(line) or annotated_lambda.search(line)]
+    assert not found, "device code NVRTC 13.0 does not compile:\n" + "\n".join(found)
+    assert generic_lambda.search("with(scale, [&](auto divide) {") and annotated_lambda.search("[&] __device__(int)")

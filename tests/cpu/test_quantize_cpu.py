@@ -381,7 +381,7 @@ def test_warm_token_group_calls_skip_the_checks(monkeypatch: pytest.MonkeyPatch,
         deepgemm.quantize_per_token_group(x, True)  # type: ignore[arg-type]
 
 
-# ---------------------------------------------------------------- the GPU quantizers' division (with_quotient)
+# ---------------------------------------------------------------- the GPU quantizers' division (FusedQuotient)
 # The kernels divide by a group's scale with FusedQuotient (quantize_fp8.cuh): inverse = RN(1/s), q0 = RN(x inverse),
 # t = RN(s q0 - x) (an FMA), q = RN(q0 - t inverse) (an FMA), for s in [2^-90, 2^120]. The sequence is replayed
 # here in exact rational arithmetic, each step rounded to float32 as the hardware does, against the correctly

@@ -9,7 +9,7 @@
 //                    of x^T without the transposed copy: Wgrad operands), tokens T..T_out written as zeros;
 //                    optionally also x's own per-token-group result in the same pass (both operands of a step).
 // The scale is max(amax / 448, FLT_MIN): an all-zero group gets a tiny positive scale and zeros, never
-// NaN or Inf. q = x / scale (bit-identical to IEEE division: with_quotient), rounded to nearest-even and
+// NaN or Inf. q = x / scale (bit-identical to IEEE division: FusedQuotient), rounded to nearest-even and
 // saturated to +-448. A NaN in a group makes its scale (and q) NaN, matching the CPU reference.
 #pragma once
 #include <deepgemm/elementwise/elements.cuh>
@@ -51,15 +51,15 @@ struct FusedQuotient {
     }
 };
 
-// body(quotient) with the fused quotient where its conditions hold (every finite scale of a group with
-// amax >= 448 * 2^-90), else the division (an all-zero group's FLT_MIN scale, NaN, Inf): one branch per group.
-template <typename Body>
-DG_DEVICE void with_quotient(float scale, Body&& body) {
-    if (scale >= 0x1p-90f && scale <= 0x1p120f) {
-        body(FusedQuotient{scale, 1.0f / scale});
-    } else {
-        body(DividedQuotient{scale});
-    }
+// Whether the fused quotient is exact for this scale: every finite scale of a group with amax >= 448 * 2^-90.
+// Else (an all-zero group's FLT_MIN scale, NaN, Inf) the division is used: one branch per group. Each kernel
+// instantiates its store for both quotient types (template functions: NVRTC 13.0 rejects generic lambdas).
+DG_DEVICE bool fused_quotient_applies(float scale) {
+    return scale >= 0x1p-90f && scale <= 0x1p120f;
+}
+
+DG_DEVICE FusedQuotient fused_quotient(float scale) {
+    return FusedQuotient{scale, 1.0f / scale};
 }
 
 DG_DEVICE u8 to_e4m3(float value) {
@@ -99,6 +99,31 @@ struct QuantizePerTokenGroup {
         }
     }
 
+    // The lane's vectors of its group as e4m3 (4 or 8 bytes per store).
+    template <typename Quotient>
+    DG_DEVICE static void store_vectors(const float (&values)[kVecsPerLane][kVec], Quotient divide, u8* q,
+                                        u64 q_row_stride, u32 row, u32 group, u32 sub, u32 k, bool valid) {
+#pragma unroll
+        for (u32 v = 0; v < kVecsPerLane; ++v) {
+            const u32 col = group * kGroupSize + (v * kLanes + sub) * kVec;
+            if (valid && col < k) {
+                u32 words[kVec / 4];
+#pragma unroll
+                for (u32 w = 0; w < kVec / 4; ++w) {
+                    const float* f = values[v] + 4 * w;
+                    words[w] = static_cast<u32>(ptx::pack_e4m3x2(divide(f[0]), divide(f[1]))) |
+                               (static_cast<u32>(ptx::pack_e4m3x2(divide(f[2]), divide(f[3]))) << 16);
+                }
+                u8* target = q + row * q_row_stride + col;
+                if constexpr (kVec == 8) {
+                    *reinterpret_cast<uint2*>(target) = make_uint2(words[0], words[1]);
+                } else {
+                    *reinterpret_cast<u32*>(target) = words[0];
+                }
+            }
+        }
+    }
+
     DG_DEVICE static void run_vectorized(const void* x, u64 x_row_stride, u8* q, u64 q_row_stride, float* sf,
                                          u32 sf_stride, u32 m, u32 k) {
         const u32 groups_per_row = ceil_div(k, kGroupSize);
@@ -134,29 +159,26 @@ struct QuantizePerTokenGroup {
             amax = max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
         }
         const float scale = fp8_scale_for(amax);
-        with_quotient(scale, [&](auto divide) {
-#pragma unroll
-            for (u32 v = 0; v < kVecsPerLane; ++v) {
-                const u32 col = group * kGroupSize + (v * kLanes + sub) * kVec;
-                if (valid && col < k) {
-                    u32 words[kVec / 4];
-#pragma unroll
-                    for (u32 w = 0; w < kVec / 4; ++w) {
-                        const float* f = values[v] + 4 * w;
-                        words[w] = static_cast<u32>(ptx::pack_e4m3x2(divide(f[0]), divide(f[1]))) |
-                                   (static_cast<u32>(ptx::pack_e4m3x2(divide(f[2]), divide(f[3]))) << 16);
-                    }
-                    u8* target = q + row * q_row_stride + col;
-                    if constexpr (kVec == 8) {
-                        *reinterpret_cast<uint2*>(target) = make_uint2(words[0], words[1]);
-                    } else {
-                        *reinterpret_cast<u32*>(target) = words[0];
-                    }
-                }
-            }
-        });
+        if (fused_quotient_applies(scale)) {
+            store_vectors(values, fused_quotient(scale), q, q_row_stride, row, group, sub, k, valid);
+        } else {
+            store_vectors(values, DividedQuotient{scale}, q, q_row_stride, row, group, sub, k, valid);
+        }
         if (valid && sub == 0) {
             sf[static_cast<u64>(group) * sf_stride + row] = scale;
+        }
+    }
+
+    // The lane's values of its group (columns lane, lane + 32, ...) as e4m3 bytes.
+    template <typename Quotient>
+    DG_DEVICE static void store_scalars(const float (&values)[kPerLane], Quotient divide, u8* q, u64 q_row_stride,
+                                        u32 row, u32 group, u32 lane, u32 k) {
+#pragma unroll
+        for (u32 i = 0; i < kPerLane; ++i) {
+            const u32 col = group * kGroupSize + i * 32 + lane;
+            if (col < k) {
+                q[row * q_row_stride + col] = to_e4m3(divide(values[i]));
+            }
         }
     }
 
@@ -182,15 +204,11 @@ struct QuantizePerTokenGroup {
             amax = max_nan(amax, fabsf(values[i]));
         }
         const float scale = fp8_scale_for(warp_max(amax));
-        with_quotient(scale, [&](auto divide) {
-#pragma unroll
-            for (u32 i = 0; i < kPerLane; ++i) {
-                const u32 col = group * kGroupSize + i * 32 + lane;
-                if (col < k) {
-                    q[row * q_row_stride + col] = to_e4m3(divide(values[i]));
-                }
-            }
-        });
+        if (fused_quotient_applies(scale)) {
+            store_scalars(values, fused_quotient(scale), q, q_row_stride, row, group, lane, k);
+        } else {
+            store_scalars(values, DividedQuotient{scale}, q, q_row_stride, row, group, lane, k);
+        }
         if (lane == 0) {
             sf[static_cast<u64>(group) * sf_stride + row] = scale;
         }
@@ -208,6 +226,27 @@ struct QuantizePerBlock {
     static constexpr u32 kRowsPerWarp = kBlock / kNumWarps;
     static constexpr u32 kColsPerLane = kBlock / 32;
     static constexpr u32 kTilePitch = kBlock + 4;  // bytes per staged row (kTransposed)
+
+    // The warp's values as e4m3 bytes into q (inside [n, k]) and, kTransposed, into the staged tile.
+    template <typename Quotient>
+    DG_DEVICE static void store_block(const float (&values)[kRowsPerWarp][kColsPerLane], Quotient divide, u8* q,
+                                      u64 q_row_stride, u32 n, u32 k, u32 row0, u32 col0, u32 warp, u32 lane, u8* tile) {
+#pragma unroll
+        for (u32 r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+            for (u32 c = 0; c < kColsPerLane; ++c) {
+                const u32 row = row0 + r;
+                const u32 col = col0 + c * 32;
+                const u8 byte = to_e4m3(divide(values[r][c]));
+                if (row < n && col < k) {
+                    q[row * q_row_stride + col] = byte;
+                }
+                if constexpr (kTransposed) {
+                    tile[(warp * kRowsPerWarp + r) * kTilePitch + lane + c * 32] = byte;
+                }
+            }
+        }
+    }
 
     DG_DEVICE static void run(const void* w, u64 w_row_stride, u8* q, u64 q_row_stride, float* sf, u32 n, u32 k,
                               u8* qt = nullptr, u64 qt_row_stride = 0, float* sft = nullptr) {
@@ -241,23 +280,11 @@ struct QuantizePerBlock {
             amax = max_nan(amax, warp_amax[i]);
         }
         const float scale = fp8_scale_for(amax);
-        with_quotient(scale, [&](auto divide) {
-#pragma unroll
-            for (u32 r = 0; r < kRowsPerWarp; ++r) {
-#pragma unroll
-                for (u32 c = 0; c < kColsPerLane; ++c) {
-                    const u32 row = row0 + r;
-                    const u32 col = col0 + c * 32;
-                    const u8 byte = to_e4m3(divide(values[r][c]));
-                    if (row < n && col < k) {
-                        q[row * q_row_stride + col] = byte;
-                    }
-                    if constexpr (kTransposed) {
-                        tile[(warp * kRowsPerWarp + r) * kTilePitch + lane + c * 32] = byte;
-                    }
-                }
-            }
-        });
+        if (fused_quotient_applies(scale)) {
+            store_block(values, fused_quotient(scale), q, q_row_stride, n, k, row0, col0, warp, lane, tile);
+        } else {
+            store_block(values, DividedQuotient{scale}, q, q_row_stride, n, k, row0, col0, warp, lane, tile);
+        }
         if (threadIdx.x == 0) {
             sf[static_cast<u64>(blockIdx.x) * gridDim.y + blockIdx.y] = scale;
             if constexpr (kTransposed) {
@@ -373,9 +400,11 @@ struct QuantizeTransposed {
     template <u32 kCount>
     DG_DEVICE static void store_quantized(const Raw* tile, u32 row, u32 col, u32 dr, u32 dc, float scale, u8* target,
                                           u32 first, u32 limit, u64 row_stride) {
-        with_quotient(scale, [&](auto divide) {
-            store_quantized<kCount>(tile, row, col, dr, dc, divide, target, first, limit, row_stride);
-        });
+        if (fused_quotient_applies(scale)) {
+            store_quantized<kCount>(tile, row, col, dr, dc, fused_quotient(scale), target, first, limit, row_stride);
+        } else {
+            store_quantized<kCount>(tile, row, col, dr, dc, DividedQuotient{scale}, target, first, limit, row_stride);
+        }
     }
 
     template <u32 kCount, typename Quotient>

@@ -12,8 +12,7 @@
 // K-major tile is 128-byte rows (one swizzle row each), an MN-major tile is 64-element atoms along MN of 64 K
 // rows, both loaded by TMA with the 128B swizzle. Each K block is one wgmma commit group; the stage of the
 // previous one is released as soon as it retires (one group in flight). Epilogue: registers -> shared memory
-// -> TMA store (store_fragment.cuh; a BF16 tile stored whole waits in packed registers until the next tile's
-// first MMAs are issued), which clips the M and N tails (k-grouped: 3-D descriptors clip each group's
+// -> TMA store (store_fragment.cuh), which clips the M and N tails (k-grouped: 3-D descriptors clip each group's
 // rows at M); TMA zero-fills the K tail of both operands (k-grouped K ranges are whole 64-wide blocks). With
 // kStoreN < kBlockN a warpgroup stores its tile in kStoreN-column chunks through two small staging buffers in
 // turn (a chunk's shared-memory writes overlap the previous chunk's store), so wide FP32 tiles keep their stages.
@@ -88,10 +87,6 @@ struct Sm90Bf16Gemm {
     static_assert(kBlockN % kStoreN == 0 && kStoreN % 8 == 0, "store chunks tile block_n in whole 8-column MMA steps");
     static constexpr u32 kStoreChunks = kBlockN / kStoreN;
     static constexpr u32 kStoreBuffers = kStoreChunks > 1 ? 2 : 1;
-    // A BF16 tile stored in one piece waits in packed registers (half the accumulator's) until the next tile's
-    // first MMAs are issued, so its shared-memory writes and TMA store overlap them instead of idling the tensor
-    // cores. Split-K keeps the direct store (its last range reduces and stores).
-    static constexpr bool kDeferStore = !kOutputFp32 && kStoreChunks == 1 && !kSplitK;
 
     static constexpr u32 kBlockK = 64;  // 128 bytes: one swizzled row of a K-major tile
     static constexpr u32 kAtom = 64;    // MN elements per 128-byte row of an MN-major tile
@@ -290,11 +285,9 @@ struct Sm90Bf16Gemm {
         }
     }
 
-    // The tile's K range (at least one K block) into acc, all of it overwritten. `after_first` runs once the
-    // first K block's MMAs are issued, while they execute (the previous tile's deferred store).
-    template <typename AfterFirst>
+    // The tile's K range (at least one K block) into acc, all of it overwritten.
     DG_DEVICE static void k_loop(const Ring& ring, u32& stage, u32& phase, const Tile& t, u32 math_wg, u32 lane,
-                                 float (&acc)[kBlockN / 2], AfterFirst&& after_first) {
+                                 float (&acc)[kBlockN / 2]) {
         u32 previous = 0;
         for (u32 k_block = 0; k_block < t.k_blocks; ++k_block) {
             ptx::mbarrier_wait(&ring.full[stage], phase);
@@ -310,8 +303,6 @@ struct Sm90Bf16Gemm {
             if (k_block > 0) {
                 ptx::wgmma_wait_group<1>();  // the previous K block's MMAs have read their stage
                 release(ring, previous, lane);
-            } else {
-                after_first();
             }
             previous = stage;
             Ring::advance(stage, phase);
@@ -351,15 +342,6 @@ struct Sm90Bf16Gemm {
         }
     }
 
-    // A BF16 tile's packed output and where it goes, waiting for the next tile's first MMAs (kDeferStore).
-    struct DeferredStore {
-        u32 packed[kBlockN / 4];
-        u32 row0;
-        u32 col0;
-        u32 group;
-        bool pending;
-    };
-
     DG_DEVICE static void consumer(const Ring& ring, const OutputDescriptors* tma_d, const Bf16GemmProblem& problem) {
         const u32 math_wg = __shfl_sync(0xFFFFFFFFu, threadIdx.x / 128 - 1, 0);  // warp-uniform: kept in uniform registers
         const u32 thread_in_wg = threadIdx.x % 128;
@@ -372,23 +354,10 @@ struct Sm90Bf16Gemm {
         u32 stage = 0;
         u32 phase = 0;
         float acc[1][kBlockN / 2];
-        DeferredStore deferred;
-        deferred.pending = false;
-        // The deferred tile's store, before any other store of this warpgroup (stores keep their order).
-        const auto flush = [&]() {
-            if constexpr (kDeferStore) {
-                if (deferred.pending) {
-                    store.store_bf16(deferred.packed, tma_d, deferred.col0, deferred.row0, thread_in_wg, barrier_id,
-                                     deferred.group);
-                    deferred.pending = false;
-                }
-            }
-        };
         while (tiles.next(t)) {
             const GroupedTile& tile = t.tile;
             if constexpr (kContiguous) {
                 if (tile.padding) {
-                    flush();
                     Padding::store_block(store, tma_d, tile, math_wg, thread_in_wg, barrier_id);
                     continue;
                 }
@@ -396,7 +365,6 @@ struct Sm90Bf16Gemm {
             const u32 row_in_group = tile.m_block * kBlockM + math_wg * 64;
             if (row_in_group >= tile.rows) {
                 // This warpgroup's rows are all past the group's: keep the ring moving, compute and store nothing.
-                flush();
                 for (u32 k_block = 0; k_block < t.k_blocks; ++k_block) {
                     ptx::mbarrier_wait(&ring.full[stage], phase);
                     release(ring, stage, lane);
@@ -406,7 +374,6 @@ struct Sm90Bf16Gemm {
             }
             if constexpr (kKGrouped) {
                 if (t.k_blocks == 0) {
-                    flush();
                     store_empty_tile(store, tma_d, problem, tile, row_in_group, tile.n_block * kBlockN, thread_in_wg,
                                      barrier_id);
                     continue;
@@ -415,7 +382,7 @@ struct Sm90Bf16Gemm {
             const u32 row0 = tile.row_begin + row_in_group;  // in A's / D's rows (k-grouped: in group's D)
             const typename Padding::RowGroups row_groups =
                 Padding::load_row_groups(problem.tiles, row0, math_wg, math_wg * 64, row_in_wg);  // (m_indices form)
-            k_loop(ring, stage, phase, t, math_wg, lane, acc[0], flush);
+            k_loop(ring, stage, phase, t, math_wg, lane, acc[0]);
             if constexpr (kSplitK) {
                 u32* flags = reinterpret_cast<u32*>(ring.smem + kOffsetFlags);
                 if (!Reduction::reduce(problem.tiles, t.unit, flags, math_wg, thread_in_wg, barrier_id, acc)) {
@@ -427,18 +394,8 @@ struct Sm90Bf16Gemm {
             if constexpr (kContiguous) {
                 Padding::zero_rows(acc, problem.tiles, tile, row0, math_wg, math_wg * 64, row_in_wg, row_groups);
             }
-            if constexpr (kDeferStore) {
-                add_tile_addend<kBlockN>(acc[0], problem, tile, row0, col0, thread_in_wg);
-                Store::pack_bf16(acc[0], deferred.packed);
-                deferred.row0 = row0;
-                deferred.col0 = col0;
-                deferred.group = tile.group;
-                deferred.pending = true;
-            } else {
-                store_tile(store, acc[0], tma_d, problem, tile, row0, col0, thread_in_wg, barrier_id);
-            }
+            store_tile(store, acc[0], tma_d, problem, tile, row0, col0, thread_in_wg, barrier_id);
         }
-        flush();
         Store::drain(thread_in_wg);
     }
 
