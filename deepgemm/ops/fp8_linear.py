@@ -60,8 +60,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, o
     else:
         w_q, w_sf = quantize_per_block(weight, BLOCK)
     y = _to(_gemm((x_q, x_sf), (w_q, w_sf), _gemm_dtype(out_dtype)), out_dtype)
-    if bias is not None:  # traced: out of place (an in-place add on the Function's output lost every gradient),
-        y = (y + bias).to(y.dtype) if compiling() else y.add_(bias)  # rounded once to y's dtype, as add_ does
+    if bias is not None:  # traced (no-grad forwards only): out of place; rounded once to y's dtype, as add_ does
+        y = (y + bias).to(y.dtype) if compiling() else y.add_(bias)
     return y, x_t, w_t
 
 
@@ -154,19 +154,6 @@ def _wgrad(dy_t: tuple[torch.Tensor, torch.Tensor], x_t: tuple[torch.Tensor, tor
     return kgrouped_api.k_grouped_fp8_gemm_tn_contiguous(dy_t, x_t, out, [tokens])[0]
 
 
-def traced_step(x: torch.Tensor) -> bool:
-    """Whether torch.compile traces the training step into its graph: not for CUDA tensors, whose compiled step
-    returned an all-zero x gradient on the GPU (torch 2.11, H100, 2026-12-05; cause not isolated): there the step
-    runs eagerly behind a graph break (fullgraph=True refuses it). No-grad forwards trace on every device."""
-    return x.device.type != "cuda"
-
-
-@torch.compiler.disable
-def _eager_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
-                ) -> torch.Tensor:
-    return _Fp8Linear.apply(x, weight, bias, out_dtype)
-
-
 def check_fp8_linear(x: object, weight: object, bias: object, out_dtype: object = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.dtype]:
     """fp8_linear's argument rules (every path); returns the tensors and the output dtype."""
@@ -211,9 +198,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     gradient (an FP32 sum of dy) in the bias's. Saved for the backward, only where a gradient needs it: x^T and W^T in
     e4m3 with their scales (half the bytes of a BF16 x). torch.autocast does not change what it computes (the output
     in out_dtype, by default x's; the operands are FP8 either way). On CPU tensors and other GPUs the reference path computes
-    the same quantized math. Under torch.compile a step with gradients on CUDA tensors runs eagerly behind a graph
-    break (fullgraph=True refuses it; no-grad calls and CPU tensors trace): the traced GPU step returned an all-zero
-    x gradient (torch 2.11, 2026-12-05).
+    the same quantized math. It traces into torch.compile graphs (fullgraph=True), forward and backward; there the
+    bias gradient is autograd's sum of dy (the same values, summed in the compiler's order).
 
     Args:
         x: float32, bfloat16 or float16 [..., in_features]; dx comes back in its dtype.
@@ -243,8 +229,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     rows = x_t.reshape(-1, w_t.shape[1])
     if not torch.is_grad_enabled():
         y = _forward(rows, w_t, b_t, dtype)[0]  # (no_grad / inference_mode: without the backward's operands)
-    elif compiling() and not traced_step(rows):
-        y = _eager_step(rows, w_t, b_t, dtype)
+    elif compiling() and b_t is not None:  # traced: the bias added outside the Function (inside it, torch 2.11's
+        y = _Fp8Linear.apply(rows, w_t, None, dtype)  # compiled step returned zero dx and dW), db by autograd
+        y = (y + b_t).to(y.dtype)  # rounded once to y's dtype, as add_ does
     else:
         y = _Fp8Linear.apply(rows, w_t, b_t, dtype)
     return y if x_t.dim() == 2 else y.reshape(*x_t.shape[:-1], w_t.shape[0])
