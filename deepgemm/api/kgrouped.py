@@ -126,12 +126,11 @@ def check_ks(ks: object, where: str, why: str = _FP8_KS_RULE) -> tuple[int, ...]
 
 def ks_entry(value: object, g: int, where: str) -> int:
     """`ks[g]` as an int: ints and numpy integers, never floats or bools (the eager and the traced path's rule)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{where}: 'ks[{g}]' must be an int, got bool")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]  # (anything else raises TypeError)
-    except TypeError:
-        raise TypeError(f"{where}: 'ks[{g}]' must be an int, got {type(value).__name__}") from None
+    # (checked before operator.index rather than by catching its TypeError: torch 2.11's dynamo does not trace the
+    # except clause and raised the bare TypeError under torch.compile)
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{where}: 'ks[{g}]' must be an int, got {type(value).__name__}")
+    return operator.index(value)  # type: ignore[arg-type]
 
 
 def _validate_ks(ks: object, where: str, why: str) -> tuple[int, ...]:
