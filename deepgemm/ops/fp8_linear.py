@@ -60,9 +60,14 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, o
     else:
         w_q, w_sf = quantize_per_block(weight, BLOCK)
     y = _to(_gemm((x_q, x_sf), (w_q, w_sf), _gemm_dtype(out_dtype)), out_dtype)
-    if bias is not None:  # traced (no-grad forwards only): out of place; rounded once to y's dtype, as add_ does
-        y = (y + bias).to(y.dtype) if compiling() else y.add_(bias)
+    if bias is not None:  # traced (no-grad forwards only): out of place
+        y = _plus_bias(y, bias) if compiling() else y.add_(bias)
     return y, x_t, w_t
+
+
+def _plus_bias(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """y + bias out of place (the traced form), rounded once to y's dtype as y.add_(bias) is."""
+    return (y + bias).to(y.dtype)
 
 
 class _Fp8Linear(torch.autograd.Function):
@@ -247,8 +252,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     elif compiling() and not traced_step(rows):
         y = _eager_step(rows, w_t, b_t, dtype)
     elif compiling() and b_t is not None:  # traced: the bias added outside the Function (inside it, torch 2.11's
-        y = _Fp8Linear.apply(rows, w_t, None, dtype)  # compiled step returned zero dx and dW), db by autograd
-        y = (y + b_t).to(y.dtype)  # rounded once to y's dtype, as add_ does
+        y = _plus_bias(_Fp8Linear.apply(rows, w_t, None, dtype), b_t)  # step returned zero dx and dW), db by autograd
     else:
         y = _Fp8Linear.apply(rows, w_t, b_t, dtype)
     return y if x_t.dim() == 2 else y.reshape(*x_t.shape[:-1], w_t.shape[0])

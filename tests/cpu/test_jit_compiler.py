@@ -157,17 +157,17 @@ extern "C" __global__ void deepgemm_kernel(__nv_bfloat16* out, const __nv_fp8_e4
 
 
 def _nvrtc_has_header_bundle() -> bool:
-    """Whether the loaded NVRTC ships its CUDA headers (nvrtcInstallBundledHeaders; 13.0's library lacks the call)."""
+    """Whether the loaded NVRTC ships its CUDA headers: the compile worker's own answer (13.0's library lacks the call
+    and gets a note instead of the bundle's include flags)."""
     import tempfile
 
     from cuda.bindings import nvrtc
 
+    from deepgemm.jit.compile_worker import _cuda_header_options
+
     with tempfile.TemporaryDirectory() as probe:
-        try:
-            nvrtc.nvrtcInstallBundledHeaders(probe.encode(), 0)
-        except Exception:  # cuda.bindings' FunctionNotFoundError: the library predates the call
-            return False
-    return True
+        note, _ = _cuda_header_options(nvrtc, probe)
+    return note == ""
 
 
 def test_syntax_error_raises_compile_error_with_log(private_cache: Path) -> None:
