@@ -1,9 +1,8 @@
 """The FP8 training step under torch.compile on the GPU, piece by piece against eager: the weight quantizer's
-outputs compiled, the whole layer under aot_eager and inductor (with and without a bias; the traced step forced on),
+outputs compiled, the whole layer under aot_eager and inductor (with and without a bias),
 and the backward's ops alone. Prints which outputs match bit for bit (python dev/compiled_step_probe.py; set
 TORCH_LOGS=output_code,aot_graphs TORCH_LOGS_OUT=FILE for the graphs)."""
 
-import importlib
 import sys
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import torch  # noqa: E402
 
 from deepgemm.nn import Fp8TrainingLinear  # noqa: E402
 
-importlib.import_module("deepgemm.ops.fp8_linear").traced_step = lambda x: True  # the traced step, on CUDA too
 print("torch", torch.__version__)
 torch.manual_seed(0)
 B = torch.bfloat16

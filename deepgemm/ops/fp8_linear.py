@@ -159,20 +159,6 @@ def _wgrad(dy_t: tuple[torch.Tensor, torch.Tensor], x_t: tuple[torch.Tensor, tor
     return kgrouped_api.k_grouped_fp8_gemm_tn_contiguous(dy_t, x_t, out, [tokens])[0]
 
 
-def traced_step(x: torch.Tensor) -> bool:
-    """Whether torch.compile traces the training step into its graph: not yet for CUDA tensors. The traced GPU step
-    returned all-zero dx and dW with a bias (torch 2.11, H100, 2026-12-05/06); torch 2.11 does the same on the CPU,
-    where adding the bias outside the Function fixed it, but that fix has not run on a GPU. Until it has, a GPU step
-    runs eagerly behind a graph break (fullgraph=True refuses it). No-grad forwards trace on every device."""
-    return x.device.type != "cuda"
-
-
-@torch.compiler.disable
-def _eager_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
-                ) -> torch.Tensor:
-    return _Fp8Linear.apply(x, weight, bias, out_dtype)
-
-
 def check_fp8_linear(x: object, weight: object, bias: object, out_dtype: object = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.dtype]:
     """fp8_linear's argument rules (every path); returns the tensors and the output dtype."""
@@ -217,9 +203,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     gradient (an FP32 sum of dy) in the bias's. Saved for the backward, only where a gradient needs it: x^T and W^T in
     e4m3 with their scales (half the bytes of a BF16 x). torch.autocast does not change what it computes (the output
     in out_dtype, by default x's; the operands are FP8 either way). On CPU tensors and other GPUs the reference path computes
-    the same quantized math. Under torch.compile it traces into the graph (forward and backward; the bias gradient
-    is then autograd's sum of dy) except for a step with gradients on CUDA tensors, which runs eagerly behind a graph
-    break (fullgraph=True refuses it) until the traced GPU step's fix has run on a GPU.
+    the same quantized math. Under torch.compile it traces into the graph, forward and backward (fullgraph=True
+    holds; the bias gradient is then autograd's sum of dy).
 
     Args:
         x: float32, bfloat16 or float16 [..., in_features]; dx comes back in its dtype.
@@ -249,8 +234,6 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     rows = x_t.reshape(-1, w_t.shape[1])
     if not torch.is_grad_enabled():
         y = _forward(rows, w_t, b_t, dtype)[0]  # (no_grad / inference_mode: without the backward's operands)
-    elif compiling() and not traced_step(rows):
-        y = _eager_step(rows, w_t, b_t, dtype)
     elif compiling() and b_t is not None:  # traced: the bias added outside the Function (inside it, torch 2.11's
         y = _plus_bias(_Fp8Linear.apply(rows, w_t, None, dtype), b_t)  # step returned zero dx and dW), db by autograd
     else:

@@ -4,7 +4,6 @@ argument rules, torch.compile."""
 
 from __future__ import annotations
 
-import importlib
 import re
 import sys
 
@@ -285,28 +284,6 @@ def test_the_training_step_is_one_graph(seed: int) -> None:
     layer = Fp8TrainingLinear(256, 128)
     explained = torch._dynamo.explain(lambda inp: layer(inp) * 2)(activations(64, 256, FP32).requires_grad_())
     assert explained.graph_break_count == 0 and explained.graph_count == 1
-
-
-def test_untraced_devices_run_the_step_eagerly_behind_a_graph_break(monkeypatch: pytest.MonkeyPatch,
-                                                                     seed: int) -> None:
-    """Where traced_step refuses a device (CUDA, until the traced step's fix has run on a GPU), torch.compile breaks
-    the graph around the step and runs it eagerly: the same gradients; fullgraph=True refuses."""
-    module = importlib.import_module("deepgemm.ops.fp8_linear")  # (the package's attribute is the function)
-    assert module.traced_step(torch.empty(1))  # CPU tensors trace
-    monkeypatch.setattr(module, "traced_step", lambda x: False)
-    torch._dynamo.reset()
-    layer = Fp8TrainingLinear(256, 128)
-    x, dy = activations(64, 256, FP32), activations(64, 128, FP32)
-    eager = train_step(x, layer.weight.detach(), layer.bias.detach(), dy)
-    explained = torch._dynamo.explain(lambda inp: layer(inp) * 2)(x.clone().requires_grad_())
-    assert explained.graph_break_count >= 1
-    torch._dynamo.reset()
-    xg = x.clone().requires_grad_()
-    (torch.compile(layer, backend="aot_eager")(xg)).backward(dy)
-    assert torch.equal(xg.grad, eager[1]) and torch.equal(layer.weight.grad, eager[2])
-    torch._dynamo.reset()
-    with pytest.raises(torch._dynamo.exc.Unsupported, match="(?i)skip|disable|graph break"):
-        torch.compile(layer, fullgraph=True, backend="aot_eager")(x.clone().requires_grad_())
 
 
 def test_precompile_plans_a_whole_training_step(monkeypatch: pytest.MonkeyPatch) -> None:

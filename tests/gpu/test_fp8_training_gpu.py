@@ -194,38 +194,12 @@ def test_training_step_replays_in_a_cuda_graph(seed: int, gpu_guard: GpuGuard) -
 
 
 @quick
-def test_compiled_training_step_matches_eager(seed: int, gpu_guard: GpuGuard) -> None:
-    """Under torch.compile the GPU step runs eagerly behind a graph break (fp8_linear.traced_step): the compiled
-    layer's gradients are the eager ones bit for bit, and the step is a break in the graph."""
-    torch._dynamo.reset()
-    layer = Fp8TrainingLinear(1024, 512, device="cuda", dtype=BF16)
-    x = activations(384, 1024, BF16, "cuda")
-    dy = activations(384, 512, BF16, "cuda")
-    xg = x.clone().requires_grad_()
-    layer(xg).backward(dy)
-    eager = (xg.grad, layer.weight.grad.clone(), layer.bias.grad.clone())
-    layer.zero_grad()
-    compiled = torch.compile(layer)
-    xc = x.clone().requires_grad_()
-    compiled(xc).backward(dy)
-    assert gpu_guard.launches(WGRAD) == 2
-    assert same_bits(xc.grad, eager[0]) and same_bits(layer.weight.grad, eager[1])
-    torch.testing.assert_close(layer.bias.grad, eager[2], rtol=0, atol=0)
-    torch._dynamo.reset()  # (the step is the graph's last call: explain counts the break once code follows it)
-    assert torch._dynamo.explain(lambda inp: layer(inp) * 2)(x.clone().requires_grad_()).graph_break_count >= 1
-
-
-@quick
 @pytest.mark.parametrize("bias", [True, False])
-def test_traced_training_step_matches_eager(bias: bool, seed: int, gpu_guard: GpuGuard,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """The traced step (fp8_linear.traced_step forced on for CUDA tensors), compiled whole (inductor, fullgraph):
-    y, dx and dW the eager ones bit for bit (torch 2.11 returned zero dx and dW with a bias inside the Function; it is
-    added outside it now). The bias gradient is autograd's sum of dy in the compiler's order: equal to rounding.
-    When this passes on a GPU, traced_step can return True for CUDA (and the graph-break test above goes)."""
-    import importlib
-
-    monkeypatch.setattr(importlib.import_module("deepgemm.ops.fp8_linear"), "traced_step", lambda x: True)
+def test_compiled_training_step_matches_eager(bias: bool, seed: int, gpu_guard: GpuGuard) -> None:
+    """The training step compiled whole (inductor, fullgraph: no graph break): y, dx and dW the eager ones bit for
+    bit, the FP8 kernels launched (torch 2.11 returned zero dx and dW with the bias inside the autograd Function; it
+    is added outside it when traced). The bias gradient is autograd's sum of dy in the compiler's order: equal to
+    rounding."""
     torch._dynamo.reset()
     layer = Fp8TrainingLinear(1024, 512, device="cuda", dtype=BF16, bias=bias)
     x = activations(384, 1024, BF16, "cuda")
@@ -244,6 +218,9 @@ def test_traced_training_step_matches_eager(bias: bool, seed: int, gpu_guard: Gp
     assert same_bits(layer.weight.grad, eager[2]), "dW"
     if bias:
         torch.testing.assert_close(layer.bias.grad, eager[3])
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(lambda inp: layer(inp) * 2)(x.clone().requires_grad_())
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
 @quick
