@@ -8,6 +8,7 @@ import torch
 
 from deepgemm.api.backend import backend_for
 from deepgemm.api.ready_launches import keep
+from deepgemm.kernels.common.grid import MAX_GRID_X, MAX_GRID_Y
 from deepgemm.kernels.common.layout import tma_aligned_rows
 from deepgemm.api.validation import (
     MAX_ROWS,
@@ -37,8 +38,6 @@ INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GROUP_SIZES = tuple(range(32, 1025, 32))
 BLOCK_SIZES = (32, 64, 128)
 DEQUANTIZE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-MAX_GRID_X = 2**31 - 1  # CUDA's grid limits: x up to 2^31 - 1 blocks, y up to 65535
-MAX_GRID_Y = 65535
 _TOKEN_GROUP_WARPS_PER_CTA = 8  # the per-token-group kernel's 256-thread CTAs: at worst one group per warp
 MAX_TRANSPOSED_COLUMNS = 64 * MAX_GRID_Y  # the transposed quantizer's grid: 64 columns of x per CTA along y
 

@@ -93,6 +93,9 @@ QUANTIZE = [
     ("both_ways_fp32", lambda dtype, _size: transposed_source(dtype, rows_too=True), FP32, 128),
     ("block_transposed_fp32_128", functools.partial(block_source, transposed=True), FP32, 128),
     ("block_transposed_bf16_128", functools.partial(block_source, transposed=True), BF16, 128),
+    ("block_bf16_128_scalar", functools.partial(block_source, vectorized=False), BF16, 128),
+    ("block_transposed_fp32_128_scalar_n_fastest",
+     functools.partial(block_source, transposed=True, k_fastest=False, vectorized=False), FP32, 128),
 ]
 
 

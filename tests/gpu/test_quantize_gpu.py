@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import deepgemm
+from deepgemm.kernels.quantize_fp8.launch import block_vectorizable
 from deepgemm.reference import quantize_per_block_reference, quantize_per_token_group_reference
+from tests.gpu.guard import GpuGuard
 
 pytestmark = pytest.mark.gpu
 
@@ -32,6 +34,62 @@ def test_per_block_matches_reference(n: int, k: int, dtype: torch.dtype) -> None
     q_ref, sf_ref = quantize_per_block_reference(w)
     assert torch.equal(sf.cpu(), sf_ref)
     assert torch.equal(q.cpu().view(torch.uint8), q_ref.view(torch.uint8))
+
+
+def poison_allocator(nbytes: int, count: int = 2) -> None:
+    """Leave `count` freed blocks of 0xFF bytes (NaN in e4m3 and float32) in the caching allocator for the next
+    allocations of about that size, so an output byte a kernel never writes reads NaN."""
+    blocks = [torch.full((nbytes,), 255, dtype=torch.uint8, device="cuda") for _ in range(count)]
+    del blocks
+
+
+def check_per_block(w: torch.Tensor, block: int, gpu_guard: GpuGuard) -> None:
+    """quantize_per_block (and, for block 128, quantize_per_block_transposed) of the CUDA tensor w against the
+    reference of its CPU copy, bit for bit, each kernel launched once, onto NaN-poisoned memory."""
+    from deepgemm.ops.quant import quantize_per_block_transposed
+
+    q_ref, sf_ref = quantize_per_block_reference(w.cpu().contiguous(), block)
+    poison_allocator(w.shape[0] * w.shape[1])
+    q, sf = deepgemm.quantize_per_block(w, block)
+    assert gpu_guard.launches("deepgemm_quantize_per_block") == 1
+    assert torch.equal(sf.cpu(), sf_ref)
+    assert torch.equal(q.cpu().view(torch.uint8), q_ref.view(torch.uint8))
+    if block == 128:
+        poison_allocator(w.shape[0] * w.shape[1])
+        q, sf, qt, sft = quantize_per_block_transposed(w)
+        assert gpu_guard.launches("deepgemm_quantize_per_block_transposed") == 1
+        assert torch.equal(sf.cpu(), sf_ref) and torch.equal(sft.cpu(), sf_ref.t())
+        assert torch.equal(q.cpu().view(torch.uint8), q_ref.view(torch.uint8))
+        assert torch.equal(qt.cpu().view(torch.uint8), q_ref.t().view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("block", [32, 64, 128])
+@pytest.mark.parametrize("layout", ["contiguous", "column-offset", "odd-k", "padded-rows"])
+def test_per_block_vector_and_scalar_paths(layout: str, block: int, dtype: torch.dtype, seed: int,
+                                           gpu_guard: GpuGuard) -> None:
+    """The per-block kernel's 16-byte path (w's base and rows 16-byte aligned, K a whole number of vectors, a block
+    layout that has them) and its scalar path (any layout): the reference's bits, with and without the transposed
+    outputs, partial blocks at both edges."""
+    gen = torch.Generator().manual_seed(seed)
+    base = (torch.randn(203, 2100, generator=gen) * torch.exp(torch.randn(203, 1, generator=gen))).to(dtype)
+    views = {"contiguous": lambda t: t[:, :2048].contiguous(), "column-offset": lambda t: t[:, 1:1025],
+             "odd-k": lambda t: t[:, :1001], "padded-rows": lambda t: t[:, :1536]}  # rows 2100 elements apart
+    w = views[layout](base.cuda())
+    size, vector = dtype.itemsize, 16 // dtype.itemsize
+    aligned = (w.storage_offset() * size % 16 == 0 and w.stride(0) * size % 16 == 0 and w.shape[1] % vector == 0)
+    assert block_vectorizable(w, block) == (aligned and not (block == 32 and size == 2))  # the path this case takes
+    check_per_block(w, block, gpu_guard)
+
+
+@pytest.mark.parametrize("rows,cols,block,dtype", [(65535 * 32 + 33, 8, 32, torch.float32),
+                                                   (65535 * 32 + 33, 8, 32, torch.bfloat16),
+                                                   (65535 * 128 + 1, 16, 128, torch.bfloat16)])
+def test_per_block_past_65535_row_blocks(rows: int, cols: int, block: int, dtype: torch.dtype, seed: int,
+                                         gpu_guard: GpuGuard) -> None:
+    """More than 65535 blocks along N (CUDA's grid y limit): the kernel walks the grid N-fastest there."""
+    w = (torch.randn(rows, cols, device="cuda") * torch.exp(torch.randn(rows, 1, device="cuda"))).to(dtype)
+    check_per_block(w, block, gpu_guard)
 
 
 def test_zero_groups_give_finite_scales() -> None:
@@ -149,7 +207,7 @@ def test_hard_quotients_are_bit_exact(dtype: torch.dtype, seed: int) -> None:
     """Every GPU quantizer divides by the group scale bit-identically to the reference's IEEE division, on values
     built to break a reciprocal multiply: per-token-group (vector and scalar paths), per block, transposed and
     both ways."""
-    from deepgemm.ops.quant import quantize_both_ways, quantize_transposed
+    from deepgemm.ops.quant import quantize_both_ways, quantize_per_block_transposed, quantize_transposed
 
     x = hard_quotients(256, 1024, seed).to(dtype)
     xc = x.cuda()
@@ -158,6 +216,9 @@ def test_hard_quotients_are_bit_exact(dtype: torch.dtype, seed: int) -> None:
              "token group, scalar": (deepgemm.quantize_per_token_group(xc[:, 1:1 + 896]),
                                      quantize_per_token_group_reference(x[:, 1:1 + 896])),
              "per block": (deepgemm.quantize_per_block(xc), quantize_per_block_reference(x, 128)),
+             "per block, scalar": (deepgemm.quantize_per_block(xc[:, 1:1 + 896]),
+                                   quantize_per_block_reference(x[:, 1:1 + 896], 128)),
+             "per block + transposed": (quantize_per_block_transposed(xc)[:2], quantize_per_block_reference(x, 128)),
              "transposed": (quantize_transposed(xc.t().contiguous(), 1024), quantize_per_token_group_reference(x)),
              "both ways, transposed": (both[2:], quantize_per_token_group_reference(x)),
              "both ways, rows": (both[:2], quantize_per_token_group_reference(x.t().contiguous()))}

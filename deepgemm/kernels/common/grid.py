@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from deepgemm.utils import ceil_div
 
+MAX_GRID_X = 2**31 - 1  # CUDA's grid limits: x up to 2^31 - 1 blocks, y up to 65535
+MAX_GRID_Y = 65535
+
 # Dense unsplit GEMMs with at least this K get a balanced grid (the configs' balanced_grid field): measured on the
 # H200 0.5-2.4% faster for FP8 on six shapes with K of 1536-16384, 5% slower at K = 512 (4096 x 32768 x 512: 32 waves,
 # 4 tiles in the last); BF16 0.2-0.7% faster at 4096 x 2112 x 7168 and 4096 x 4096 x 7168.

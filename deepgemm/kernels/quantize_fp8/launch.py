@@ -10,10 +10,13 @@ from deepgemm.jit.args import U32, U64, PackedArgs
 from deepgemm.jit.compiler import KernelSource
 from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_device
 from deepgemm.kernels.common.elements import ELEMENT_KINDS
+from deepgemm.kernels.common.grid import MAX_GRID_Y
 from deepgemm.kernels.common.loader import load_kernel
 from deepgemm.utils import align_up, ceil_div
 
 _THREADS = 256
+_BLOCK_CTAS_PER_SM = 2  # vectorized per-block quantizer: at most 128 registers, so two CTAs (16 warps of loads)
+# share an SM (the scalar transposed form would spill under that cap: its 64 loads keep 64 addresses live)
 
 
 def token_group_source(dtype: torch.dtype, group_size: int, silu_mul: bool = False) -> KernelSource:
@@ -34,20 +37,28 @@ deepgemm_{name}(const void* x, deepgemm::u64 x_row_stride, deepgemm::u8* q, deep
     return KernelSource(code=code, entry=f"deepgemm_{name}", label=label)
 
 
-def block_source(dtype: torch.dtype, block: int, transposed: bool = False) -> KernelSource:
-    """The per-block quantizer; transposed: it also writes q^T [K, N] and sf^T."""
+def block_source(dtype: torch.dtype, block: int, transposed: bool = False, k_fastest: bool = True,
+                 vectorized: bool | None = None) -> KernelSource:
+    """The per-block quantizer; transposed: it also writes q^T [K, N] and sf^T. k_fastest: the grid is (K blocks,
+    N blocks), for at most 65535 N blocks; else (N blocks, K blocks). vectorized: 16-byte loads (block_vectorizable;
+    None: wherever the block's layout has them)."""
+    if vectorized is None:
+        vectorized = block_vector_layout(dtype.itemsize, block)
+    flag = {True: "true", False: "false"}
     entry = "deepgemm_quantize_per_block_transposed" if transposed else "deepgemm_quantize_per_block"
     extra = ", deepgemm::u8* qt, deepgemm::u64 qt_row_stride, float* sft" if transposed else ""
     code = f"""\
 #include <deepgemm/impls/quantize_fp8.cuh>
-using Kernel = deepgemm::QuantizePerBlock<{ELEMENT_KINDS[dtype]}, {block}u, {"true" if transposed else "false"}>;
-extern "C" __global__ void __launch_bounds__({_THREADS})
+using Kernel = deepgemm::QuantizePerBlock<{ELEMENT_KINDS[dtype]}, {block}u, {flag[transposed]}, {flag[k_fastest]},
+                                          {flag[vectorized]}>;
+extern "C" __global__ void __launch_bounds__({_THREADS}, {_BLOCK_CTAS_PER_SM if vectorized else 1})
 {entry}(const void* w, deepgemm::u64 w_row_stride, deepgemm::u8* q, deepgemm::u64 q_row_stride, float* sf,
                 deepgemm::u32 n, deepgemm::u32 k{extra}) {{
     Kernel::run(w, w_row_stride, q, q_row_stride, sf, n, k{", qt, qt_row_stride, sft" if transposed else ""});
 }}
 """
-    label = f"quantize_per_block {dtype} b={block}{' +transposed' if transposed else ''}"
+    label = (f"quantize_per_block {dtype} b={block}{' +transposed' if transposed else ''}"
+             f"{'' if k_fastest else ' n-fastest'}{'' if vectorized else ' scalar'}")
     return KernelSource(code=code, entry=entry, label=label)
 
 
@@ -110,6 +121,18 @@ def _vectorizable(x: torch.Tensor, k: int | None = None) -> bool:
     elems = 16 // x.element_size()
     k = x.shape[1] if k is None else k
     return x.data_ptr() % 16 == 0 and (x.stride(0) * x.element_size()) % 16 == 0 and k % elems == 0
+
+
+def block_vector_layout(element_size: int, block: int) -> bool:
+    """Whether a warp's rows of a block are a whole number of warp-wide 16-byte loads (all but 16-bit input with
+    block 32: QuantizePerBlock::kCanVectorize)."""
+    rows_per_warp, lanes_per_row = block // 8, block // (16 // element_size)
+    return rows_per_warp % (32 // lanes_per_row) == 0
+
+
+def block_vectorizable(w: torch.Tensor, block: int) -> bool:
+    """The per-block kernel's 16-byte path: w 16-byte aligned as for the token groups, and the block's layout."""
+    return _vectorizable(w) and block_vector_layout(w.element_size(), block)
 
 
 def _groups_per_warp(x: torch.Tensor, group_size: int, vectorized: bool) -> int:
@@ -224,7 +247,12 @@ def quantize_per_block_cuda(w: torch.Tensor, block: int, transposed: bool = Fals
                  torch.empty((sf.shape[1], sf.shape[0]), dtype=torch.float32, device=w.device))
     if n == 0 or k == 0:
         return (q, sf, *extra)
-    kernel = load_kernel(block_source(w.dtype, block, transposed), 0, w.device.index)
+    # Grid (K blocks, N blocks): resident CTAs cover whole rows of w; (N blocks, K blocks) past CUDA's grid y limit
+    # of 65535 N blocks (x takes up to 2^31 - 1; the API allows at most 65535 K blocks).
+    k_fastest = sf.shape[0] <= MAX_GRID_Y
+    vectorized = block_vectorizable(w, block)
+    kernel = load_kernel(block_source(w.dtype, block, transposed, k_fastest, vectorized), 0, w.device.index)
+    grid = (sf.shape[1], sf.shape[0]) if k_fastest else (sf.shape[0], sf.shape[1])
     values = [U64(w.data_ptr()), U64(w.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf.data_ptr()), U32(n),
               U32(k)]
     if extra:
@@ -232,7 +260,6 @@ def quantize_per_block_cuda(w: torch.Tensor, block: int, transposed: bool = Fals
     args = PackedArgs(values)
     device_index = w.device.index
     stream = current_raw_stream(device_index)
-    # Grid: blockIdx.x walks N blocks (up to 2^31 - 1), blockIdx.y walks K blocks (at most 65535).
-    config = kernel.launch_config_2d(device_index, stream, (sf.shape[0], sf.shape[1]), _THREADS)
+    config = kernel.launch_config_2d(device_index, stream, grid, _THREADS)
     launch_on_device(kernel, device_index, stream, config, args.address)
     return (q, sf, *extra)

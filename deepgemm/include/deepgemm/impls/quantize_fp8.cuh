@@ -66,6 +66,13 @@ DG_DEVICE u8 to_e4m3(float value) {
     return static_cast<u8>(ptx::pack_e4m3x2(value, 0.0f) & 0xFF);
 }
 
+// Four quotients as e4m3 bytes in one word (the first in the lowest byte).
+template <typename Quotient>
+DG_DEVICE u32 e4m3_word(const float* values, Quotient divide) {
+    return static_cast<u32>(ptx::pack_e4m3x2(divide(values[0]), divide(values[1]))) |
+           (static_cast<u32>(ptx::pack_e4m3x2(divide(values[2]), divide(values[3]))) << 16);
+}
+
 DG_DEVICE float warp_max(float value) {
 #pragma unroll
     for (u32 offset = 16; offset > 0; offset /= 2) {
@@ -110,9 +117,7 @@ struct QuantizePerTokenGroup {
                 u32 words[kVec / 4];
 #pragma unroll
                 for (u32 w = 0; w < kVec / 4; ++w) {
-                    const float* f = values[v] + 4 * w;
-                    words[w] = static_cast<u32>(ptx::pack_e4m3x2(divide(f[0]), divide(f[1]))) |
-                               (static_cast<u32>(ptx::pack_e4m3x2(divide(f[2]), divide(f[3]))) << 16);
+                    words[w] = e4m3_word(values[v] + 4 * w, divide);
                 }
                 u8* target = q + row * q_row_stride + col;
                 if constexpr (kVec == 8) {
@@ -215,19 +220,34 @@ struct QuantizePerTokenGroup {
     }
 };
 
-// One CTA of 256 threads per kBlock x kBlock block; grid (ceil(N/kBlock), ceil(K/kBlock)). kTransposed: also
-// writes qt [K, N] = q^T (row stride qt_row_stride), the same bytes transposed through shared memory, and sft =
-// sf^T (row-major [ceil(K/kBlock), ceil(N/kBlock)]): the FP8 training linear's Dgrad operand (W^T per block) with
-// its scales, with no second pass over w.
-template <InputKind kKind, u32 kBlock, bool kTransposed = false>
+// One CTA of 256 threads per kBlock x kBlock block. kKFastest (the host's choice wherever N has at most 65535 blocks,
+// CUDA's grid y limit): grid (K blocks, N blocks), so the CTAs resident at once cover whole rows of w; else grid
+// (N blocks, K blocks), which reads one column strip of every row at a time (rows 32 KB apart at K = 16384 BF16:
+// 0.5-1 TB/s). kTransposed: also writes qt [K, N] = q^T (row stride qt_row_stride),
+// the same bytes transposed through shared memory, and sft = sf^T (row-major [ceil(K/kBlock), ceil(N/kBlock)]):
+// the FP8 training linear's Dgrad operand (W^T per block) with its scales, with no second pass over w.
+// Two load paths with bit-identical results, each its own instantiation (in one kernel, the scalar path's 64 live
+// addresses set the register count of both):
+//   kVectorized (the host's choice where w's base and rows are 16-byte aligned and K is a whole number of vectors;
+//     kCanVectorize: every block size but 32 with 16-bit input): kLanesPerRow lanes per block row, each loading
+//     16-byte vectors and storing 4 / 8 e4m3 bytes at once;
+//   scalar (any layout): lane l handles columns l, l + 32, ... of its warp's rows.
+template <InputKind kKind, u32 kBlock, bool kTransposed, bool kKFastest, bool kVectorized>
 struct QuantizePerBlock {
     static_assert(kBlock == 32 || kBlock == 64 || kBlock == 128, "block must be 32, 64 or 128");
     static constexpr u32 kNumWarps = 8;
     static constexpr u32 kRowsPerWarp = kBlock / kNumWarps;
     static constexpr u32 kColsPerLane = kBlock / 32;
-    static constexpr u32 kTilePitch = kBlock + 4;  // bytes per staged row (kTransposed)
+    static constexpr u32 kTilePitch = kBlock + 4;  // bytes per staged row (kTransposed; a multiple of 4)
+    static constexpr u32 kInputBytes = kKind == InputKind::kFloat32 ? 4 : 2;
+    static constexpr u32 kVec = 16 / kInputBytes;
+    static constexpr u32 kLanesPerRow = kBlock / kVec;        // (4 to 32)
+    static constexpr u32 kRowsPerLoad = 32 / kLanesPerRow;    // rows one warp-wide vector load covers
+    static constexpr bool kCanVectorize = kRowsPerWarp % kRowsPerLoad == 0;
+    static_assert(kCanVectorize || !kVectorized, "16-bit input with block 32 has no vectorized layout");
+    static constexpr u32 kLoads = kCanVectorize ? kRowsPerWarp / kRowsPerLoad : 1;
 
-    // The warp's values as e4m3 bytes into q (inside [n, k]) and, kTransposed, into the staged tile.
+    // The warp's values as e4m3 bytes into q (inside [n, k]) and, kTransposed, into the staged tile (scalar layout).
     template <typename Quotient>
     DG_DEVICE static void store_block(const float (&values)[kRowsPerWarp][kColsPerLane], Quotient divide, u8* q,
                                       u64 q_row_stride, u32 n, u32 k, u32 row0, u32 col0, u32 warp, u32 lane, u8* tile) {
@@ -248,15 +268,86 @@ struct QuantizePerBlock {
         }
     }
 
+    // The same for the vectorized layout: value e of load l is row row0 + l * kRowsPerLoad, column col0 + e.
+    template <typename Quotient>
+    DG_DEVICE static void store_vectors(const float (&values)[kLoads][kVec], Quotient divide, u8* q, u64 q_row_stride,
+                                        u32 n, u32 k, u32 row0, u32 col0, u32 tile_row0, u32 tile_col0, u8* tile) {
+#pragma unroll
+        for (u32 l = 0; l < kLoads; ++l) {
+            u32 words[kVec / 4];
+#pragma unroll
+            for (u32 w = 0; w < kVec / 4; ++w) {
+                words[w] = e4m3_word(values[l] + 4 * w, divide);
+            }
+            const u32 row = row0 + l * kRowsPerLoad;
+            if (row < n && col0 < k) {  // (K is a whole number of vectors: the vector is all inside or all out)
+                u8* target = q + row * q_row_stride + col0;
+                if constexpr (kVec == 8) {
+                    *reinterpret_cast<uint2*>(target) = make_uint2(words[0], words[1]);
+                } else {
+                    *reinterpret_cast<u32*>(target) = words[0];
+                }
+            }
+            if constexpr (kTransposed) {
+                u32* staged = reinterpret_cast<u32*>(tile + (tile_row0 + l * kRowsPerLoad) * kTilePitch + tile_col0);
+#pragma unroll
+                for (u32 w = 0; w < kVec / 4; ++w) {
+                    staged[w] = words[w];
+                }
+            }
+        }
+    }
+
+    // The block's scale from every thread's amax (all threads of the CTA call it).
+    DG_DEVICE static float block_scale(float amax, float* warp_amax, u32 warp, u32 lane) {
+        amax = warp_max(amax);
+        if (lane == 0) {
+            warp_amax[warp] = amax;
+        }
+        __syncthreads();
+        amax = warp_amax[0];
+#pragma unroll
+        for (u32 i = 1; i < kNumWarps; ++i) {
+            amax = max_nan(amax, warp_amax[i]);
+        }
+        return fp8_scale_for(amax);
+    }
+
     DG_DEVICE static void run(const void* w, u64 w_row_stride, u8* q, u64 q_row_stride, float* sf, u32 n, u32 k,
                               u8* qt = nullptr, u64 qt_row_stride = 0, float* sft = nullptr) {
         __shared__ float warp_amax[kNumWarps];
-        __shared__ u8 tile[kTransposed ? kBlock * kTilePitch : 1];
+        __shared__ alignas(16) u8 tile[kTransposed ? kBlock * kTilePitch : 4];
         ptx::programmatic_launch_sync();
+        const u32 n_block = kKFastest ? blockIdx.y : blockIdx.x;
+        const u32 k_block = kKFastest ? blockIdx.x : blockIdx.y;
+        const u32 n_blocks = kKFastest ? gridDim.y : gridDim.x;
+        const u32 k_blocks = kKFastest ? gridDim.x : gridDim.y;
         const u32 warp = threadIdx.x / 32;
         const u32 lane = threadIdx.x % 32;
-        const u32 row0 = blockIdx.x * kBlock + warp * kRowsPerWarp;
-        const u32 col0 = blockIdx.y * kBlock + lane;
+        float scale;
+        if constexpr (kVectorized) {
+            scale = quantize_vectorized(w, w_row_stride, q, q_row_stride, n, k, n_block, k_block, warp, lane,
+                                        warp_amax, tile);
+        } else {
+            scale = quantize_scalar(w, w_row_stride, q, q_row_stride, n, k, n_block, k_block, warp, lane, warp_amax,
+                                    tile);
+        }
+        if (threadIdx.x == 0) {
+            sf[static_cast<u64>(n_block) * k_blocks + k_block] = scale;
+            if constexpr (kTransposed) {
+                sft[static_cast<u64>(k_block) * n_blocks + n_block] = scale;
+            }
+        }
+        if constexpr (kTransposed) {
+            __syncthreads();
+            store_transposed(tile, qt, qt_row_stride, n, k, n_block, k_block);
+        }
+    }
+
+    DG_DEVICE static float quantize_scalar(const void* w, u64 w_row_stride, u8* q, u64 q_row_stride, u32 n, u32 k,
+                                           u32 n_block, u32 k_block, u32 warp, u32 lane, float* warp_amax, u8* tile) {
+        const u32 row0 = n_block * kBlock + warp * kRowsPerWarp;
+        const u32 col0 = k_block * kBlock + lane;
         float values[kRowsPerWarp][kColsPerLane];
         float amax = 0.0f;
 #pragma unroll
@@ -269,38 +360,51 @@ struct QuantizePerBlock {
                 amax = max_nan(amax, fabsf(values[r][c]));
             }
         }
-        amax = warp_max(amax);
-        if (lane == 0) {
-            warp_amax[warp] = amax;
-        }
-        __syncthreads();
-        amax = warp_amax[0];
-#pragma unroll
-        for (u32 i = 1; i < kNumWarps; ++i) {
-            amax = max_nan(amax, warp_amax[i]);
-        }
-        const float scale = fp8_scale_for(amax);
+        const float scale = block_scale(amax, warp_amax, warp, lane);
         if (fused_quotient_applies(scale)) {
             store_block(values, fused_quotient(scale), q, q_row_stride, n, k, row0, col0, warp, lane, tile);
         } else {
             store_block(values, DividedQuotient{scale}, q, q_row_stride, n, k, row0, col0, warp, lane, tile);
         }
-        if (threadIdx.x == 0) {
-            sf[static_cast<u64>(blockIdx.x) * gridDim.y + blockIdx.y] = scale;
-            if constexpr (kTransposed) {
-                sft[static_cast<u64>(blockIdx.y) * gridDim.x + blockIdx.x] = scale;
-            }
-        }
-        if constexpr (kTransposed) {
-            __syncthreads();
-            store_transposed(tile, qt, qt_row_stride, n, k);
-        }
+        return scale;
     }
 
-    // qt row j (column blockIdx.y * kBlock + j of w) gets the block's column j: 16-byte pieces of staged bytes.
-    DG_DEVICE static void store_transposed(const u8* tile, u8* qt, u64 qt_row_stride, u32 n, u32 k) {
+    DG_DEVICE static float quantize_vectorized(const void* w, u64 w_row_stride, u8* q, u64 q_row_stride, u32 n, u32 k,
+                                               u32 n_block, u32 k_block, u32 warp, u32 lane, float* warp_amax,
+                                               u8* tile) {
+        const u32 tile_row0 = warp * kRowsPerWarp + lane / kLanesPerRow;
+        const u32 tile_col0 = lane % kLanesPerRow * kVec;
+        const u32 row0 = n_block * kBlock + tile_row0;
+        const u32 col0 = k_block * kBlock + tile_col0;
+        float values[kLoads][kVec];
+        float amax = 0.0f;
+#pragma unroll
+        for (u32 l = 0; l < kLoads; ++l) {
+            const u32 row = row0 + l * kRowsPerLoad;
+            if (row < n && col0 < k) {
+                load_vector_as_float<kKind>(static_cast<const u8*>(w) + (row * w_row_stride + col0) * kInputBytes,
+                                            values[l]);
+            } else {
+#pragma unroll
+                for (u32 e = 0; e < kVec; ++e) values[l][e] = 0.0f;
+            }
+#pragma unroll
+            for (u32 e = 0; e < kVec; ++e) amax = max_nan(amax, fabsf(values[l][e]));
+        }
+        const float scale = block_scale(amax, warp_amax, warp, lane);
+        if (fused_quotient_applies(scale)) {
+            store_vectors(values, fused_quotient(scale), q, q_row_stride, n, k, row0, col0, tile_row0, tile_col0, tile);
+        } else {
+            store_vectors(values, DividedQuotient{scale}, q, q_row_stride, n, k, row0, col0, tile_row0, tile_col0, tile);
+        }
+        return scale;
+    }
+
+    // qt row j (column k_block * kBlock + j of w) gets the block's column j: 16-byte pieces of staged bytes.
+    DG_DEVICE static void store_transposed(const u8* tile, u8* qt, u64 qt_row_stride, u32 n, u32 k, u32 n_block,
+                                           u32 k_block) {
         constexpr u32 kPiecesPerRow = kBlock / 16;
-        const u32 n0 = blockIdx.x * kBlock, k0 = blockIdx.y * kBlock;
+        const u32 n0 = n_block * kBlock, k0 = k_block * kBlock;
         for (u32 p = threadIdx.x; p < kBlock * kPiecesPerRow; p += kNumWarps * 32) {
             const u32 j = p / kPiecesPerRow, i0 = (p % kPiecesPerRow) * 16;
             if (k0 + j >= k || n0 + i0 >= n) {
