@@ -74,6 +74,9 @@ def bound_reference_functions() -> list[tuple[ModuleType, str, Callable[..., Any
     return found
 
 
+_ACTIVE: list[GpuGuard] = []  # the guard of the test running now (guarding() pushes and pops it)
+
+
 class GpuGuard:
     """The per-test record: reference calls on CUDA tensors and kernel launches."""
 
@@ -97,7 +100,10 @@ class GpuGuard:
         @functools.wraps(original)
         def guarded(*args: Any, **kwargs: Any) -> Any:
             if _any_cuda_tensor(args) or _any_cuda_tensor(kwargs.values()):
-                self.reference_calls.append(qualified)  # list.append: safe from worker threads
+                # Recorded by the guard of the test running now: a wrapper captured during an earlier test (e.g.
+                # by a custom op registered then) outlives that test's patch and would record into its old guard.
+                guard = _ACTIVE[-1] if _ACTIVE else self
+                guard.reference_calls.append(qualified)  # list.append: safe from worker threads
                 raise AssertionError(
                     f"the reference path ran on CUDA tensors ({qualified}): a GPU test must check our kernels, "
                     "not the reference against itself")
@@ -130,6 +136,7 @@ def guarding() -> Iterator[GpuGuard]:
     """Install the guard for one test; yields it; undoes every patch on exit (verification is the caller's)."""
     guard = GpuGuard()
     patch = pytest.MonkeyPatch()
+    _ACTIVE.append(guard)
     try:
         for module, attribute, original in bound_reference_functions():
             qualified = f"{module.__name__}.{attribute}"
@@ -150,3 +157,4 @@ def guarding() -> Iterator[GpuGuard]:
         yield guard
     finally:
         patch.undo()
+        _ACTIVE.remove(guard)
