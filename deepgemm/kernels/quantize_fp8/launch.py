@@ -234,6 +234,9 @@ def quantize_transposed_cuda(x: torch.Tensor, tokens_out: int, rows_too: bool = 
     return outputs
 
 
+_block_kernels: dict[tuple[torch.dtype, int, bool, bool, bool], LoadedKernel] = {}
+
+
 def quantize_per_block_cuda(w: torch.Tensor, block: int, transposed: bool = False
                             ) -> tuple[torch.Tensor, ...]:
     """w [N, K] (unit column stride) -> (q e4m3 [N, K], sf [ceil(N/b), ceil(K/b)] row-major), and with transposed
@@ -251,7 +254,10 @@ def quantize_per_block_cuda(w: torch.Tensor, block: int, transposed: bool = Fals
     # of 65535 N blocks (x takes up to 2^31 - 1; the API allows at most 65535 K blocks).
     k_fastest = sf.shape[0] <= MAX_GRID_Y
     vectorized = block_vectorizable(w, block)
-    kernel = load_kernel(block_source(w.dtype, block, transposed, k_fastest, vectorized), 0, w.device.index)
+    key = (w.dtype, block, transposed, k_fastest, vectorized)
+    kernel = _block_kernels.get(key)
+    if kernel is None:
+        kernel = _block_kernels[key] = load_kernel(block_source(*key), 0, w.device.index)
     grid = (sf.shape[1], sf.shape[0]) if k_fastest else (sf.shape[0], sf.shape[1])
     values = [U64(w.data_ptr()), U64(w.stride(0)), U64(q.data_ptr()), U64(q.stride(0)), U64(sf.data_ptr()), U32(n),
               U32(k)]
