@@ -223,9 +223,9 @@ struct QuantizePerTokenGroup {
 // One CTA of 256 threads per kBlock x kBlock block. kKFastest (the host's choice wherever N has at most 65535 blocks,
 // CUDA's grid y limit): grid (K blocks, N blocks), so the CTAs resident at once cover whole rows of w; else grid
 // (N blocks, K blocks), which reads one column strip of every row at a time (rows 32 KB apart at K = 16384 BF16:
-// 0.5-1 TB/s). kTransposed: also writes qt [K, N] = q^T (row stride qt_row_stride),
-// the same bytes transposed through shared memory, and sft = sf^T (row-major [ceil(K/kBlock), ceil(N/kBlock)]):
-// the FP8 training linear's Dgrad operand (W^T per block) with its scales, with no second pass over w.
+// 0.5-1 TB/s). kTransposed: also writes qt [K, N] = q^T (row stride qt_row_stride), the same bytes transposed
+// through shared memory, and sft = sf^T (row-major [ceil(K/kBlock), ceil(N/kBlock)]): the FP8 training linear's
+// Dgrad operand (W^T per block) with its scales, with no second pass over w.
 // Two load paths with bit-identical results, each its own instantiation (in one kernel, the scalar path's 64 live
 // addresses set the register count of both):
 //   kVectorized (the host's choice where w's base and rows are 16-byte aligned and K is a whole number of vectors;
