@@ -23,7 +23,12 @@ from deepgemm.api.gemm import planned_spec
 from deepgemm.errors import CompileError
 from deepgemm.jit import compile_kernel
 from deepgemm.kernels.common.hopper import SMEM_CAPACITY, elem_bytes
-from deepgemm.kernels.quantize_fp8.launch import block_source, token_group_source, transposed_source
+from deepgemm.kernels.quantize_fp8.launch import (
+    block_source,
+    block_vector_layout,
+    token_group_source,
+    transposed_source,
+)
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import clusters_allowed, make_config, pipelined_for
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import max_stages
@@ -248,6 +253,20 @@ def test_narrow_last_block_is_a_config_field() -> None:
     assert full.label().endswith(" wide-last-n") and not narrow.label().endswith(" wide-last-n")
     assert render_source(full).code.count(" false, false>;") == 1  # kChunkedStore, kNarrowLastN = false
     assert compile_spec(full).resources.spill_stores == 0  # its static_assert: host and device agree on the box
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("block", [32, 64, 128])
+def test_per_block_vector_layout_agrees_with_the_kernel(dtype: torch.dtype, block: int) -> None:
+    """The host's block_vector_layout (which inputs may take the per-block quantizer's 16-byte path) says exactly what
+    the kernel's kCanVectorize does: where it says no, the vectorized build fails its static_assert; the default
+    source is the vectorized one wherever the layout allows it."""
+    vector = block_vector_layout(dtype.itemsize, block)
+    assert vector == (not (block == 32 and dtype.itemsize == 2))
+    assert block_source(dtype, block).label.endswith(" scalar") != vector
+    if not vector:
+        with pytest.raises(CompileError, match="no vectorized layout"):
+            compile_kernel(block_source(dtype, block, vectorized=True))
 
 
 def test_a_multicast_is_a_config_field() -> None:
