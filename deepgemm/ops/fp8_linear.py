@@ -24,11 +24,16 @@ from torch.autograd.function import once_differentiable
 
 from deepgemm.api import gemm as gemm_api
 from deepgemm.api import kgrouped as kgrouped_api
-from deepgemm.api import quant as quant_api
 from deepgemm.api.quant import INPUT_DTYPES
 from deepgemm.api.validation import require_dtype, require_same_device, require_tensor
 from deepgemm.ops.library import compiling
-from deepgemm.ops.quant import quantize_per_block
+from deepgemm.ops.quant import (
+    quantize_both_ways,
+    quantize_per_block,
+    quantize_per_block_transposed,
+    quantize_per_token_group,
+    quantize_transposed,
+)
 from deepgemm.utils import align_up
 
 BLOCK = 128
@@ -52,11 +57,11 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, o
     the tokens, zero-padded to `tokens` (Wgrad), W^T per block with its scales transposed (Dgrad)."""
     x_t = w_t = None
     if need_dw:  # x along the tokens too (Wgrad's operand), from the same read; saved in FP8 instead of x
-        x_q, x_sf, *x_t = _quantize_both(x, tokens)
+        x_q, x_sf, *x_t = quantize_both_ways(x, tokens)
     else:
-        x_q, x_sf = _quantize_groups(x)
+        x_q, x_sf = quantize_per_token_group(x, BLOCK)
     if need_dx:  # W^T per block (Dgrad's operand), written by the same pass
-        w_q, w_sf, *w_t = _quantize_weight_transposed(weight)
+        w_q, w_sf, *w_t = quantize_per_block_transposed(weight)
     else:
         w_q, w_sf = quantize_per_block(weight, BLOCK)
     y = _to(_gemm((x_q, x_sf), (w_q, w_sf), _gemm_dtype(out_dtype)), out_dtype)
@@ -91,12 +96,12 @@ class _Fp8Linear(torch.autograd.Function):
         dx = dw = db = None
         if dy.stride(-1) != 1:  # (e.g. the stride-0 gradient of a sum): one copy for both quantizers
             dy = dy.contiguous()
-        # dy's two quantizations as two kernels: for a gradient of N >= 2048 columns they ran faster than the
-        # both-ways kernel the forward uses for x (docs/performance.md, FP8 training)
+        # dy's two quantizations as two kernels: within a few % of the both-ways kernel the forward uses for x
+        # (docs/performance.md, FP8 training: an open lever)
         if need_dx:
-            dy_q, dy_sf = _quantize_groups(dy)
+            dy_q, dy_sf = quantize_per_token_group(dy, BLOCK)
         if need_dw:
-            dy_qt, dy_sft = _quantize_tokens(dy, tokens)
+            dy_qt, dy_sft = quantize_transposed(dy, tokens)
         if need_dx:  # dx = dy W: B = W^T [K, N] e4m3 with the block scales transposed
             dx = _to(_gemm((dy_q, dy_sf), (w_qt, w_sft), _gemm_dtype(ctx.x_dtype)), ctx.x_dtype)
         if need_dw:  # dW = dy^T x over the (zero-padded) tokens
@@ -113,36 +118,7 @@ def _needs(ctx: Any) -> tuple[bool, bool, bool]:
 
 # The step's kernels: the api functions when eager (host time), the custom ops when traced (AOT autograd traces
 # the backward in a strict mode that refuses the public wrappers' argument checks; the fake kernels check instead).
-def _quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if compiling():
-        q, sf = torch.ops.deepgemm.quantize_per_token_group(x, BLOCK)
-        return q, sf
-    return quant_api.quantize_per_token_group(x, BLOCK)
-
-
-def _quantize_tokens(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, C] -> x^T [C, tokens] quantized per 1x128 group along the tokens, zero-padded."""
-    if compiling():
-        qt, sft = torch.ops.deepgemm.quantize_transposed(x, tokens)
-        return qt, sft
-    return quant_api.quantize_transposed(x, tokens)
-
-
-def _quantize_both(x: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    if compiling():
-        q, sf, qt, sft = torch.ops.deepgemm.quantize_both_ways(x, tokens)
-        return q, sf, qt, sft
-    return quant_api.quantize_both_ways(x, tokens)
-
-
-def _quantize_weight_transposed(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q, sf) for Fprop and (q^T, sf^T) for Dgrad from one pass over w."""
-    if compiling():
-        q, sf, qt, sft = torch.ops.deepgemm.quantize_per_block_transposed(w)
-        return q, sf, qt, sft
-    return quant_api.quantize_per_block_transposed(w)
-
-
+# The quantizers are deepgemm.ops.quant's wrappers, which choose the same way.
 def _gemm(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype
           ) -> torch.Tensor:
     if compiling():

@@ -81,8 +81,8 @@ def test_stride_zero_gradient_and_no_grad_forward(seed: int, monkeypatch: pytest
     def refuse(*args: object) -> None:
         raise AssertionError("a forward without grad mode quantized x for a backward")
 
-    monkeypatch.setattr(fp8_linear_module, "_quantize_both", refuse)
-    monkeypatch.setattr(fp8_linear_module, "_quantize_weight_transposed", refuse)
+    monkeypatch.setattr(fp8_linear_module, "quantize_both_ways", refuse)
+    monkeypatch.setattr(fp8_linear_module, "quantize_per_block_transposed", refuse)
     with torch.no_grad():
         assert torch.equal(deepgemm.fp8_linear(x, w.clone().requires_grad_(), b), with_grad)
     with torch.inference_mode():
