@@ -210,3 +210,11 @@ def assert_wrong_ranks_raise_typed(op: Callable[..., object], args: tuple) -> in
                 raise AssertionError(f"argument {i} with shape {tuple(lower.shape)} was accepted (fake={fake})")
             cases += 1
     return cases
+
+
+def poison_allocator(nbytes: int, count: int = 2) -> None:
+    """Leave `count` freed blocks of `nbytes` 0xFF bytes (NaN in e4m3, float16, bfloat16 and float32) in the caching
+    allocator: the next allocations of that size (a kernel's outputs) reuse them, so an element a kernel never writes
+    reads NaN."""
+    blocks = [torch.full((nbytes,), 255, dtype=torch.uint8, device="cuda") for _ in range(count)]
+    del blocks

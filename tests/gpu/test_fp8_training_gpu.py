@@ -23,6 +23,7 @@ from tests.fp8_training_helpers import (
     weights,
 )
 from tests.gpu.guard import GpuGuard
+from tests.helpers import poison_allocator
 
 pytestmark = pytest.mark.gpu
 quick = pytest.mark.quick  # the quick GPU subset: one case of each kernel and every non-parametrized test
@@ -33,13 +34,6 @@ BOTH_WAYS = "deepgemm_quantize_both_ways"
 BLOCK_TRANSPOSED = "deepgemm_quantize_per_block_transposed"
 GEMM_1D2D = "deepgemm_fp8_gemm_1d2d"
 WGRAD = "deepgemm_fp8_gemm_kgrouped_1d1d"
-
-
-def poison_allocator(nbytes: int, count: int = 2) -> None:
-    """Leave `count` freed blocks of 0xFF bytes (NaN in e4m3 and float32) in the caching allocator: the next
-    allocations of that size reuse them (a kernel's q and q^T), so an element a kernel never writes reads NaN."""
-    blocks = [torch.full((nbytes,), 255, dtype=torch.uint8, device="cuda") for _ in range(count)]
-    del blocks
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

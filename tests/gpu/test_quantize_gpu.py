@@ -9,6 +9,7 @@ import deepgemm
 from deepgemm.kernels.quantize_fp8.launch import block_vectorizable
 from deepgemm.reference import quantize_per_block_reference, quantize_per_token_group_reference
 from tests.gpu.guard import GpuGuard
+from tests.helpers import poison_allocator
 
 pytestmark = pytest.mark.gpu
 
@@ -34,13 +35,6 @@ def test_per_block_matches_reference(n: int, k: int, dtype: torch.dtype) -> None
     q_ref, sf_ref = quantize_per_block_reference(w)
     assert torch.equal(sf.cpu(), sf_ref)
     assert torch.equal(q.cpu().view(torch.uint8), q_ref.view(torch.uint8))
-
-
-def poison_allocator(nbytes: int, count: int = 2) -> None:
-    """Leave `count` freed blocks of 0xFF bytes (NaN in e4m3 and float32) in the caching allocator for the next
-    allocations of about that size, so an output byte a kernel never writes reads NaN."""
-    blocks = [torch.full((nbytes,), 255, dtype=torch.uint8, device="cuda") for _ in range(count)]
-    del blocks
 
 
 def check_per_block(w: torch.Tensor, block: int, gpu_guard: GpuGuard) -> None:

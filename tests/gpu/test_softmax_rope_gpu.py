@@ -12,6 +12,7 @@ import torch
 import deepgemm
 from deepgemm.kernels.softmax.launch import softmax_shape
 from tests.gpu.guard import GpuGuard
+from tests.helpers import poison_allocator
 from tests.softmax_rope_helpers import (
     HALF_ULP,
     assert_rotation_close,
@@ -45,13 +46,6 @@ def cases(values: list[tuple], quick_ones: set[tuple], ids: list[str]) -> list:
 
 def forward_launches(guard: GpuGuard) -> int:
     return guard.launches(SOFTMAX) - guard.launches(SOFTMAX_BACKWARD)
-
-
-def poison_allocator(nbytes: int) -> None:
-    """Leave a freed NaN-filled block of `nbytes` in the caching allocator: the next allocation of that size (the
-    kernel's output) reuses it, so an element the kernel never writes reads NaN."""
-    block = torch.full((nbytes // 4,), NAN, dtype=FP32, device="cuda")
-    del block
 
 
 def scores(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -97,7 +91,7 @@ def test_softmax_matches_float64(dtype: torch.dtype, rows: int, n: int, gpu_guar
     """Every row class and row count gives float64's softmax(scale x) within the dtype's rounding, writes every
     element (the output's memory held NaN), and is one launch."""
     x = scores((rows, n), dtype)
-    poison_allocator(x.nbytes)
+    poison_allocator(x.nbytes, count=1)
     before = forward_launches(gpu_guard)
     y = deepgemm.softmax(x, scale=0.3)
     torch.cuda.synchronize()
@@ -163,7 +157,7 @@ def test_causal_softmax(shape: tuple[int, int, int, int], dtype: torch.dtype, gp
     """causal=True hides key j from query i where j > i + n - sq (bottom-right aligned): hidden keys are exactly
     0, queries that see no key are zero rows, the rest is float64's masked softmax; every element written."""
     x = scores(shape, dtype)
-    poison_allocator(x.nbytes)
+    poison_allocator(x.nbytes, count=1)
     before = forward_launches(gpu_guard)
     y = deepgemm.softmax(x, scale=0.2, causal=True)
     torch.cuda.synchronize()
@@ -260,7 +254,7 @@ def test_softmax_backward_through_autograd(rows: int, n: int, causal: bool, dtyp
     x = scores((rows, n), dtype).requires_grad_()
     grad = torch.randn(rows, n, device="cuda").to(dtype)
     y = deepgemm.softmax(x, scale=-0.4, causal=causal)
-    poison_allocator(x.nbytes)
+    poison_allocator(x.nbytes, count=1)
     y.backward(grad)
     torch.cuda.synchronize()
     assert forward_launches(gpu_guard) == 1 and gpu_guard.launches(SOFTMAX_BACKWARD) == 1
