@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests files sanitize host sass bench moe repeat breadth grouped kgrouped kgtiles maskedtiles bf16grouped twins ncu ncusource ncugrouped split bf16split clusters tiles placement pdl floor ab nn route block racecheck bf16 fused training all
+# Steps: install smoke tests files sanitize host sass bench moe repeat breadth grouped kgrouped kgtiles maskedtiles bf16grouped twins ncu ncusource ncugrouped split bf16split clusters tiles placement pdl floor readfloor ab nn route block racecheck bf16 fused training all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times other trees, carried under .ab (dev/rename_package.sh; AB_TREES names them, default deepgemm_old), interleaved
@@ -317,6 +317,12 @@ fi
 # (dev/harness_floor.py $FLOOR_ARGS).
 if has floor; then
   timeout "$(left "${FLOOR_TIMEOUT:-200}")" python3 dev/harness_floor.py ${FLOOR_ARGS:-} 2>&1 | tee "$OUT/floor.md"
+fi
+# readfloor: dev/read_floor.py $READFLOOR_ARGS (decode GEMMs and their peers against a kernel that only reads the
+# bytes they must move, interleaved, under both flushes).
+if has readfloor; then
+  ( [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh
+    timeout "$(left "${READFLOOR_TIMEOUT:-300}")" python3 dev/read_floor.py ${READFLOOR_ARGS:-} 2>&1 | tee "$OUT/read_floor.md" )
 fi
 # tiles: dev/dense_tile_ab.py $TILE_ARGS (default: the twelve M <= 128 DeepSeek-V3 shapes on a spread of tiles), the
 # model's pick and DeepGEMM HEAD interleaved; DG_PRINT_CONFIGS=1 shows DeepGEMM's config per shape; `--trees` finds the
