@@ -3,8 +3,9 @@ against cuBLAS (torch.matmul) and DeepGEMM HEAD (when importable), all interleav
 (CUDA-graph replay, L2 flushed before each call, median of 30). Each output is checked against float64.
 Prints a markdown table: µs, GB/s (A + B + D once), % of the 4.3 TB/s copy rate, best peer µs / ours.
 Usage: bench_bf16_split.py [--layout=L] [MxNxK[:bm,bn[,s];...] ...]   (default: the DeepSeek-V3 decode shapes and a
-few Llama / Qwen ones; explicit tiles are plain, split-K with ",s", or plain on the full grid with ",u"; a pick with a
-balanced grid is also timed on the full grid)
+few Llama / Qwen ones; explicit tiles are plain, split-K with ",s", plain on the full grid with ",u", or plain with a
+chunked epilogue with ",k": 128-byte output rows per staging buffer, or the widest 8-column multiple below that which
+divides block_n, and as many stages as then fit; a pick with a balanced grid is also timed on the full grid)
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def candidates(m: int, n: int, k: int, layout: str, sms: int,
     """(name, config): the model's pick, its best plain tile (if the pick splits), split builds that split, the pick
     on the full grid (if its grid is balanced), and the explicit tiles ("s": split-K, "u": on the full grid)."""
     from deepgemm.kernels.common.split_scratch import split_tail_ranges
-    from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config, ranked_configs
+    from deepgemm.kernels.sm90_bf16_gemm.config import store_chunk_columns
+    from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config, ranked_configs, stages_for
     from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem
     from deepgemm.utils import ceil_div
 
@@ -53,7 +55,11 @@ def candidates(m: int, n: int, k: int, layout: str, sms: int,
         config = make_config(problem, bm, bn, split_k=mode == "s")
         if mode == "u":
             config = dataclasses.replace(config, balanced_grid=False)
-        out.append(("split" if mode == "s" else "tile", config))
+        if mode == "k":
+            store_n = store_chunk_columns(bn, problem.out_bytes)
+            config = dataclasses.replace(config, store_n=store_n,
+                                         num_stages=stages_for(bm, bn, problem.out_bytes, store_n=store_n))
+        out.append(({"s": "split", "k": "chunked"}.get(mode, "tile"), config))
     return out
 
 

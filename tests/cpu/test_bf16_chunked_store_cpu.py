@@ -1,5 +1,6 @@
 """The BF16 chunked epilogue and the k-grouped build rules on the host (no GPU): which tiles store in 128-byte column
-chunks (wide FP32 tiles whose whole staging buffer would leave fewer than three stages), the shared-memory mirror of
+chunks (wide FP32 tiles whose whole staging buffer would leave fewer than three stages, BF16 output's 128 x 256 for a
+fourth stage), the shared-memory mirror of
 the kernel's staging, the rendered template argument, the k-grouped raster band, C = out as its own addend kind, and
 that a one-group k-grouped launch never plans split-K (dense decode sizes only)."""
 
@@ -13,8 +14,8 @@ import torch
 from deepgemm.kernels.common.kind import GemmKind
 from deepgemm.kernels.sm90_bf16_gemm.config import (bf16_smem_bytes, store_buffer_bytes, store_chunk_columns,
                                                     warpgroup_store_bytes)
-from deepgemm.kernels.sm90_bf16_gemm.cost_model import (MIN_STAGES, Bf16Problem, choose_config, stages_for,
-                                                         store_n_for, tile_allowed)
+from deepgemm.kernels.sm90_bf16_gemm.cost_model import (BF16_CHUNKED_BELOW_STAGES, MIN_STAGES, Bf16Problem,
+                                                         choose_config, stages_for, store_n_for, tile_allowed)
 from deepgemm.kernels.sm90_bf16_gemm.plan import Bf16Geometry, grouped_spec
 from deepgemm.kernels.sm90_bf16_gemm.spec import (ADDEND_FP32, ADDEND_IN_PLACE, ADDEND_NONE, Bf16GemmSpec,
                                                   addend_kind, render_source)
@@ -26,6 +27,19 @@ def tn_fp32(m: int, n: int, k: int) -> Bf16Problem:
     return Bf16Problem(m, n, k, True, False, 4, 0, 132)
 
 
+def test_bf16_output_chunks_only_where_a_fourth_stage_fits() -> None:
+    # 128 x 256 BF16: the whole 32 KB-per-warpgroup buffer leaves 3 stages; 64-column chunks leave 4.
+    chunked = {(bm, bn): store_n_for(bm, bn, 2) for bm in (64, 128) for bn in range(8, 257, 8) if store_n_for(bm, bn, 2)}
+    assert chunked == {(128, 256): 64}
+    assert stages_for(128, 256, 2) == BF16_CHUNKED_BELOW_STAGES - 1
+    assert stages_for(128, 256, 2, store_n=64) == BF16_CHUNKED_BELOW_STAGES
+    # Split-K builds keep the whole buffer; so do tiles whose chunks would not be whole 128-byte rows (128 x 224).
+    assert store_n_for(128, 256, 2, split_k=True) == 0
+    assert stages_for(128, 224, 2) < BF16_CHUNKED_BELOW_STAGES and store_n_for(128, 224, 2) == 0
+    config = choose_config(Bf16Problem(4096, 4096, 7168, False, False, 2, 0, 132))
+    assert (config.block_m, config.block_n, config.store_n, config.num_stages) == (128, 256, 64, 4), config
+
+
 def test_wide_fp32_tiles_store_in_128_byte_chunks() -> None:
     # 128 x 256 FP32: the whole 64 KB-per-warpgroup buffer leaves 2 stages; chunks of 32 columns leave 4.
     assert stages_for(128, 256, 4) < MIN_STAGES
@@ -33,9 +47,8 @@ def test_wide_fp32_tiles_store_in_128_byte_chunks() -> None:
     assert stages_for(128, 256, 4, store_n=32) == 4
     assert warpgroup_store_bytes(256, 4, 32) == 2 * store_buffer_bytes(32, 4) == 16384
     assert tile_allowed(tn_fp32(4096, 4096, 4096), 128, 256)
-    # Tiles whose whole buffer fits three stages keep it, and BF16 output never chunks.
+    # Tiles whose whole buffer fits three stages keep it.
     assert store_n_for(128, 192, 4) == 0 and store_n_for(128, 128, 4) == 0
-    assert all(store_n_for(bm, bn, 2) == 0 for bm in (64, 128) for bn in range(16, 257, 16))
     # A width that is no whole number of 128-byte chunks keeps its buffer and stays out (too few stages).
     assert store_chunk_columns(240, 4) == 24 and store_n_for(128, 240, 4) == 0
     assert not tile_allowed(tn_fp32(4096, 4096, 4096), 128, 240)

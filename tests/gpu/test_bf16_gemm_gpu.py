@@ -104,6 +104,40 @@ def test_bitwise_repeatable(layout: str, seed: int, gpu_guard) -> None:
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("c_dtype", [None, torch.bfloat16, torch.float32])
+def test_chunked_epilogue_matches_the_whole_tile_store(layout: str, c_dtype: torch.dtype | None, seed: int,
+                                                      gpu_guard) -> None:
+    """BF16 output's 128 x 256 tile stores in 64-column chunks (4 stages) where its whole staging buffer leaves 3
+    (cost_model.store_n_for). Both forms compute the same tile sums, so they agree bit for bit, also on partial tiles:
+    M ends inside a tile, and N = 2056 leaves a last tile of 8 columns, whose later chunks lie wholly past N."""
+    import dataclasses
+
+    from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config
+    from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem, get_bf16_plan
+
+    shapes = [(4097 if layout[0] == "n" else 4104, 2056, 1024)] + ([(1000, 4096, 7168)] if c_dtype is None else [])
+    for m, n, k in shapes:
+        a, b = bf16_layout_operands(layout, m, n, k)
+        c = None if c_dtype is None else torch.randn(m, n, device="cuda").to(c_dtype)
+        chunked = make_config(bf16_problem(m, n, k, layout, torch.bfloat16, c_dtype, 132), 128, 256)
+        assert (chunked.store_n, chunked.num_stages) == (64, 4), chunked
+        whole = dataclasses.replace(chunked, store_n=0, num_stages=3)
+        outs = []
+        for config in (chunked, whole):
+            plan = get_bf16_plan(0, m, n, k, layout, torch.bfloat16, c_dtype, config)
+            out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            before = gpu_guard.launches(ENTRY)
+            plan.launch(a, b, out, c)
+            torch.cuda.synchronize()
+            assert gpu_guard.launches(ENTRY) == before + 1
+            outs.append(out)
+        label = f"{layout} {m}x{n}x{k} c={c_dtype} chunked"
+        check_bf16_gemm(outs[0], bf16_gemm_reference(a, b, layout, c, torch.float64), label)
+        assert torch.equal(outs[0], outs[1]), f"{label}: the chunked and whole-tile stores differ"
+
+
+@pytest.mark.quick
 @pytest.mark.parametrize("layout", ["nt", "tt"])
 def test_balanced_grid_gives_every_cta_the_same_tiles(layout: str, seed: int, gpu_guard) -> None:
     """Dense unsplit plans with K >= 1024 launch the fewest CTAs that keep the wave count (4096 x 2112 in 128 x 176

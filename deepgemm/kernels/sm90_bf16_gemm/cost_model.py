@@ -37,9 +37,15 @@ MIN_STAGES = 3
 # FP32 output through one whole-tile staging buffer that leaves 3 stages (128 x 192, 128 x 176) ran 13-15% slower
 # than 128 x 256 with the chunked epilogue (4 stages) where the model had them level (H200, 2026-12-02, k-grouped
 # 4 x ~4096 M = N = 4096: 987.8 vs 857.9 us; 8 x ~4096 M = N = 7168: 6001.9 vs 5305.9; dense FP32 out: the chunked
-# 128 x 256 7-18% faster than the best unchunked pick). BF16 output's 128 x 256 at 3 stages is not affected.
+# 128 x 256 7-18% faster than the best unchunked pick). BF16 output: BF16_CHUNKED_BELOW_STAGES.
 FP32_FULL_STAGES = 4
 FP32_FEW_STAGES_FACTOR = 1.12
+# BF16 output is staged in 64-column (128-byte) chunks where the whole tile's buffer leaves fewer stages than this and
+# chunks add one: 128 x 256 runs 4 stages instead of 3. H100, 2026-12-06, dev/bench_bf16_split.py `,k` interleaved
+# against the 3-stage build, 4096 x 4096 x 7168: 0.5-3.0% faster in all four layouts over six runs (NT 300.9 -> 293.1
+# us). Chunks of other widths lost: 128 x 224 in 56-column chunks 21% slower at 4096 x 32768 x 512, 128 x 176 in
+# 16-column chunks level to 1.5% slower. Stages do not enter the BF16 estimate, so no pick moves.
+BF16_CHUNKED_BELOW_STAGES = 4
 MAX_STAGES = 16  # memory-bound tiles keep more bytes in flight per SM
 SPLIT_MIN_K_BLOCKS = 8     # split-K: 64-deep K blocks per range at least (the ring's fill is paid per range)
 DECODE_MAX_M = 128         # dense M up to this: split-K applies
@@ -92,12 +98,16 @@ def stages_for(block_m: int, block_n: int, out_bytes: int, split_k: bool = False
 
 def store_n_for(block_m: int, block_n: int, out_bytes: int, split_k: bool = False) -> int:
     """0 (one staging buffer per warpgroup) unless the whole tile's buffer would leave fewer than MIN_STAGES stages
-    (wide FP32 tiles: 128 x 256 keeps 2): then chunks of 128-byte rows through two small buffers (tiles that are
-    whole 128-byte chunks only; others keep the whole buffer and are not allowed)."""
-    if stages_for(block_m, block_n, out_bytes, split_k) >= MIN_STAGES:
+    (FP32 output: 128 x 256 keeps 2) or, with BF16 output and no split, fewer than BF16_CHUNKED_BELOW_STAGES
+    (128 x 256 keeps 3): then chunks of 128-byte rows through two small buffers where that adds a stage. Only tiles of
+    whole 128-byte chunks chunk; the others keep the whole buffer, and below MIN_STAGES are not allowed."""
+    whole = stages_for(block_m, block_n, out_bytes, split_k)
+    if whole >= (MIN_STAGES if out_bytes == 4 or split_k else BF16_CHUNKED_BELOW_STAGES):
         return 0
     chunk = store_chunk_columns(block_n, out_bytes)
-    return chunk if chunk == 128 // out_bytes and chunk < block_n else 0
+    if chunk != 128 // out_bytes or chunk >= block_n:
+        return 0
+    return chunk if stages_for(block_m, block_n, out_bytes, split_k, chunk) > whole else 0
 
 
 def split_k_ranges(problem: Bf16Problem, block_m: int, block_n: int) -> int:
