@@ -1,8 +1,8 @@
 """The BF16 chunked epilogue and the k-grouped build rules on the host (no GPU): which tiles store in 128-byte column
 chunks (wide FP32 tiles whose whole staging buffer would leave fewer than three stages, BF16 output's 128 x 256 for a
-fourth stage), the shared-memory mirror of
-the kernel's staging, the rendered template argument, the k-grouped raster band, C = out as its own addend kind, and
-that a one-group k-grouped launch never plans split-K (dense decode sizes only)."""
+fourth stage), the shared-memory mirror of the kernel's staging, the rendered template argument, the k-grouped raster
+band, C = out as its own addend kind, and that a one-group k-grouped launch never plans split-K (dense decode sizes
+only)."""
 
 from __future__ import annotations
 
