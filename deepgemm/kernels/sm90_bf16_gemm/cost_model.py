@@ -43,8 +43,9 @@ FP32_FEW_STAGES_FACTOR = 1.12
 # BF16 output is staged in 64-column (128-byte) chunks where the whole tile's buffer leaves fewer stages than this and
 # chunks add one: 128 x 256 runs 4 stages instead of 3. H100, 2026-12-06, dev/bench_bf16_split.py `,k` interleaved
 # against the 3-stage build, 4096 x 4096 x 7168: 0.5-3.0% faster in all ten timings over the four layouts (NT
-# 300.9 -> 293.1 us); the masked 128 x 256 MoE cases 0.96-0.97 -> 1.02-1.03 of DeepGEMM HEAD. Chunks of other widths lost: 128 x 224 in 56-column chunks 21% slower at 4096 x 32768 x 512, 128 x 176 in
-# 16-column chunks level to 1.5% slower. Stages do not enter the BF16 estimate, so no pick moves.
+# 300.9 -> 293.1 us); the masked 128 x 256 MoE cases went from 0.96-0.97 to 1.02-1.03 of DeepGEMM HEAD. Chunks of
+# other widths lost: 128 x 224 in 56-column chunks 21% slower at 4096 x 32768 x 512, 128 x 176 in 16-column chunks
+# level to 1.5% slower. Stages do not enter the BF16 estimate, so no pick moves.
 BF16_CHUNKED_BELOW_STAGES = 4
 MAX_STAGES = 16  # memory-bound tiles keep more bytes in flight per SM
 SPLIT_MIN_K_BLOCKS = 8     # split-K: 64-deep K blocks per range at least (the ring's fill is paid per range)
