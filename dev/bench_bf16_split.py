@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -96,7 +97,7 @@ def main() -> None:
         b = torch.randn((n, k) if layout[1] == "t" else (k, n), device="cuda").to(torch.bfloat16)
         ref = product(a.double(), b.double())
         rows: list[tuple[str, str, int, Any]] = []
-        fns = []
+        fns: list[Callable[[], Any]] = []
         for name, config in candidates(m, n, k, layout, sms, explicit):
             plan = get_bf16_plan(0, m, n, k, layout, torch.bfloat16, None, config)
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
