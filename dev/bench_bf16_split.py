@@ -11,6 +11,7 @@ divides block_n, and as many stages as then fit; a pick with a balanced grid is 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 from collections.abc import Callable
@@ -102,7 +103,7 @@ def main() -> None:
             plan = get_bf16_plan(0, m, n, k, layout, torch.bfloat16, None, config)
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             rows.append((name, config.label(), plan.splits, out))
-            fns.append(lambda plan=plan, out=out: plan.launch(a, b, out))
+            fns.append(functools.partial(plan.launch, a, b, out))
         cublas_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         rows.append(("cublas", "torch.matmul", 1, cublas_out))
         a_view, b_view = a if layout[0] == "n" else a.t(), b.t() if layout[1] == "t" else b  # D = a_view @ b_view
