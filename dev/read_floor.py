@@ -100,14 +100,16 @@ def main() -> None:
             for shape in args.shapes:
                 m, n, k = (int(v) for v in shape.split("x"))
                 problem = make_problem((m, n, k), precision, device="cuda", seed=args.seed)
-                fns, labels = [], []
+                fns, labels, moved = [], [], []
                 for impl in impls:
                     try:
-                        fns.append(impl.prepare(problem).fn)
-                        labels.append(impl.name)
+                        prepared = impl.prepare(problem)
                     except Unavailable:
-                        pass
-                nbytes = impls[0].prepare(problem).bytes // 16 * 16
+                        continue
+                    fns.append(prepared.fn)
+                    labels.append(impl.name)
+                    moved.append(prepared.bytes)
+                nbytes = moved[0] // 16 * 16  # ours (first): A, B, D and scales
                 readers = {c: reader(nbytes, c * sms) for c in CTAS_PER_SM}
                 probe = bench_gpu_interleaved(list(readers.values()), iters=args.iters, flush_mode=flush_mode)
                 best_ctas = min(zip(CTAS_PER_SM, probe), key=lambda pair: pair[1].median_us)[0]
