@@ -5,7 +5,8 @@
                                         several packages (variants) are timed together; --only keeps the cases
                                         whose label contains one of the substrings; --m adds dense
                                         cases at these M for the suite's (N, K); --more adds the
-                                        k-grouped FP8 / BF16 Wgrad cases, BF16 contiguous and dense BF16 (NT, TN);
+                                        k-grouped FP8 / BF16 Wgrad cases, BF16 contiguous and masked,
+                                        and dense BF16 (NT, TN);
                                         every tree's FP8 kernels are compiled first, all cores at once
                                         (--compile-only: only that, no GPU needed)
 
@@ -164,7 +165,7 @@ def precompile(trees: list, shapes: list, contiguous: list, masked: list) -> Non
 # Dense BF16 shapes of --more: the M = 4096 suite shapes, and decode, mid-M and large-M shapes whose tile picks are
 # near ties in the BF16 cost model.
 BF16_DENSE = ((4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (4096, 7168, 16384), (4096, 24576, 1536),
-              (4096, 32768, 512), (32768, 4096, 7168),
+              (4096, 32768, 512), (32768, 4096, 7168), (8192, 8192, 8192),
               (2048, 7168, 2048), (2048, 8192, 8192), (512, 4096, 7168), (256, 4096, 7168), (256, 7168, 2048),
               (128, 4096, 7168), (128, 7168, 2048), (64, 4096, 7168))
 
@@ -181,8 +182,8 @@ def precompile_bf16(trees: list, cases: list[tuple[str, int, int, int]]) -> None
 
 
 def more_cases(trees: list, keep) -> None:  # noqa: ANN001 - modules, a label filter
-    """k-grouped FP8 (C = out, FP32) and BF16 (C = out) Wgrad, BF16 contiguous (the FP8 cases' counts), and dense BF16
-    NT / TN into BF16."""
+    """k-grouped FP8 (C = out, FP32) and BF16 (C = out) Wgrad, BF16 contiguous and masked (the FP8 cases' counts), and
+    dense BF16 NT / TN into BF16."""
     rng = random.Random(0)
     for groups, tokens, m, n in ((4, 8192, 4096, 7168), (8, 4096, 7168, 2048)):
         ks = group_tokens(groups, tokens, rng)
@@ -211,6 +212,17 @@ def more_cases(trees: list, keep) -> None:  # noqa: ANN001 - modules, a label fi
             outs = [torch.empty(m_indices.numel(), case.n, dtype=torch.bfloat16, device="cuda") for _ in trees]
             calls = [lambda t=t, o=o: t.m_grouped_bf16_gemm_nt_contiguous(a, b, o, m_indices) for t, o in zip(trees, outs)]
             print(row(label, calls, outs, None, 2 * sum(case.counts) * case.n * case.k), flush=True)
+    for case in issue5_cases()[1]:
+        label = f"bf16 {case.label}"
+        if keep(label):
+            a = torch.randn(case.groups, case.max_m, case.k, device="cuda").to(torch.bfloat16)
+            b = torch.randn(case.groups, case.n, case.k, device="cuda").to(torch.bfloat16)
+            masked_m = torch.tensor(case.counts, dtype=torch.int32, device="cuda")
+            valid = torch.arange(case.max_m, device="cuda")[None, :] < masked_m[:, None]
+            outs = [torch.empty(case.groups, case.max_m, case.n, dtype=torch.bfloat16, device="cuda") for _ in trees]
+            calls = [lambda t=t, o=o: t.m_grouped_bf16_gemm_nt_masked(a, b, o, masked_m, case.expected)
+                     for t, o in zip(trees, outs)]
+            print(row(label, calls, outs, valid, 2 * sum(case.counts) * case.n * case.k), flush=True)
     precompile_bf16(trees, [(layout, m, n, k) for layout in ("nt", "tn") for m, n, k in BF16_DENSE
                             if keep(f"bf16 {layout} {m}x{n}x{k}")])
     for layout in ("nt", "tn"):

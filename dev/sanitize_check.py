@@ -184,6 +184,31 @@ def bf16() -> None:
             print(f"sanitize bf16_gemm_{layout} m={m} n={n} k={k} out={out_dtype} c={c_dtype}: calc_diff={diff:.2e}")
             assert diff < 1e-4
     bf16_split_k()
+    bf16_chunked()
+
+
+def bf16_chunked() -> None:
+    """Forced BF16-output chunked stores (cost_model.store_n_for): 128 x 224 in 32-column and 128 x 256 in 64-column
+    chunks, with an M tail and an N tail whose last chunks lie past N; a BF16 C on the second."""
+    from deepgemm.kernels.common.device import sm_count
+    from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config
+    from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem, get_bf16_plan
+    from deepgemm.reference import bf16_gemm_reference
+
+    for m, n, k, bn, c_dtype in ((300, 2056, 512, 224, None), (129, 2056, 200, 256, torch.bfloat16)):
+        problem = bf16_problem(m, n, k, "nt", torch.bfloat16, c_dtype, sm_count(0))
+        config = make_config(problem, 128, bn)
+        assert config.store_n == {224: 32, 256: 64}[bn], config
+        plan = get_bf16_plan(0, m, n, k, "nt", torch.bfloat16, c_dtype, config)
+        a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        b = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+        c = None if c_dtype is None else torch.randn(m, n, device="cuda").to(c_dtype)
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        plan.launch(a, b, out, c)
+        torch.cuda.synchronize()
+        diff = deepgemm.calc_diff(out.double(), bf16_gemm_reference(a, b, "nt", c, torch.float64))
+        print(f"sanitize {plan.spec.label()} m={m} n={n} k={k} c={c_dtype}: calc_diff={diff:.2e}")
+        assert diff < 1e-4
 
 
 def bf16_split_k() -> None:
@@ -210,7 +235,8 @@ def bf16_split_k() -> None:
 
 def bf16_grouped() -> None:
     """BF16 grouped kinds at their edges: contiguous with padding rows and an empty expert (N tail), masked with
-    counts 0 / 1 / 65 / max_m, k-grouped with an M tail (3-D stores clipped per group) and an empty group."""
+    counts 0 / 1 / 65 / max_m and on a chunked BF16-output tile, k-grouped with an M tail (3-D stores clipped per
+    group) and an empty group."""
     from deepgemm.reference import (k_grouped_bf16_reference, m_grouped_bf16_contiguous_reference,
                                     m_grouped_bf16_masked_reference)
 
@@ -227,17 +253,21 @@ def bf16_grouped() -> None:
     print(f"sanitize m_grouped_bf16 contiguous rows={rows} n={n} k={k}: calc_diff={diff:.2e}")
     assert diff < 1e-4 and not out.isnan().any()
 
-    counts = [0, 1, 65, 128]
-    a = torch.randn(len(counts), 128, k, device="cuda").to(torch.bfloat16)
-    masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
-    out = torch.full((len(counts), 128, n), float("nan"), dtype=torch.float32, device="cuda")
-    deepgemm.m_grouped_bf16_gemm_nt_masked(a, b, out, masked_m, 64)
-    torch.cuda.synchronize()
-    ref = m_grouped_bf16_masked_reference(a, b, masked_m, torch.float64)
-    valid = torch.arange(128, device="cuda")[None, :] < masked_m[:, None]
-    diff = deepgemm.calc_diff(out[valid].double(), ref[valid])
-    print(f"sanitize m_grouped_bf16 masked counts={counts} n={n} k={k}: calc_diff={diff:.2e}")
-    assert diff < 1e-4
+    # Masked: counts 0 / 1 / 65 / max_m into FP32, and BF16 output on the model's 128 x 224 tile (32-column chunks)
+    # with an N tail (7160 = 31 x 224 + 216).
+    for counts, max_m, n, k, out_dtype, expected_m in (([0, 1, 65, 128], 128, 2056, 1000, torch.float32, 64),
+                                                        ([1000, 65], 1024, 7160, 2048, torch.bfloat16, 512)):
+        a = torch.randn(len(counts), max_m, k, device="cuda").to(torch.bfloat16)
+        b = torch.randn(len(counts), n, k, device="cuda").to(torch.bfloat16)
+        masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        out = torch.full((len(counts), max_m, n), float("nan"), dtype=out_dtype, device="cuda")
+        deepgemm.m_grouped_bf16_gemm_nt_masked(a, b, out, masked_m, expected_m)
+        torch.cuda.synchronize()
+        ref = m_grouped_bf16_masked_reference(a, b, masked_m, torch.float64)
+        valid = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
+        diff = deepgemm.calc_diff(out[valid].double(), ref[valid])
+        print(f"sanitize m_grouped_bf16 masked counts={counts} n={n} k={k} out={out_dtype}: calc_diff={diff:.2e}")
+        assert diff < 1e-4
 
     # C as out (reduce-add stores) and a separate C (loaded in the epilogue).
     ks = [256, 0, 384, 128]

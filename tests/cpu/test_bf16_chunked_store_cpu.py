@@ -1,8 +1,8 @@
-"""The BF16 chunked epilogue and the k-grouped build rules on the host (no GPU): which tiles store in 128-byte column
-chunks (wide FP32 tiles whose whole staging buffer would leave fewer than three stages, BF16 output's 128 x 256 for a
-fourth stage), the shared-memory mirror of the kernel's staging, the rendered template argument, the k-grouped raster
-band, C = out as its own addend kind, and that a one-group k-grouped launch never plans split-K (dense decode sizes
-only)."""
+"""The BF16 chunked epilogue and the k-grouped build rules on the host (no GPU): which tiles store in column chunks
+(wide FP32 tiles whose whole staging buffer would leave fewer than three stages, in 128-byte chunks; BF16 output's
+128 x 256 and 128 x 224 for a fourth stage, in 128- and 64-byte chunks), the shared-memory mirror of the kernel's
+staging, the rendered template argument, the k-grouped raster band, C = out as its own addend kind, and that a
+one-group k-grouped launch never plans split-K (dense decode sizes only)."""
 
 from __future__ import annotations
 
@@ -28,16 +28,20 @@ def tn_fp32(m: int, n: int, k: int) -> Bf16Problem:
 
 
 def test_bf16_output_chunks_only_where_a_fourth_stage_fits() -> None:
-    # 128 x 256 BF16: the whole 32 KB-per-warpgroup buffer leaves 3 stages; 64-column chunks leave 4.
+    # 128 x 256 BF16: the whole 32 KB-per-warpgroup buffer leaves 3 stages; 64-column chunks leave 4. 128 x 224: 28 KB
+    # leave 3; 32-column (64-byte) chunks leave 4.
     chunked = {(bm, bn): store_n_for(bm, bn, 2) for bm in (64, 128) for bn in range(8, 257, 8) if store_n_for(bm, bn, 2)}
-    assert chunked == {(128, 256): 64}
-    assert stages_for(128, 256, 2) == BF16_CHUNKED_BELOW_STAGES - 1
-    assert stages_for(128, 256, 2, store_n=64) == BF16_CHUNKED_BELOW_STAGES
-    # Split-K builds keep the whole buffer; so do tiles whose chunks would not be whole 128-byte rows (128 x 224).
+    assert chunked == {(128, 256): 64, (128, 224): 32}
+    for (block_m, block_n), store_n in chunked.items():
+        assert stages_for(block_m, block_n, 2) == BF16_CHUNKED_BELOW_STAGES - 1
+        assert stages_for(block_m, block_n, 2, store_n=store_n) == BF16_CHUNKED_BELOW_STAGES
+    # Split-K builds keep the whole buffer; so do tiles whose chunks would be narrower than 64 bytes (128 x 240).
     assert store_n_for(128, 256, 2, split_k=True) == 0
-    assert stages_for(128, 224, 2) < BF16_CHUNKED_BELOW_STAGES and store_n_for(128, 224, 2) == 0
+    assert store_chunk_columns(240, 2) == 16 and stages_for(128, 240, 2) == 3 and store_n_for(128, 240, 2) == 0
     config = choose_config(Bf16Problem(4096, 4096, 7168, False, False, 2, 0, 132))
     assert (config.block_m, config.block_n, config.store_n, config.num_stages) == (128, 256, 64, 4), config
+    config = choose_config(Bf16Problem(1024, 7168, 2048, False, False, 2, 0, 132, 1, m_grouped=True))
+    assert (config.block_m, config.block_n, config.store_n, config.num_stages) == (128, 224, 32, 4), config
 
 
 def test_wide_fp32_tiles_store_in_128_byte_chunks() -> None:
@@ -50,7 +54,7 @@ def test_wide_fp32_tiles_store_in_128_byte_chunks() -> None:
     # Tiles whose whole buffer fits three stages keep it.
     assert store_n_for(128, 192, 4) == 0 and store_n_for(128, 128, 4) == 0
     # A width that is no whole number of 128-byte chunks keeps its buffer and stays out (too few stages).
-    assert store_chunk_columns(240, 4) == 24 and store_n_for(128, 240, 4) == 0
+    assert store_chunk_columns(240, 4) == 16 and store_n_for(128, 240, 4) == 0
     assert not tile_allowed(tn_fp32(4096, 4096, 4096), 128, 240)
 
 

@@ -4,6 +4,8 @@ bitwise repeats, CUDA-graph replay, and the backward against float64 gradients. 
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -108,20 +110,23 @@ def test_bitwise_repeatable(layout: str, seed: int, gpu_guard) -> None:
 @pytest.mark.parametrize("c_dtype", [None, torch.bfloat16, torch.float32])
 def test_chunked_epilogue_matches_the_whole_tile_store(layout: str, c_dtype: torch.dtype | None, seed: int,
                                                       gpu_guard) -> None:
-    """BF16 output's 128 x 256 tile stores in 64-column chunks (4 stages) where its whole staging buffer leaves 3
-    (cost_model.store_n_for). Both forms compute the same tile sums, so they agree bit for bit, also on partial tiles:
-    M ends inside a tile, and N = 2056 leaves a last tile of 8 columns, whose later chunks lie wholly past N."""
+    """BF16 output stores in chunks where its whole staging buffer leaves 3 stages (cost_model.store_n_for): 128 x 256
+    in 64-column chunks and, where B is K-major (block_n a multiple of 16), 128 x 224 in 32-column chunks, both at 4
+    stages. Both forms compute the same tile sums, so they agree bit for bit, also on partial tiles: M ends inside a
+    tile, and N = 2056 leaves a last tile of 8 (256) or 40 (224) columns, whose later chunks lie wholly past N."""
     import dataclasses
 
     from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config
     from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem, get_bf16_plan
+    from deepgemm.kernels.sm90_bf16_gemm.spec import b_mn_major
 
+    tiles = [(256, 64)] + ([] if b_mn_major(layout) else [(224, 32)])
     shapes = [(4097 if layout[0] == "n" else 4104, 2056, 1024)] + ([(1000, 4096, 7168)] if c_dtype is None else [])
-    for m, n, k in shapes:
+    for (m, n, k), (block_n, store_n) in itertools.product(shapes, tiles):
         a, b = bf16_layout_operands(layout, m, n, k)
         c = None if c_dtype is None else torch.randn(m, n, device="cuda").to(c_dtype)
-        chunked = make_config(bf16_problem(m, n, k, layout, torch.bfloat16, c_dtype, 132), 128, 256)
-        assert (chunked.store_n, chunked.num_stages) == (64, 4), chunked
+        chunked = make_config(bf16_problem(m, n, k, layout, torch.bfloat16, c_dtype, 132), 128, block_n)
+        assert (chunked.store_n, chunked.num_stages) == (store_n, 4), chunked
         whole = dataclasses.replace(chunked, store_n=0, num_stages=3)
         outs = []
         for config in (chunked, whole):
@@ -132,7 +137,7 @@ def test_chunked_epilogue_matches_the_whole_tile_store(layout: str, c_dtype: tor
             torch.cuda.synchronize()
             assert gpu_guard.launches(ENTRY) == before + 1
             outs.append(out)
-        label = f"{layout} {m}x{n}x{k} c={c_dtype} chunked"
+        label = f"{layout} {m}x{n}x{k} c={c_dtype} 128x{block_n} chunked"
         check_bf16_gemm(outs[0], bf16_gemm_reference(a, b, layout, c, torch.float64), label)
         assert torch.equal(outs[0], outs[1]), f"{label}: the chunked and whole-tile stores differ"
 

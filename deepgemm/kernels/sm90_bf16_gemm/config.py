@@ -26,11 +26,11 @@ SPLIT_FLAG_BYTES = 16  # split-K: one reduction flag per math warpgroup
 
 
 def store_chunk_columns(block_n: int, out_bytes: int) -> int:
-    """The chunk width of a chunked epilogue: 128-byte output rows (one swizzle row), or the widest multiple of 8
-    columns below that which divides block_n."""
+    """The chunk width of a chunked epilogue: the widest of 128-, 64- and 32-byte output rows that divides block_n
+    (each a single store piece with its own swizzle, epilogue/store_fragment.cuh), else 8 columns."""
     columns = 128 // out_bytes
-    while block_n % columns:
-        columns -= 8
+    while block_n % columns and columns > 8:
+        columns //= 2
     return columns
 
 

@@ -40,13 +40,17 @@ MIN_STAGES = 3
 # 128 x 256 7-18% faster than the best unchunked pick). BF16 output: BF16_CHUNKED_BELOW_STAGES.
 FP32_FULL_STAGES = 4
 FP32_FEW_STAGES_FACTOR = 1.12
-# BF16 output is staged in 64-column (128-byte) chunks where the whole tile's buffer leaves fewer stages than this and
-# chunks add one: 128 x 256 runs 4 stages instead of 3. H100, 2026-12-06, dev/bench_bf16_split.py `,k` interleaved
-# against the 3-stage build, 4096 x 4096 x 7168: 0.5-3.0% faster in all ten timings over the four layouts (NT
-# 300.9 -> 293.1 us); the masked 128 x 256 MoE cases went from 0.96-0.97 to 1.02-1.03 of DeepGEMM HEAD. Chunks of
-# other widths lost: 128 x 224 in 56-column chunks 21% slower at 4096 x 32768 x 512, 128 x 176 in 16-column chunks
-# level to 1.5% slower. Stages do not enter the BF16 estimate, so no pick moves.
+# BF16 output is staged in chunks where the whole tile's buffer leaves fewer stages than this and chunks add one:
+# 128 x 256 (64-column chunks) and 128 x 224 (32-column, 64-byte chunks) run 4 stages instead of 3. H100, 2026-12-06:
+# 128 x 256, dev/bench_bf16_split.py `,k` interleaved against the 3-stage build, 4096 x 4096 x 7168: 0.5-3.0% faster
+# in all ten timings over the four layouts (NT 300.9 -> 293.1 us), the masked N = 4096 MoE cases from 0.96-0.97 to
+# 1.02-1.03 of DeepGEMM HEAD; 128 x 224, dev/ab_trees.py against the 3-stage tree, outputs bitwise equal: masked
+# N = 7168 K = 2048 1.07-1.14x faster (0.96 -> 1.03-1.09 of DeepGEMM HEAD), NT 8192^3 1.014x, 4096 x 32768 x 512
+# level. Narrower chunks lost: 128 x 224 in 56-column chunks (three store pieces of 64 + 32 + 16 bytes, the last
+# unswizzled) 21% slower at 4096 x 32768 x 512, 128 x 176 in 16-column chunks level to 1.5% slower. Stages do not
+# enter the BF16 estimate, so no pick moves.
 BF16_CHUNKED_BELOW_STAGES = 4
+BF16_MIN_CHUNK_BYTES = 64  # a BF16 chunk is one store piece of 128 or 64 bytes (a swizzled box), never narrower
 MAX_STAGES = 16  # memory-bound tiles keep more bytes in flight per SM
 SPLIT_MIN_K_BLOCKS = 8     # split-K: 64-deep K blocks per range at least (the ring's fill is paid per range)
 DECODE_MAX_M = 128         # dense M up to this: split-K applies
@@ -100,13 +104,14 @@ def stages_for(block_m: int, block_n: int, out_bytes: int, split_k: bool = False
 def store_n_for(block_m: int, block_n: int, out_bytes: int, split_k: bool = False) -> int:
     """0 (one staging buffer per warpgroup) unless the whole tile's buffer would leave fewer than MIN_STAGES stages
     (FP32 output: 128 x 256 keeps 2) or, with BF16 output and no split, fewer than BF16_CHUNKED_BELOW_STAGES
-    (128 x 256 keeps 3): then chunks of 128-byte rows through two small buffers where that adds a stage. Only tiles of
-    whole 128-byte chunks chunk; the others keep the whole buffer, and below MIN_STAGES are not allowed."""
+    (128 x 256 and 128 x 224 keep 3): then chunks through two small buffers where that adds a stage, of 128-byte rows
+    (FP32) or 128- or 64-byte rows (BF16, BF16_MIN_CHUNK_BYTES). Other tiles keep the whole buffer, and below
+    MIN_STAGES are not allowed."""
     whole = stages_for(block_m, block_n, out_bytes, split_k)
     if whole >= (MIN_STAGES if out_bytes == 4 or split_k else BF16_CHUNKED_BELOW_STAGES):
         return 0
     chunk = store_chunk_columns(block_n, out_bytes)
-    if chunk != 128 // out_bytes or chunk >= block_n:
+    if chunk * out_bytes < (128 if out_bytes == 4 else BF16_MIN_CHUNK_BYTES) or chunk >= block_n:
         return 0
     return chunk if stages_for(block_m, block_n, out_bytes, split_k, chunk) > whole else 0
 
