@@ -198,7 +198,7 @@ def make_config(problem: Bf16Problem, block_m: int, block_n: int, split_k: bool 
 
 
 def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:
-    """Every allowed tile with the model's estimate, cheapest first (within 0.1%: the larger tile first); at dense
+    """Every allowed tile with the model's estimate, cheapest first (equal estimates: the larger tile first); at dense
     decode sizes the split-K build of decode_split ahead of them and other split widths after the plain pick."""
     ranked: list[tuple[float, int, Bf16GemmConfig]] = []
     for block_m in (64, 128):
@@ -210,9 +210,9 @@ def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:
             if not tile_allowed(problem, block_m, block_n):
                 continue
             seconds = estimate_seconds(problem, block_m, block_n)
-            ranked.append((seconds * 0.999, -block_m * block_n, make_config(problem, block_m, block_n)))
+            ranked.append((seconds, -block_m * block_n, make_config(problem, block_m, block_n)))
     ranked.sort(key=lambda item: (item[0], item[1]))
-    result = [(seconds / 0.999, config) for seconds, _, config in ranked]
+    result = [(seconds, config) for seconds, _, config in ranked]
     if not result or not is_decode(problem):
         return result
     # Split-K builds at the plain pick's estimate (the model does not time split ranges): decode_split's first, the
