@@ -165,7 +165,7 @@ def precompile(trees: list, shapes: list, contiguous: list, masked: list) -> Non
 # Dense BF16 shapes of --more: the M = 4096 suite shapes, and decode, mid-M and large-M shapes whose tile picks are
 # near ties in the BF16 cost model.
 BF16_DENSE = ((4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (4096, 7168, 16384), (4096, 24576, 1536),
-              (4096, 32768, 512), (32768, 4096, 7168), (8192, 8192, 8192),
+              (4096, 32768, 512), (4096, 28672, 512), (32768, 4096, 7168), (8192, 8192, 8192),
               (2048, 7168, 2048), (2048, 8192, 8192), (512, 4096, 7168), (256, 4096, 7168), (256, 7168, 2048),
               (128, 4096, 7168), (128, 7168, 2048), (64, 4096, 7168))
 

@@ -3,9 +3,9 @@ against cuBLAS (torch.matmul) and DeepGEMM HEAD (when importable), all interleav
 (CUDA-graph replay, L2 flushed before each call, median of 30). Each output is checked against float64.
 Prints a markdown table: µs, GB/s (A + B + D once), % of the 4.3 TB/s copy rate, best peer µs / ours.
 Usage: bench_bf16_split.py [--layout=L] [MxNxK[:bm,bn[,s];...] ...]   (default: the DeepSeek-V3 decode shapes and a
-few Llama / Qwen ones; explicit tiles are plain, split-K with ",s", plain on the full grid with ",u", or plain with a
-chunked epilogue with ",k": 128-byte output rows per staging buffer, or the widest 8-column multiple below that which
-divides block_n, and as many stages as then fit; a pick with a balanced grid is also timed on the full grid)
+few Llama / Qwen ones; explicit tiles are plain, split-K with ",s", plain on the full grid with ",u", plain with a
+chunked epilogue with ",k" (store_chunk_columns, and as many stages as then fit), or plain with one whole-tile staging
+buffer with ",w"; a pick with a balanced grid is also timed on the full grid)
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def candidates(m: int, n: int, k: int, layout: str, sms: int,
     out = [("model", ranked[0])]
     if ranked[0].split_k:
         out.append(("plain", next(c for c in ranked if not c.split_k)))
-    for bm, bn in SPLIT_TILES:
+    for bm, bn in SPLIT_TILES if m <= 128 else []:
         if bm == 128 and m <= 64:
             continue
         tiles = ceil_div(m, bm) * ceil_div(n, bn)
@@ -57,11 +57,11 @@ def candidates(m: int, n: int, k: int, layout: str, sms: int,
         config = make_config(problem, bm, bn, split_k=mode == "s")
         if mode == "u":
             config = dataclasses.replace(config, balanced_grid=False)
-        if mode == "k":
-            store_n = store_chunk_columns(bn, problem.out_bytes)
+        if mode in ("k", "w"):
+            store_n = store_chunk_columns(bn, problem.out_bytes) if mode == "k" else 0
             config = dataclasses.replace(config, store_n=store_n,
                                          num_stages=stages_for(bm, bn, problem.out_bytes, store_n=store_n))
-        out.append(({"s": "split", "k": "chunked"}.get(mode, "tile"), config))
+        out.append(({"s": "split", "k": "chunked", "w": "whole"}.get(mode, "tile"), config))
     return out
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install from the carried tree, run the GPU tests, memcheck, host overhead, and
 # print the benchmark table last. Full logs go to $OUT. Usage: dev/gpu_check.sh [step ...]
-# Steps: install smoke tests files sanitize host sass bench moe repeat breadth grouped kgrouped kgtiles maskedtiles bf16grouped twins ncu ncusource ncugrouped split bf16split clusters tiles placement pdl floor readfloor ab nn route block racecheck bf16 fused training all
+# Steps: install smoke tests files sanitize host sass bench moe repeat breadth grouped kgrouped kgtiles maskedtiles bf16grouped twins ncu ncusource ncubf16 ncugrouped split bf16split clusters tiles placement pdl floor readfloor ab nn route block racecheck bf16 fused training all
 # (default: the first seven). nn runs the custom-op / torch.compile / deepgemm.nn GPU tests; route times Fp8Linear
 # against BF16 nn.Linear on small weights (dev/fp8_linear_route.py); block runs `deepgemm bench --model`.
 # ab times other trees, carried under .ab (dev/rename_package.sh; AB_TREES names them, default deepgemm_old), interleaved
@@ -230,6 +230,35 @@ if has ncusource; then
       | grep -v "==PROF==" | grep -E "fp8_gemm.*\(|^\s+(gpu__|sm__|smsp__|lts__|dram__)" \
       | awk '/fp8_gemm/ {print substr($0, 1, 70); next} {print $1, $NF}' | tee -a "$OUT/ncu_metrics.txt" )
   [ "${NCU_SOURCE:-1}" = 0 ] || python3 dev/ncu_source.py "$OUT/ours_source.csv" "$OUT/peer_source.csv" ${NCU_PACKAGE:+"$OUT/tree_source.csv"} --top 12
+fi
+# ncubf16: per-instruction stall sampling (`--set full`) of our BF16 kernel on NCU_BF16_SHAPE (default
+# 4096x28672x512, NT) for each tile of NCU_BF16_TILES (dev/profile_bf16.py's --tile: BMxBN, `w` whole staging buffer,
+# `k` chunked; default the 224- and 256-wide tiles, whose per-tile cost at short K the model lacks) and DeepGEMM HEAD;
+# $OUT/bf16_<tile>_source.csv and key metrics from each report, summarized by dev/ncu_source.py.
+if has ncubf16; then
+  shape=$(echo ${NCU_BF16_SHAPE:-4096x28672x512} | tr x ' ')
+  csvs=""
+  for tile in ${NCU_BF16_TILES:-128x224 128x256} peer; do
+    ( if [ $tile = peer ]; then [ -f .peers/use_deepgemm.sh ] && . .peers/use_deepgemm.sh; args=--peer; kernel=regex:sm90_bf16; else args="--tile $tile"; kernel=regex:deepgemm_bf16; fi
+      timeout "$(left 200)" ncu --clock-control none -k $kernel --launch-skip 1 --launch-count 1 --set full --import-source no -f -o /tmp/ncu_bf16_$tile \
+        python3 dev/profile_bf16.py $shape $args >/tmp/ncu_bf16_$tile.log 2>&1
+      ncu -i /tmp/ncu_bf16_$tile.ncu-rep --page source --csv --print-source sass >"$OUT/bf16_${tile}_source.csv" 2>&1
+      echo "ncu bf16 $tile ($shape): $(grep '^ours' /tmp/ncu_bf16_$tile.log)" | tee -a "$OUT/ncu_bf16_metrics.txt"
+      ncu -i /tmp/ncu_bf16_$tile.ncu-rep --page raw --csv 2>/dev/null | python3 -c '
+import csv, sys
+rows = list(csv.reader(sys.stdin))
+want = ["gpu__time_duration.sum", "sm__cycles_active.avg", "smsp__cycles_active.avg", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+        "sm__inst_executed_pipe_tensor_op_hmma.sum", "smsp__inst_executed.sum", "lts__t_sectors.sum", "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+        "dram__bytes_read.sum", "dram__bytes_write.sum", "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum", "smsp__warps_issue_stalled_barrier",
+        "launch__grid_size", "launch__registers_per_thread", "sm__cycles_elapsed.avg.per_second"]
+if len(rows) > 2:
+    for name, unit, value in zip(rows[0], rows[1], rows[2]):
+        if any(name.startswith(w) for w in want):
+            print(" ", name, value, unit)
+' | tee -a "$OUT/ncu_bf16_metrics.txt" )
+    csvs="$csvs $OUT/bf16_${tile}_source.csv"
+  done
+  python3 dev/ncu_source.py $csvs --top 15
 fi
 # ncugrouped: ncu over `dev/grouped_tile_ab.py --profile $NCU_GROUPED_ARGS` (every fp8_gemm kernel it launches, ours and
 # DeepGEMM HEAD's, in the order it prints; DG_PRINT_CONFIGS=1 shows DeepGEMM's config), the same metrics as ncu.

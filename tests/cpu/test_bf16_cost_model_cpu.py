@@ -1,4 +1,5 @@
-"""The BF16 cost model's L2 term: tiles' operand reads over all SMs, charged on grids that fill every SM."""
+"""The BF16 cost model's L2 term (tiles' operand reads over all SMs, charged on grids that fill every SM) and its
+short-K share for the 176-, 224- and 240-wide tiles."""
 
 from __future__ import annotations
 
@@ -39,3 +40,32 @@ def test_sub_wave_pick_is_unchanged() -> None:
     # 128 x 80 (what an L2 term on every grid picked) ran 7% slower than 64 x 128 here on an H100.
     config = choose_config(bf16_problem(256, 4096, 7168, "nt", BF16, None, 132))
     assert (config.block_m, config.block_n) == (64, 128)
+
+
+@pytest.mark.parametrize(("m", "n", "k", "layout", "block_n"), [
+    (4096, 32768, 512, "nt", 256),   # was 224: 223.0 against 209.2 us on an H100, 215.3 against 203.4 on an H200
+    (4096, 32768, 512, "tt", 256),
+    (4096, 24576, 1536, "nt", 208),  # was 240 (three stages): 399.3 against 395.5 us on an H200
+    (256, 14336, 1536, "nt", 224),   # was 240: 29.8 against 24.9 us on an H200
+    (1024, 13824, 1024, "nt", 144),  # was 176: 45.6 against 43.8 us on an H200
+])
+def test_short_k_share_moves_measured_picks(m: int, n: int, k: int, layout: str, block_n: int) -> None:
+    config = choose_config(bf16_problem(m, n, k, layout, BF16, None, 132))
+    assert (config.block_m, config.block_n) == (128, block_n), config
+
+
+def test_short_k_share_is_dense_and_short_k_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    problems = {
+        "dense": bf16_problem(4096, 32768, 512, "nt", BF16, None, 132),
+        "long_k": bf16_problem(4096, 32768, 4096, "nt", BF16, None, 132),
+        "masked": grouped_problem(GemmKind.GROUPED_MASKED, Bf16Geometry(4 * 4096, 4, 4096), 7168, 2048, BF16, None,
+                                  256, 132),
+    }
+    monkeypatch.setattr(cost_model, "SHORT_K_SLOW_WIDTH_SHARE", 1.0)
+    without = {name: estimate_seconds(problem, 128, 224) for name, problem in problems.items()}
+    monkeypatch.setattr(cost_model, "SHORT_K_SLOW_WIDTH_SHARE", 2.0)
+    ratios = {name: estimate_seconds(problem, 128, 224) / without[name] for name, problem in problems.items()}
+    assert ratios["dense"] > 1.5 and ratios["long_k"] == 1.0 and ratios["masked"] == 1.0, ratios
+    # the masked N = 7168, K = 2048 cases keep 128 x 224 (1.03-1.09x DeepGEMM HEAD on an H100)
+    monkeypatch.undo()
+    assert choose_config(problems["masked"]).block_n == 224

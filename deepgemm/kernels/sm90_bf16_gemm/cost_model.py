@@ -33,6 +33,17 @@ SM_LOAD_BYTES_PER_S = 110e9  # what one SM's TMA pipeline pulls from L2/DRAM
 # fewer tiles than SMs it moved 256 x 4096 x 7168 from 64 x 128 to 128 x 80, 7% slower there.
 L2_BYTES_PER_S = 12e12
 EPILOGUE_S = 0.6e-6        # per tile: accumulators to shared memory to TMA store, not hidden by the next tile
+# Dense tiles 176, 224 and 240 wide ran slower per column than their neighbours at K <= 2048 (both GPUs,
+# 2026-12-06, dev/bench_bf16_split.py, interleaved, calc_diff 1.4e-6): at N = 28672 (whole N-blocks for both)
+# 128 x 224 took 5.5% longer than 128 x 256 at K = 512 and 5% longer than 128 x 208 at K = 2048; 128 x 224 picks
+# ran 1-8% slower than 256 / 192 / 208 / 160 / 144 in 15 of 17 H100 pairs (4096 x 32768 x 512: 223.0 against
+# 209.2 us), 128 x 240 (three stages) 1-16% slower in 9 of 11 H200 pairs, 128 x 176 2-7% slower in 3 pairs at
+# K <= 1024 and within 0.8% in 6. The cause is not found: ncu counts the model's tensor-pipe cycles per tile, and
+# the idle time between tiles (mostly the epilogue) is what differs. Their compute estimate carries this share there
+# (benchmarks/2026-12-06-bf16-short-k.md; docs/performance.md, BF16 levers).
+SHORT_K_SLOW_WIDTHS = (176, 224, 240)
+SHORT_K_SLOW_WIDTH_SHARE = 1.05
+SHORT_K_MAX = 2048
 MIN_STAGES = 3
 # FP32 output through one whole-tile staging buffer that leaves 3 stages (128 x 192, 128 x 176) ran 13-15% slower
 # than 128 x 256 with the chunked epilogue (4 stages) where the model had them level (H200, 2026-12-02, k-grouped
@@ -139,6 +150,9 @@ def estimate_seconds(problem: Bf16Problem, block_m: int, block_n: int) -> float:
     math = warpgroups * 64 * block_n * 16 * 2 / MMA_FLOPS_PER_CLOCK
     smem = warpgroups * (64 + block_n) * 16 * 2 / SMEM_BYTES_PER_CLOCK
     compute = tiles_per_sm * k_steps * max(math, smem) * 1.08 / CLOCK_HZ
+    dense = p.groups == 1 and not p.k_grouped and not p.m_grouped
+    if dense and block_m == 128 and block_n in SHORT_K_SLOW_WIDTHS and p.k <= SHORT_K_MAX:
+        compute *= SHORT_K_SLOW_WIDTH_SHARE
     padded_k = ceil_div(p.k, BLOCK_K) * BLOCK_K
     tile_bytes = (block_m + block_n) * padded_k * 2  # the A and B panels one tile loads
     per_sm_load = tiles_per_sm * tile_bytes / SM_LOAD_BYTES_PER_S
