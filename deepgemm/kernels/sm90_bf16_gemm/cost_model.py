@@ -5,7 +5,8 @@ Per SM and clock the tensor cores do 4096 BF16 FLOPs (half the FP8 rate) and sha
 max(math, shared-memory) cycles. Operand traffic is 2 bytes per element (twice FP8's), so memory-bound shapes need
 every SM pulling: the model charges DRAM at a sustained rate, per SM the operand bytes its tiles load, and over all
 SMs the bytes every tile reads from L2 (narrow tiles re-read more). The estimate is max(compute, DRAM, per-SM load,
-L2) plus a per-tile epilogue cost.
+L2) plus a per-tile epilogue cost; at K <= 2048 the dense 176-, 224- and 240-wide tiles' compute carries a measured
+share (SHORT_K_SLOW_WIDTH_SHARE).
 
 Split-K (dense decode sizes, decode_split): where the pick is a narrow tile (it fills the SMs by re-reading A once
 per N-block) or leaves three quarters of the SMs idle, a 64-wide (or the same) tile with its K cut into ranges on
