@@ -94,10 +94,15 @@ class Bf16Problem:
     contiguous: bool = False  # m_grouped, contiguous layout (m_indices form): tiles walk bands of group_rows M-blocks
 
 
+def is_dense(problem: Bf16Problem) -> bool:
+    """One plain GEMM: not grouped (even a grouped launch of one group) and not k-grouped."""
+    return problem.groups == 1 and not problem.k_grouped and not problem.m_grouped
+
+
 def is_decode(problem: Bf16Problem) -> bool:
     """A dense GEMM of at most DECODE_MAX_M rows: where split-K builds are considered (never a grouped launch, even
     of one group: the grouped kernels have no split-K build)."""
-    return problem.groups == 1 and not problem.k_grouped and not problem.m_grouped and problem.m <= DECODE_MAX_M
+    return is_dense(problem) and problem.m <= DECODE_MAX_M
 
 
 def block_n_candidates(problem: Bf16Problem) -> list[int]:
@@ -151,8 +156,7 @@ def estimate_seconds(problem: Bf16Problem, block_m: int, block_n: int) -> float:
     math = warpgroups * 64 * block_n * 16 * 2 / MMA_FLOPS_PER_CLOCK
     smem = warpgroups * (64 + block_n) * 16 * 2 / SMEM_BYTES_PER_CLOCK
     compute = tiles_per_sm * k_steps * max(math, smem) * 1.08 / CLOCK_HZ
-    dense = p.groups == 1 and not p.k_grouped and not p.m_grouped
-    if dense and block_m == 128 and block_n in SHORT_K_SLOW_WIDTHS and p.k <= SHORT_K_MAX:
+    if is_dense(p) and block_m == 128 and block_n in SHORT_K_SLOW_WIDTHS and p.k <= SHORT_K_MAX:
         compute *= SHORT_K_SLOW_WIDTH_SHARE
     padded_k = ceil_div(p.k, BLOCK_K) * BLOCK_K
     tile_bytes = (block_m + block_n) * padded_k * 2  # the A and B panels one tile loads
@@ -207,8 +211,7 @@ def make_config(problem: Bf16Problem, block_m: int, block_n: int, split_k: bool 
     group = group_rows_for(ceil_div(problem.m, block_m), ceil_div(problem.n, block_n), problem.num_sms) if banded else 1
     store_n = store_n_for(block_m, block_n, problem.out_bytes, split_k)
     stages = stages_for(block_m, block_n, problem.out_bytes, split_k, store_n)
-    dense = problem.groups == 1 and not problem.k_grouped and not problem.m_grouped
-    balanced = dense and not split_k and balanced_grid_applies(problem.k)
+    balanced = is_dense(problem) and not split_k and balanced_grid_applies(problem.k)
     return Bf16GemmConfig(block_m, block_n, stages, group, problem.num_sms, split_k, store_n, balanced)
 
 
