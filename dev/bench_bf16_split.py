@@ -31,8 +31,7 @@ def candidates(m: int, n: int, k: int, layout: str, sms: int,
     """(name, config): the model's pick, its best plain tile (if the pick splits), split builds that split, the pick
     on the full grid (if its grid is balanced), and the explicit tiles ("s": split-K, "u": on the full grid)."""
     from deepgemm.kernels.common.split_scratch import split_tail_ranges
-    from deepgemm.kernels.sm90_bf16_gemm.config import store_chunk_columns
-    from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config, ranked_configs, stages_for
+    from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config, ranked_configs
     from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem
     from deepgemm.utils import ceil_div
 
@@ -58,11 +57,20 @@ def candidates(m: int, n: int, k: int, layout: str, sms: int,
         if mode == "u":
             config = dataclasses.replace(config, balanced_grid=False)
         if mode in ("k", "w"):
-            store_n = store_chunk_columns(bn, problem.out_bytes) if mode == "k" else 0
-            config = dataclasses.replace(config, store_n=store_n,
-                                         num_stages=stages_for(bm, bn, problem.out_bytes, store_n=store_n))
+            config = with_staging(config, mode, problem.out_bytes)
         out.append(({"s": "split", "k": "chunked", "w": "whole"}.get(mode, "tile"), config))
     return out
+
+
+def with_staging(config: Any, mode: str, out_bytes: int) -> Any:
+    """`config` with its epilogue forced: "k" chunked (store_chunk_columns), "w" one whole-tile staging buffer; as
+    many stages as then fit."""
+    from deepgemm.kernels.sm90_bf16_gemm.config import store_chunk_columns
+    from deepgemm.kernels.sm90_bf16_gemm.cost_model import stages_for
+
+    store_n = store_chunk_columns(config.block_n, out_bytes) if mode == "k" else 0
+    return dataclasses.replace(config, store_n=store_n,
+                               num_stages=stages_for(config.block_m, config.block_n, out_bytes, store_n=store_n))
 
 
 def main() -> None:

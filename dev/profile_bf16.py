@@ -7,7 +7,6 @@ bf16_gemm_<layout> on the same operands instead. Kernels: ours `deepgemm_bf16_ge
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -39,9 +38,9 @@ def main() -> None:
 def ours(m: int, n: int, k: int, layout: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tile: str | None):  # noqa: ANN201
     import deepgemm
     from deepgemm.kernels.common.device import sm_count
-    from deepgemm.kernels.sm90_bf16_gemm.config import store_chunk_columns
-    from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config, stages_for
+    from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config
     from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem, get_bf16_plan
+    from dev.bench_bf16_split import with_staging
 
     if tile is None:
         return lambda: getattr(deepgemm, f"bf16_gemm_{layout}")(a, b, out)
@@ -50,8 +49,7 @@ def ours(m: int, n: int, k: int, layout: str, a: torch.Tensor, b: torch.Tensor, 
     problem = bf16_problem(m, n, k, layout, torch.bfloat16, None, sm_count(0))
     config = make_config(problem, bm, bn)
     if mode:
-        store_n = 0 if mode == "w" else store_chunk_columns(bn, 2)
-        config = dataclasses.replace(config, store_n=store_n, num_stages=stages_for(bm, bn, 2, store_n=store_n))
+        config = with_staging(config, mode, 2)
     print(f"ours {m}x{n}x{k} {layout}: {config.label()}", flush=True)
     plan = get_bf16_plan(0, m, n, k, layout, torch.bfloat16, None, config)
     return lambda: plan.launch(a, b, out)
