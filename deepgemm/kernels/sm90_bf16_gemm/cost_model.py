@@ -73,6 +73,18 @@ DECODE_SPLIT_MAX_BLOCK_N = 48  # a plain pick this narrow is widened to DECODE_S
 DECODE_SPLIT_BLOCK_N = 64
 DECODE_SPLIT_MIN_RANGES = 4    # a wider pick is split as it is when it leaves this many SMs per tile
 DECODE_SPLIT_TUNER_BLOCK_N = (64, 128)  # split-K widths the tuner times at decode sizes besides the rule's pick
+# Decode ties (dense M <= DECODE_MAX_M, plain tiles of equal estimate: mostly the DRAM bound, one tile per SM): a grid
+# that keeps nearly every SM pulling beats a larger tile that leaves SMs idle (the larger tile was the tie-break
+# before). H100, 2026-12-06, dev/bench_bf16_split.py, interleaved, calc_diff 1.4e-6, µs larger tile -> fullest grid:
+# NT 128 x 10240 x 8192 128 x 144 (72 tiles) 73.6 -> 64 x 160 (128) 70.4; 16 x 10240 x 8192 64 x 240 73.5 -> 64 x 80
+# 69.3; 128 x 12288 x 4096 128 x 176 50.8 -> 64 x 192 48.5; 128 x 18944 x 3584 128 x 256 62.6 -> 128 x 144 (264 tiles)
+# 60.3; 128 x 37888 x 3584 109.0 -> 105.6; 64 x 12288 x 4096 64 x 256 49.7 -> 64 x 96 47.3; 14 of 18 NT / TT pairs
+# 1-6% faster, 64 x 37888 x 3584 and 64 x 57344 x 8192 0.6-0.8% slower. Grids of 112 tiles (0.85 of the SMs) went
+# both ways: 64 x 64 at 64 x 7168 x 2048 1.5-3.5% faster, at 64 x 7168 x 16384 0.8-1.2% slower in all four layouts;
+# they keep the larger tile. Narrower tiles re-read A once per N-block and lost: 64 x 48 against 64 x 80 at
+# 64 x 5120 x 27648 112.2 against 107.4, at 64 x 4608 x 3584 22.2 against 21.7.
+DECODE_FULL_FILL = 0.9
+DECODE_FILL_MIN_BLOCK_N = 64
 
 
 @dataclass(frozen=True)
@@ -215,10 +227,27 @@ def make_config(problem: Bf16Problem, block_m: int, block_n: int, split_k: bool 
     return Bf16GemmConfig(block_m, block_n, stages, group, problem.num_sms, split_k, store_n, balanced)
 
 
+def wave_fill(problem: Bf16Problem, block_m: int, block_n: int) -> float:
+    """The share of the SM slots that a tile grid's waves keep busy: tiles / (waves x SMs)."""
+    tiles = problem.groups * ceil_div(problem.m, block_m) * ceil_div(problem.n, block_n)
+    return tiles / (ceil_div(tiles, problem.num_sms) * problem.num_sms)
+
+
+def decode_tie_order(problem: Bf16Problem, block_m: int, block_n: int) -> tuple[int, float, int, int]:
+    """How plain tiles of equal estimate rank at dense decode sizes (smaller first), where most tiles tie at the DRAM
+    bound: tiles at least DECODE_FILL_MIN_BLOCK_N wide whose waves keep DECODE_FULL_FILL of the SM slots busy come
+    first, the fullest first, then block_m 64, then the larger tile; every other tile after them, the larger first."""
+    fill = wave_fill(problem, block_m, block_n)
+    if block_n >= DECODE_FILL_MIN_BLOCK_N and fill >= DECODE_FULL_FILL:
+        return (0, -round(fill, 6), block_m, -block_m * block_n)
+    return (1, 0.0, 0, -block_m * block_n)
+
+
 def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:
-    """Every allowed tile with the model's estimate, cheapest first (equal estimates: the larger tile first); at dense
-    decode sizes the split-K build of decode_split ahead of them and other split widths after the plain pick."""
-    ranked: list[tuple[float, int, Bf16GemmConfig]] = []
+    """Every allowed tile with the model's estimate, cheapest first (equal estimates: the larger tile first, or at dense
+    decode sizes decode_tie_order); at dense decode sizes the split-K build of decode_split ahead of them and other
+    split widths after the plain pick."""
+    ranked: list[tuple[float, int, int, int, Bf16GemmConfig]] = []
     for block_m in (64, 128):
         if block_m == 128 and problem.m <= 64:
             continue
@@ -228,25 +257,27 @@ def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:
             if not tile_allowed(problem, block_m, block_n):
                 continue
             seconds = estimate_seconds(problem, block_m, block_n)
-            ranked.append((seconds, -block_m * block_n, make_config(problem, block_m, block_n)))
-    ranked.sort(key=lambda item: (item[0], item[1]))
-    result = [(seconds, config) for seconds, _, config in ranked]
-    if not result or not is_decode(problem):
-        return result
-    # Split-K builds at the plain pick's estimate (the model does not time split ranges): decode_split's first, the
-    # other widths the tuner should time right after the plain pick (a 128-wide split won at 1 x 4096 x 7168).
-    plain = result[0]
-    split = decode_split(problem, plain[1])
-    others = [make_config(problem, plain[1].block_m, block_n, split_k=True) for block_n in DECODE_SPLIT_TUNER_BLOCK_N
-              if tile_allowed(problem, plain[1].block_m, block_n) and split_k_ranges(problem, plain[1].block_m, block_n) > 1]
-    result[1:1] = [(plain[0], config) for config in others if config != split]
+            ranked.append((seconds, -block_m * block_n, block_m, block_n, make_config(problem, block_m, block_n)))
+    ranked.sort(key=lambda item: item[:2])
+    if not ranked or not is_decode(problem):
+        return [(item[0], item[-1]) for item in ranked]
+    # Split-K builds at the estimate of the larger-tile pick, which decode_split's rule was measured on (a split
+    # replaces it; the tuner times the other widths right after the plain pick: a 128-wide split won at
+    # 1 x 4096 x 7168). Without a split, the plain tiles in decode_tie_order.
+    larger = ranked[0][-1]
+    split = decode_split(problem, larger)
+    others = [make_config(problem, larger.block_m, block_n, split_k=True) for block_n in DECODE_SPLIT_TUNER_BLOCK_N
+              if tile_allowed(problem, larger.block_m, block_n) and split_k_ranges(problem, larger.block_m, block_n) > 1]
+    ranked.sort(key=lambda item: (item[0], *decode_tie_order(problem, item[2], item[3])))
+    result = [(item[0], item[-1]) for item in ranked]
+    result[1:1] = [(result[0][0], config) for config in others if config != split]
     if split is not None:
-        result.insert(0, (plain[0], split))
+        result.insert(0, (result[0][0], split))
     return result
 
 
 def choose_config(problem: Bf16Problem) -> Bf16GemmConfig:
-    """The cheapest (block_m, block_n) by the model, with as many stages as shared memory holds (ties: larger tiles)."""
+    """The cheapest (block_m, block_n) by the model, with as many stages as shared memory holds (ties: ranked_configs)."""
     ranked = ranked_configs(problem)
     if not ranked:
         raise ValueError(f"no BF16 tile fits shared memory for {problem}")
