@@ -41,16 +41,36 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
         y = deepgemm.fp8_gemm_nt(deepgemm.quantize_per_token_group(x), deepgemm.quantize_per_block(w))
         assert deepgemm.calc_diff(y, ref) < 1e-3
     """
+    return diff_from_sums(*diff_sums(x, y, "calc_diff"))
+
+
+# calc_diff's float64 temporaries hold at most this many elements (512 MiB each): a 32768 x 57344 output converted
+# whole would take 15 GB per temporary.
+DIFF_CHUNK_ELEMENTS = 1 << 26
+
+
+def diff_sums(x: torch.Tensor, y: torch.Tensor, caller: str = "diff_sums") -> tuple[float, float]:
+    """(sum(x*y), sum(x^2 + y^2)) of two tensors of one shape, in float64, DIFF_CHUNK_ELEMENTS at a time; sums of
+    several pairs (e.g. row blocks of one output) add up to the pairs' calc_diff by diff_from_sums."""
     for name, value in (("x", x), ("y", y)):
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"calc_diff: '{name}' must be a torch.Tensor, got {type(value).__name__}")
+            raise TypeError(f"{caller}: '{name}' must be a torch.Tensor, got {type(value).__name__}")
     if x.shape != y.shape:
-        raise ValueError(f"calc_diff: 'x' has shape {tuple(x.shape)} but 'y' has shape {tuple(y.shape)}; they must match")
-    x64, y64 = x.double(), y.double()
-    denominator = (x64 * x64 + y64 * y64).sum()
-    if denominator == 0:
-        return 0.0
-    return float(1.0 - 2.0 * (x64 * y64).sum() / denominator)
+        raise ValueError(f"{caller}: 'x' has shape {tuple(x.shape)} but 'y' has shape {tuple(y.shape)}; they must match")
+    flat_x, flat_y = x.reshape(-1), y.reshape(-1)
+    dot = torch.zeros((), dtype=torch.float64, device=x.device)
+    squares = torch.zeros((), dtype=torch.float64, device=x.device)
+    for start in range(0, flat_x.numel(), DIFF_CHUNK_ELEMENTS):
+        x64 = flat_x[start:start + DIFF_CHUNK_ELEMENTS].double()
+        y64 = flat_y[start:start + DIFF_CHUNK_ELEMENTS].double()
+        dot += (x64 * y64).sum()
+        squares += (x64 * x64 + y64 * y64).sum()
+    return float(dot), float(squares)
+
+
+def diff_from_sums(dot: float, squares: float) -> float:
+    """calc_diff from diff_sums' two sums: 0 when both tensors are all zeros, NaN where a sum is."""
+    return 0.0 if squares == 0 else 1.0 - 2.0 * dot / squares
 
 
 # Environment variables that used to switch algorithms; each is now a GemmConfig field a plan receives.

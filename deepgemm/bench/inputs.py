@@ -2,14 +2,62 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from deepgemm.analysis.gpus import Precision
 from deepgemm.api.quant import quantize_per_block, quantize_per_token_group
 from deepgemm.bench.suites import Shape
+from deepgemm.utils import calc_diff, diff_from_sums, diff_sums
 
 GROUP = 128
+# A float64 reference larger than this is not kept: every check computes it again, a block of rows at a time
+# (REFERENCE_BLOCK_BYTES each). The llm-prefill suite's 32768 x 57344 output would need 15 GB for it (twice with the
+# per-tensor peer's), which with five outputs and their checks did not fit an 80 GB card.
+REFERENCE_KEEP_BYTES = 1 << 31
+REFERENCE_BLOCK_BYTES = 1 << 29
+
+
+@dataclass(frozen=True)
+class RowBlockProduct:
+    """The float64 product ``a @ b^T`` never held whole: :meth:`blocks` computes it a block of rows at a time."""
+
+    a: Any  # [M, K]
+    b: Any  # [N, K]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.a.shape[0], self.b.shape[0]
+
+    def blocks(self) -> Iterator[tuple[int, Any]]:
+        """(first row, float64 rows of the product) for consecutive blocks of REFERENCE_BLOCK_BYTES at most."""
+        b64 = self.b.double()
+        rows = max(1, REFERENCE_BLOCK_BYTES // (8 * max(1, self.b.shape[0])))
+        for first in range(0, self.a.shape[0], rows):
+            yield first, self.a[first:first + rows].double() @ b64.t()
+
+
+def product_reference(a: Any, b: Any) -> Any:
+    """float64 ``a @ b^T``: the tensor, or a RowBlockProduct where it would exceed REFERENCE_KEEP_BYTES."""
+    if 8 * a.shape[0] * b.shape[0] > REFERENCE_KEEP_BYTES:
+        return RowBlockProduct(a, b)
+    return a.double() @ b.double().t()
+
+
+def reference_diff(out: Any, reference: Any) -> float:
+    """calc_diff of an output against its reference: a tensor, or a RowBlockProduct compared block by block."""
+    if not isinstance(reference, RowBlockProduct):
+        return calc_diff(out, reference)
+    if tuple(out.shape) != reference.shape:
+        raise ValueError(f"reference_diff: the output has shape {tuple(out.shape)} but the reference "
+                         f"{reference.shape}; they must match")
+    dot = squares = 0.0
+    for first, block in reference.blocks():
+        block_dot, block_squares = diff_sums(out[first:first + block.shape[0]], block, "reference_diff")
+        dot += block_dot
+        squares += block_squares
+    return diff_from_sums(dot, squares)
 
 
 @dataclass
@@ -45,10 +93,10 @@ class Problem:
         return ""
 
     def reference(self) -> Any:
-        """float64 product of the exact (dequantized) inputs."""
+        """float64 product of the exact (dequantized) inputs (product_reference: a RowBlockProduct when large)."""
         if "scaled" not in self._cache:
             a, b = (self._exact_a, self._exact_b) if self.precision == "fp8" else (self.a_bf16, self.b_bf16)
-            self._cache["scaled"] = a.double() @ b.double().t()
+            self._cache["scaled"] = product_reference(a, b)
         return self._cache["scaled"]
 
     def bf16_operands(self, layout: str) -> tuple[Any, Any]:
@@ -63,9 +111,9 @@ class Problem:
         return self._cache[key]
 
     def unscaled_reference(self) -> Any:
-        """float64 product of the raw e4m3 payloads (what a per-tensor scale of 1 computes)."""
+        """float64 product of the raw e4m3 payloads (what a per-tensor scale of 1 computes; product_reference)."""
         if "unscaled" not in self._cache:
-            self._cache["unscaled"] = self.a_fp8.double() @ self.b_fp8.double().t()
+            self._cache["unscaled"] = product_reference(self.a_fp8, self.b_fp8)
         return self._cache["unscaled"]
 
 

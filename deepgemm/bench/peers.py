@@ -51,7 +51,7 @@ P = TypeVar("P", bound=BenchProblem)
 @dataclass(frozen=True)
 class Prepared:
     fn: Callable[[], Any]
-    reference: Callable[[], Any]  # the float64 result ``fn`` should approximate
+    reference: Callable[[], Any]  # the float64 result ``fn`` should approximate (a tensor or inputs.RowBlockProduct)
     bytes: int  # HBM bytes one call must move at least: A, B, D and scales
     note: str = ""
     select: Callable[[Any], Any] | None = None  # fn's result -> the part `reference` covers (e.g. valid rows)

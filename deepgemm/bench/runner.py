@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from deepgemm.analysis.gpus import Precision
 from deepgemm.analysis.roofline import Ceilings
-from deepgemm.bench.inputs import make_problem
+from deepgemm.bench.inputs import make_problem, reference_diff
 from deepgemm.bench.moe_cases import MoeCase
 from deepgemm.bench.moe_inputs import make_moe_problem
 from deepgemm.bench.moe_peers import moe_implementations
@@ -19,7 +19,6 @@ from deepgemm.bench.results import BenchResults, Measurement
 from deepgemm.bench.suites import Shape, format_shape
 from deepgemm.errors import UnsupportedError
 from deepgemm.tuning.timing import FLUSH_BYTES, FlushMode, Timing, bench_gpu_interleaved
-from deepgemm.utils import calc_diff
 
 Progress = Callable[[Sequence[Shape], str, Callable[[Shape], str]], Iterator[Shape]]
 
@@ -165,7 +164,7 @@ def measure_all(implementations: Sequence[Implementation[P]], problem: P, settin
         try:
             out = prepared.fn()
             torch.cuda.synchronize()
-            diff = calc_diff(out if prepared.select is None else prepared.select(out), prepared.reference())
+            diff = reference_diff(out if prepared.select is None else prepared.select(out), prepared.reference())
         except Exception as exc:  # noqa: BLE001 - reported per shape, the run goes on
             results.append(_failed(impl, base, problem, prepared, exc))
             continue

@@ -145,3 +145,69 @@ def test_a_shape_whose_inputs_cannot_be_made_is_an_error_and_the_run_goes_on(tim
                                                           ("peer-blockwise", "error", "masked 2x~8 N=2 K=3")]
     assert first[0].reason == "inputs could not be made: OutOfMemoryError: CUDA out of memory. Tried to allocate 30.00 GiB"
     assert [m.status for m in results.measurements if m.shape == (4, 8, 16)] == ["ok", "ok"]
+
+
+def test_chunked_diff_sums_match_the_whole_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepgemm import utils
+
+    seed = 20261206
+    print("seed", seed)
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(37, 53, generator=generator, dtype=torch.float64)
+    y = (x + 1e-3 * torch.randn(37, 53, generator=generator, dtype=torch.float64)).bfloat16()
+    x64, y64 = x, y.double()
+    whole = float(1 - 2 * (x64 * y64).sum() / (x64 * x64 + y64 * y64).sum())
+    monkeypatch.setattr(utils, "DIFF_CHUNK_ELEMENTS", 97)  # 21 chunks, the last one ragged
+    assert utils.calc_diff(x, y) == pytest.approx(whole, rel=1e-9, abs=1e-15) and whole > 1e-8
+    assert utils.calc_diff(x.t(), y.t()) == pytest.approx(whole, rel=1e-9, abs=1e-15)  # non-contiguous views
+    assert utils.calc_diff(torch.zeros(5, 3), torch.zeros(5, 3)) == 0.0
+    poisoned = y.clone()
+    poisoned[36, 52] = float("nan")
+    assert utils.calc_diff(x, poisoned) != utils.calc_diff(x, poisoned)  # NaN in the last chunk stays NaN
+    with pytest.raises(ValueError, match="calc_diff: 'x' has shape"):
+        utils.calc_diff(x, y[:, :5])
+
+
+@pytest.mark.parametrize("precision", ["fp8", "bf16"])
+def test_a_large_reference_is_checked_by_row_blocks(precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepgemm.bench import inputs
+
+    m, n, k = 200, 48, 256
+    kept = inputs.make_problem((m, n, k), precision, device="cpu", seed=5)
+    out = kept.reference().bfloat16()  # an output with real rounding error against the reference
+    out[3, 7] += 0.5  # and one wrong element
+    expected = inputs.reference_diff(out, kept.reference())
+    assert isinstance(kept.reference(), torch.Tensor) and expected > 1e-8
+    unscaled = kept.unscaled_reference() if precision == "fp8" else None
+    monkeypatch.setattr(inputs, "REFERENCE_KEEP_BYTES", 8 * m * n - 1)  # too large to keep
+    monkeypatch.setattr(inputs, "REFERENCE_BLOCK_BYTES", 8 * n * 33)  # blocks of 33 rows, the last of 2
+    lazy = inputs.make_problem((m, n, k), precision, device="cpu", seed=5)
+    reference = lazy.reference()
+    assert isinstance(reference, inputs.RowBlockProduct) and reference.shape == (m, n)
+    assert [first for first, _ in reference.blocks()] == list(range(0, m, 33))
+    assert inputs.reference_diff(out, reference) == pytest.approx(expected, rel=1e-9)
+    if unscaled is not None:
+        assert isinstance(lazy.unscaled_reference(), inputs.RowBlockProduct)
+        assert inputs.reference_diff(unscaled.bfloat16(), lazy.unscaled_reference()) == pytest.approx(
+            inputs.reference_diff(unscaled.bfloat16(), unscaled), rel=1e-9)
+    with pytest.raises(ValueError, match="reference_diff: the output has shape"):
+        inputs.reference_diff(out[:-1], reference)
+
+
+def test_measure_all_checks_outputs_against_a_row_block_reference(timed: list[list[str]]) -> None:
+    from deepgemm.bench.inputs import RowBlockProduct
+
+    a = torch.arange(12, dtype=torch.float64).reshape(4, 3)
+    b = torch.ones(8, 3, dtype=torch.float64)
+    exact = a @ b.t()
+
+    def prepare(_: Any) -> Prepared:
+        wrong = exact.clone()
+        wrong[2, 5] = -wrong[2, 5]
+        return Prepared(lambda: wrong, lambda: RowBlockProduct(a, b), bytes=100)
+
+    rows = runner.measure_all([Implementation("deepgemm", "deepgemm", "fp8", prepare, "op")], FakeProblem(),
+                              runner.BenchSettings())
+    sums = (exact * exact).sum()
+    assert rows[0].status == "ok"
+    assert rows[0].calc_diff == pytest.approx(float(1 - 2 * (sums - 2 * exact[2, 5] ** 2) / (2 * sums)), rel=1e-12)
