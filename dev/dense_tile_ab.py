@@ -48,35 +48,37 @@ class Tile(NamedTuple):
     stages: int | None
     cluster: bool
     full_grid: bool
+    split: bool = False
 
     @property
     def name(self) -> str:
         accumulators = "" if self.pipelined is None else "up"[self.pipelined]
         stages = "" if self.stages is None else f"s{self.stages}"
         return (f"{self.block_m}x{self.block_n}{accumulators}{'k' * self.chunked}{stages}{'c' * self.cluster}"
-                f"{'g' * self.full_grid}")
+                f"{'g' * self.full_grid}{'t' * self.split}")
 
     def config(self, m: int, n: int, k: int, sms: int):  # noqa: ANN201 - a GemmConfig
         from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
 
         config = make_config(m, n, k, self.block_m, self.block_n, sms, num_stages=self.stages,
                              chunked_store=True if self.chunked else None, cluster_n=2 if self.cluster else 1,
-                             balanced_grid=False if self.full_grid else None)
+                             balanced_grid=False if self.full_grid else None, split_tail=self.split)
         return config if self.pipelined is None else dataclasses.replace(config, pipelined=self.pipelined)
 
 
 def parse_tile(text: str) -> Tile:
     """'64x192' -> 64 x 192 as make_config builds it; '128x128u' -> one accumulator; '64x128p' -> two; 'k' stores
     the epilogue in chunks ('256x128ks4', block_m 256); 's16' fixes the stage count ('64x16us16'); 'c' runs it as A
-    multicast over 2-CTA clusters along N ('64x96c'); a trailing 'g' launches one CTA per SM (no balanced grid)."""
-    match = re.fullmatch(r"(\d+)x(\d+)([up]?)(k?)(?:s(\d+))?(c?)(g?)", text)
+    multicast over 2-CTA clusters along N ('64x96c'); 'g' launches one CTA per SM (no balanced grid); a trailing 't'
+    cuts a last wave that fills at most half the SMs along K (split tail: '256x128t' at M = 256)."""
+    match = re.fullmatch(r"(\d+)x(\d+)([up]?)(k?)(?:s(\d+))?(c?)(g?)(t?)", text)
     if match is None:
-        raise SystemExit(f"bad tile {text!r}: BMxBN[u|p][k][sSTAGES][c][g]")
-    bm, bn, acc, chunked, stages, cluster, full_grid = match.groups()
+        raise SystemExit(f"bad tile {text!r}: BMxBN[u|p][k][sSTAGES][c][g][t]")
+    bm, bn, acc, chunked, stages, cluster, full_grid, split = match.groups()
     if chunked and int(bm) != 256:
         raise SystemExit(f"bad tile {text!r}: chunked stores ('k') are a block_m 256 layout")
     return Tile(int(bm), int(bn), {"u": False, "p": True}.get(acc), chunked == "k", int(stages) if stages else None,
-                cluster == "c", full_grid == "g")
+                cluster == "c", full_grid == "g", split == "t")
 
 
 def builds_for(shape: str, tiles: list[Tile], clusters: bool, sms: int) -> list:
