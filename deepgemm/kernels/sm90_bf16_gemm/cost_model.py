@@ -8,6 +8,9 @@ SMs the bytes every tile reads from L2 (narrow tiles re-read more). The estimate
 L2) plus a per-tile epilogue cost; at K <= 2048 the dense 176-, 224- and 240-wide tiles' compute carries a measured
 share (SHORT_K_SLOW_WIDTH_SHARE).
 
+Dense decode sizes (M <= DECODE_MAX_M): most tiles tie at the DRAM bound; ties go to a grid of tiles at least 64 wide
+that keeps nearly every SM pulling (decode_tie_order, DECODE_FULL_FILL), else to the larger tile.
+
 Split-K (dense decode sizes, decode_split): where the pick is a narrow tile (it fills the SMs by re-reading A once
 per N-block) or leaves three quarters of the SMs idle, a 64-wide (or the same) tile with its K cut into ranges on
 the idle SMs ran faster on the H200; elsewhere the plain pick did (2026-12-02, dev/bench_bf16_split.py).
