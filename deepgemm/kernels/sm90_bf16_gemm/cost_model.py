@@ -8,8 +8,8 @@ SMs the bytes every tile reads from L2 (narrow tiles re-read more). The estimate
 L2) plus a per-tile epilogue cost; at K <= 2048 the dense 176-, 224- and 240-wide tiles' compute carries a measured
 share (SHORT_K_SLOW_WIDTH_SHARE).
 
-Dense decode sizes (M <= DECODE_MAX_M): most tiles tie at the DRAM bound; ties go to a grid of tiles at least 64 wide
-that keeps nearly every SM pulling (decode_tie_order, DECODE_FULL_FILL), else to the larger tile.
+Dense decode sizes (M <= DECODE_MAX_M): most tiles tie at the DRAM bound; ties go to a grid that keeps nearly every
+SM pulling (decode_tie_order, DECODE_FULL_FILL), else to the larger tile.
 
 Split-K (dense decode sizes, decode_split): where the pick is a narrow tile (it fills the SMs by re-reading A once
 per N-block) or leaves three quarters of the SMs idle, a 64-wide (or the same) tile with its K cut into ranges on
@@ -84,10 +84,10 @@ DECODE_SPLIT_TUNER_BLOCK_N = (64, 128)  # split-K widths the tuner times at deco
 # 60.3; 128 x 37888 x 3584 109.0 -> 105.6; 64 x 12288 x 4096 64 x 256 49.7 -> 64 x 96 47.3; 14 of 18 NT / TT pairs
 # 1-6% faster, 64 x 37888 x 3584 and 64 x 57344 x 8192 0.6-0.8% slower. Grids of 112 tiles (0.85 of the SMs) went
 # both ways: 64 x 64 at 64 x 7168 x 2048 1.5-3.5% faster, at 64 x 7168 x 16384 0.8-1.2% slower in all four layouts;
-# they keep the larger tile. Narrower tiles re-read A once per N-block and lost: 64 x 48 against 64 x 80 at
-# 64 x 5120 x 27648 112.2 against 107.4, at 64 x 4608 x 3584 22.2 against 21.7.
+# they keep the larger tile, as do sparser grids, which lost: 64 x 48 (107 tiles) against 64 x 80 at 64 x 5120 x 27648
+# 112.2 against 107.4, 64 x 48 (96 tiles) at 64 x 4608 x 3584 22.2 against 21.7. On 128 tiles 64 x 48 won:
+# 64 x 6144 x 4096 28.7 against 64 x 128's 29.4 (TT 28.8 / 29.6).
 DECODE_FULL_FILL = 0.9
-DECODE_FILL_MIN_BLOCK_N = 64
 
 
 @dataclass(frozen=True)
@@ -238,10 +238,10 @@ def wave_fill(problem: Bf16Problem, block_m: int, block_n: int) -> float:
 
 def decode_tie_order(problem: Bf16Problem, block_m: int, block_n: int) -> tuple[int, float, int, int]:
     """How plain tiles of equal estimate rank at dense decode sizes (smaller first), where most tiles tie at the DRAM
-    bound: tiles at least DECODE_FILL_MIN_BLOCK_N wide whose waves keep DECODE_FULL_FILL of the SM slots busy come
-    first, the fullest first, then block_m 64, then the larger tile; every other tile after them, the larger first."""
+    bound: tiles whose waves keep DECODE_FULL_FILL of the SM slots busy come first, the fullest first, then block_m
+    64, then the larger tile; every other tile after them, the larger first."""
     fill = wave_fill(problem, block_m, block_n)
-    if block_n >= DECODE_FILL_MIN_BLOCK_N and fill >= DECODE_FULL_FILL:
+    if fill >= DECODE_FULL_FILL:
         return (0, -round(fill, 6), block_m, -block_m * block_n)
     return (1, 0.0, 0, -block_m * block_n)
 
