@@ -12,6 +12,7 @@ import torch
 
 from deepgemm.kernels.common.kind import GemmKind
 from deepgemm.kernels.common.split_scratch import split_tail_ranges
+from deepgemm.kernels.sm90_bf16_gemm import cost_model
 from deepgemm.kernels.sm90_bf16_gemm.config import SPLIT_FLAG_BYTES, bf16_smem_bytes
 from deepgemm.kernels.sm90_bf16_gemm.cost_model import (DECODE_MAX_M, DECODE_SPLIT_BLOCK_N, DECODE_SPLIT_MAX_BLOCK_N,
                                                          DECODE_SPLIT_MIN_RANGES, DECODE_SPLIT_TUNER_BLOCK_N,
@@ -41,7 +42,12 @@ def test_narrow_decode_picks_become_64_wide_split_k(m: int, n: int, k: int) -> N
 
 
 @pytest.mark.parametrize("m,n,k", [(64, 4096, 7168), (64, 7168, 2048), (64, 7168, 16384), (128, 4096, 7168)])
-def test_wider_decode_picks_that_fill_a_quarter_of_the_sms_stay_unsplit(m: int, n: int, k: int) -> None:
+def test_wider_decode_picks_that_fill_a_quarter_of_the_sms_stay_unsplit(m: int, n: int, k: int,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # decode_split decides on the larger-tile pick; the wave-fill tie-break may then take a narrower plain tile
+    # (64 x 4096 x 7168: 64 x 32 on 128 tiles, level with 64 x 64 on an H100), never a split
+    assert not choose_config(nt(m, n, k)).split_k
+    monkeypatch.setattr(cost_model, "DECODE_FULL_FILL", 2.0)  # no tie-break: the larger-tile pick itself
     config = choose_config(nt(m, n, k))
     assert not config.split_k and config.block_n > DECODE_SPLIT_MAX_BLOCK_N
     assert split_k_ranges(nt(m, n, k), config.block_m, config.block_n) < DECODE_SPLIT_MIN_RANGES
