@@ -225,3 +225,21 @@ def test_shipped_decode_tiles_per_gpu_model(tmp_path: Path, monkeypatch: pytest.
     model = bf16_api.precompile_bf16_gemm(layout, m, n, k, num_sms=132, gpu="NVIDIA H20").config
     assert model == choose_config(Bf16Problem(m, n, k, layout[0] == "t", layout[1] == "n", 2, 0, 132))
     assert (model.block_m, model.block_n, model.split_k) != tile
+
+
+@pytest.mark.parametrize("layout,m,n,k,tile", [
+    ("nn", 128, 14336, 4096, (64, 256)),  # H100 54.2 against the model's 128 x 192 (75 tiles), 55.4 us
+    ("tn", 128, 14336, 4096, (64, 256)),  # 54.3 against 55.6
+    ("nn", 64, 14336, 4096, (64, 128)),   # 52.9 against the model's 64 x 256, 53.7
+    ("nn", 64, 7168, 2048, (64, 64)),     # 19.6 against the model's 64 x 128, 19.9
+])
+def test_h100_entries_for_grids_below_the_decode_fill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str,
+                                                      m: int, n: int, k: int, tile: tuple[int, int]) -> None:
+    """Tiles on 112 of 132 SMs, below the model's decode fill (0.9) but faster on the H100, ship as H100 entries; the
+    H200 has none for them and plans with the model."""
+    monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path))  # no user records
+    h100 = bf16_api.precompile_bf16_gemm(layout, m, n, k, num_sms=132, gpu="NVIDIA H100 80GB HBM3").config
+    assert (h100.block_m, h100.block_n, h100.split_k) == (*tile, False)
+    h200 = bf16_api.precompile_bf16_gemm(layout, m, n, k, num_sms=132, gpu="NVIDIA H200").config
+    assert h200 == choose_config(Bf16Problem(m, n, k, layout[0] == "t", layout[1] == "n", 2, 0, 132))
+    assert (h200.block_m, h200.block_n) != tile
