@@ -250,7 +250,7 @@ def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:
     """Every allowed tile with the model's estimate, cheapest first (equal estimates: the larger tile first, or at dense
     decode sizes decode_tie_order); at dense decode sizes the split-K build of decode_split ahead of them and other
     split widths after the plain pick."""
-    ranked: list[tuple[float, int, int, int, Bf16GemmConfig]] = []
+    ranked: list[tuple[float, Bf16GemmConfig]] = []
     for block_m in (64, 128):
         if block_m == 128 and problem.m <= 64:
             continue
@@ -260,23 +260,22 @@ def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:
             if not tile_allowed(problem, block_m, block_n):
                 continue
             seconds = estimate_seconds(problem, block_m, block_n)
-            ranked.append((seconds, -block_m * block_n, block_m, block_n, make_config(problem, block_m, block_n)))
-    ranked.sort(key=lambda item: item[:2])
+            ranked.append((seconds, make_config(problem, block_m, block_n)))
+    ranked.sort(key=lambda item: (item[0], -item[1].block_m * item[1].block_n))
     if not ranked or not is_decode(problem):
-        return [(item[0], item[-1]) for item in ranked]
+        return ranked
     # Split-K builds at the estimate of the larger-tile pick, which decode_split's rule was measured on (a split
     # replaces it; the tuner times the other widths right after the plain pick: a 128-wide split won at
     # 1 x 4096 x 7168). Without a split, the plain tiles in decode_tie_order.
-    larger = ranked[0][-1]
+    larger = ranked[0][1]
     split = decode_split(problem, larger)
     others = [make_config(problem, larger.block_m, block_n, split_k=True) for block_n in DECODE_SPLIT_TUNER_BLOCK_N
               if tile_allowed(problem, larger.block_m, block_n) and split_k_ranges(problem, larger.block_m, block_n) > 1]
-    ranked.sort(key=lambda item: (item[0], *decode_tie_order(problem, item[2], item[3])))
-    result = [(item[0], item[-1]) for item in ranked]
-    result[1:1] = [(result[0][0], config) for config in others if config != split]
+    ranked.sort(key=lambda item: (item[0], *decode_tie_order(problem, item[1].block_m, item[1].block_n)))
+    ranked[1:1] = [(ranked[0][0], config) for config in others if config != split]
     if split is not None:
-        result.insert(0, (result[0][0], split))
-    return result
+        ranked.insert(0, (ranked[0][0], split))
+    return ranked
 
 
 def choose_config(problem: Bf16Problem) -> Bf16GemmConfig:
