@@ -6,7 +6,7 @@
                                         whose label contains one of the substrings; --m adds dense
                                         cases at these M for the suite's (N, K); --more adds the
                                         k-grouped FP8 / BF16 Wgrad cases, BF16 contiguous and masked,
-                                        and dense BF16 (NT, TN);
+                                        and dense BF16 (NT, TN; NN too below one M-block);
                                         every tree's FP8 kernels are compiled first, all cores at once
                                         (--compile-only: only that, no GPU needed)
 
@@ -168,6 +168,12 @@ BF16_DENSE = ((4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (4096,
               (4096, 32768, 512), (4096, 28672, 512), (32768, 4096, 7168), (8192, 8192, 8192),
               (2048, 7168, 2048), (2048, 8192, 8192), (512, 4096, 7168), (256, 4096, 7168), (256, 7168, 2048),
               (128, 4096, 7168), (128, 7168, 2048), (64, 4096, 7168))
+# Decode sizes below one 64-row block and partial last M-blocks (a K-major A's last-block box), also in NN.
+BF16_SMALL_M = ((1, 4096, 14336), (16, 4096, 14336), (32, 4096, 7168), (1, 7168, 2048), (16, 2112, 7168),
+                (8, 8192, 8192), (16, 28672, 4096), (100, 4096, 7168), (200, 7168, 2048))
+BF16_DENSE_CASES = ([(layout, m, n, k) for layout in ("nt", "tn") for m, n, k in BF16_DENSE]
+                    + [(layout, m, n, k) for layout in ("nt", "nn", "tn") for m, n, k in BF16_SMALL_M
+                       if layout[0] == "n" or m % 8 == 0])  # an MN-major A needs M % 8 == 0
 
 
 def precompile_bf16(trees: list, cases: list[tuple[str, int, int, int]]) -> None:  # noqa: ANN001 - modules
@@ -223,18 +229,16 @@ def more_cases(trees: list, keep) -> None:  # noqa: ANN001 - modules, a label fi
             calls = [lambda t=t, o=o: t.m_grouped_bf16_gemm_nt_masked(a, b, o, masked_m, case.expected)
                      for t, o in zip(trees, outs)]
             print(row(label, calls, outs, valid, 2 * sum(case.counts) * case.n * case.k), flush=True)
-    precompile_bf16(trees, [(layout, m, n, k) for layout in ("nt", "tn") for m, n, k in BF16_DENSE
-                            if keep(f"bf16 {layout} {m}x{n}x{k}")])
-    for layout in ("nt", "tn"):
-        for m, n, k in BF16_DENSE:
-            label = f"bf16 {layout} {m}x{n}x{k}"
-            if not keep(label):
-                continue
-            a = torch.randn((m, k) if layout[0] == "n" else (k, m), device="cuda").to(torch.bfloat16)
-            b = torch.randn((n, k) if layout[1] == "t" else (k, n), device="cuda").to(torch.bfloat16)
-            outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in trees]
-            calls = [lambda t=t, o=o: getattr(t, f"bf16_gemm_{layout}")(a, b, o) for t, o in zip(trees, outs)]
-            print(row(label, calls, outs, None, 2 * m * n * k), flush=True)
+    precompile_bf16(trees, [case for case in BF16_DENSE_CASES if keep("bf16 {} {}x{}x{}".format(*case))])
+    for layout, m, n, k in BF16_DENSE_CASES:
+        label = f"bf16 {layout} {m}x{n}x{k}"
+        if not keep(label):
+            continue
+        a = torch.randn((m, k) if layout[0] == "n" else (k, m), device="cuda").to(torch.bfloat16)
+        b = torch.randn((n, k) if layout[1] == "t" else (k, n), device="cuda").to(torch.bfloat16)
+        outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in trees]
+        calls = [lambda t=t, o=o, layout=layout: getattr(t, f"bf16_gemm_{layout}")(a, b, o) for t, o in zip(trees, outs)]
+        print(row(label, calls, outs, None, 2 * m * n * k), flush=True)
 
 
 if __name__ == "__main__":

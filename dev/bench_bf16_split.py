@@ -2,10 +2,11 @@
 against cuBLAS (torch.matmul) and DeepGEMM HEAD (when importable), all interleaved in one run on the same operands
 (CUDA-graph replay, L2 flushed before each call, median of 30). Each output is checked against float64.
 Prints a markdown table: µs, GB/s (A + B + D once), % of the 4.3 TB/s copy rate, best peer µs / ours.
-Usage: bench_bf16_split.py [--layout=L] [MxNxK[:bm,bn[,s];...] ...]   (default: the DeepSeek-V3 decode shapes and a
-few Llama / Qwen ones; explicit tiles are plain, split-K with ",s", plain on the full grid with ",u", plain with a
-chunked epilogue with ",k" (store_chunk_columns, and as many stages as then fit), or plain with one whole-tile staging
-buffer with ",w"; a pick with a balanced grid is also timed on the full grid)
+Usage: bench_bf16_split.py [--layout=L] [--flush=zero|read] [MxNxK[:bm,bn[,s];...] ...]
+(default: the DeepSeek-V3 decode shapes and a few Llama / Qwen ones; --flush=read flushes L2 by reading, as
+`deepgemm bench --flush read`); explicit tiles are plain, split-K with ",s", plain on the full grid with ",u", plain
+with a chunked epilogue with ",k" (store_chunk_columns, and as many stages as then fit), or plain with one whole-tile
+staging buffer with ",w"; a pick with a balanced grid is also timed on the full grid.
 """
 
 from __future__ import annotations
@@ -80,12 +81,15 @@ def main() -> None:
     from deepgemm.bench import deepseek
     from deepgemm.kernels.common.device import sm_count
     from deepgemm.kernels.sm90_bf16_gemm.plan import get_bf16_plan
-    from deepgemm.tuning.timing import bench_gpu_interleaved
+    from deepgemm.tuning.timing import FLUSH_MODES, bench_gpu_interleaved
 
     from deepgemm.bench.peers import CUBLAS_BF16_PRODUCTS
 
     args = sys.argv[1:]
     layout = next((a.split("=", 1)[1] for a in args if a.startswith("--layout=")), "nt")
+    flush = next((a.split("=", 1)[1] for a in args if a.startswith("--flush=")), "zero")
+    if flush not in FLUSH_MODES:
+        raise SystemExit(f"--flush={flush}: one of {', '.join(FLUSH_MODES)}")
     specs = [a for a in args if not a.startswith("--")] or DEFAULT
     product = CUBLAS_BF16_PRODUCTS[layout][1]
     try:
@@ -123,7 +127,7 @@ def main() -> None:
         for fn in fns:
             fn()
         torch.cuda.synchronize()
-        timings = bench_gpu_interleaved(fns, iters=30, warmup=5)
+        timings = bench_gpu_interleaved(fns, iters=30, warmup=5, flush_mode=flush)
         best_peer = min(t.median_us for (name, *_), t in zip(rows, timings) if name in ("cublas", "deepgemm-head"))
         moved = (m * k + n * k + m * n) * 2
         for (name, label, splits, out), t in zip(rows, timings):

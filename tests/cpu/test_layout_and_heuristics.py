@@ -11,7 +11,7 @@ import torch
 
 import deepgemm
 from deepgemm.kernels.common.hopper import SMEM_CAPACITY
-from deepgemm.kernels.common.layout import mn_major_row_stride, tma_row_stride
+from deepgemm.kernels.common.layout import dense_last_box_rows, mn_major_row_stride, tma_row_stride
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
 from deepgemm.kernels.sm90_fp8_gemm_1d2d import cost_model
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import (DENSE_RULES, RankingRules, choose_fp8_gemm_config,
@@ -21,7 +21,6 @@ from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import (DENSE_RULES, Ranking
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import GROUPED_RULES, contiguous_tile, masked_tile
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import split_tail_applies
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.smem import fp8_gemm_smem_bytes
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import dense_last_box_rows
 
 # ---------------------------------------------------------------- layouts
 

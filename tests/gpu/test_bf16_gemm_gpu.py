@@ -59,6 +59,35 @@ def test_odd_shapes(layout: str, n: int, k: int, seed: int, gpu_guard) -> None:
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("layout", ["nt", "nn"])
+def test_last_m_block_box(layout: str, seed: int, gpu_guard) -> None:
+    """A K-major A's partial last M-block is loaded in a box of its rows rounded up to 8 (dense_last_box_rows), the
+    rest of the stage left stale: forced tiles where that box is 8 rows (M below one block, M one past a block), ends
+    inside the first math warpgroup (the second has no rows) or inside the second; with C into FP32 and split-K."""
+    from deepgemm.kernels.common.layout import dense_last_box_rows
+    from deepgemm.kernels.sm90_bf16_gemm.cost_model import make_config
+    from deepgemm.kernels.sm90_bf16_gemm.plan import bf16_problem, get_bf16_plan
+
+    n, k = 2056, 1024
+    cases = [(1, 64, False), (9, 64, True), (65, 64, False), (40, 128, False), (200, 128, False), (100, 128, True)]
+    for (m, block_m, split), (out_dtype, c_dtype) in itertools.product(cases, [(torch.bfloat16, None),
+                                                                              (torch.float32, torch.float32)]):
+        assert dense_last_box_rows(block_m, m) < block_m
+        config = make_config(bf16_problem(m, n, k, layout, out_dtype, c_dtype, 132), block_m, 64, split_k=split)
+        plan = get_bf16_plan(0, m, n, k, layout, out_dtype, c_dtype, config)
+        assert plan.splits > 1 if split else plan.splits == 1, plan.spec.label()
+        for _ in range(2):  # the second launch finds the first one's tiles in shared memory past the box
+            a, b = bf16_layout_operands(layout, m, n, k)
+            c = None if c_dtype is None else torch.randn(m, n, device="cuda").to(c_dtype)
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+            before = gpu_guard.launches(ENTRY)
+            plan.launch(a, b, out, c)
+            torch.cuda.synchronize()
+            assert gpu_guard.launches(ENTRY) == before + 1
+            check_bf16_gemm(out, bf16_gemm_reference(a, b, layout, c, torch.float64), f"{plan.spec.label()} m={m}")
+
+
+@pytest.mark.quick
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("out_dtype,c_dtype", [(torch.float32, None), (torch.float32, torch.float32),
                                                (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from deepgemm.utils import align_up
+from deepgemm.utils import align_up, ceil_div
 
 
 def tma_aligned_rows(m: int) -> int:
@@ -23,6 +23,15 @@ def tma_row_stride(t: torch.Tensor) -> int:
         return t.stride(0)
     elem = t.element_size()
     return align_up(max(t.shape[1], 1) * elem, 16) // elem
+
+
+def dense_last_box_rows(block_m: int, rows: int) -> int:
+    """Rows per TMA box of A (and FP8's sfa) for the last M-block of a dense GEMM of `rows` rows; mirrors
+    dense_last_box_rows in scheduler/persistent_tiles.cuh: the block's rows rounded up to 8 (block_m when M fills it).
+    A box that overhangs the tensor by most of its rows is slow, so the kernels load that block through a second
+    descriptor with this box."""
+    rows = max(rows, 1)
+    return align_up(rows - (ceil_div(rows, block_m) - 1) * block_m, 8)
 
 
 def masked_sfa_strides(sfa: torch.Tensor) -> tuple[int, int] | None:

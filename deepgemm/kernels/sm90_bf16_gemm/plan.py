@@ -14,7 +14,7 @@ from deepgemm.jit.tma import encode_2d
 from deepgemm.kernels.common.device import sm_count
 from deepgemm.kernels.common.grid import balanced_grid
 from deepgemm.kernels.common.hopper import elem_bytes
-from deepgemm.kernels.common.layout import tma_row_stride
+from deepgemm.kernels.common.layout import dense_last_box_rows, tma_row_stride
 from deepgemm.kernels.common.loader import load_kernel
 from deepgemm.kernels.common.kind import GemmKind
 from deepgemm.kernels.common.output import output_descriptors, output_descriptors_3d
@@ -78,8 +78,8 @@ class Bf16GemmPlan:
                                         ceil_div(spec.k, BLOCK_K)) if c.split_k else 1
         self._split_args = SplitLaunchArgs(device_index, self._WORKSPACE_ARG, self._COUNTERS_ARG)
 
-    _WORKSPACE_ARG = 9  # positions of the split-K pointers in _pack's argument list
-    _COUNTERS_ARG = 10
+    _WORKSPACE_ARG = 10  # positions of the split-K pointers in _pack's argument list
+    _COUNTERS_ARG = 11
 
     def packed_args(self, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None,
                     grouping: torch.Tensor | None = None) -> PackedArgs:
@@ -110,8 +110,16 @@ class Bf16GemmPlan:
             d2 = d.flatten(0, 1) if d.dim() == 3 else d
             d_desc = output_descriptors(d2, self.m, self.spec.n, tma_row_stride(d2))
             c_stride = tma_row_stride(c) if c is not None else 0
+        a_desc = operand_descriptor(a, a_mn_major(layout), config.block_m)
+        # A dense K-major A's partial last M-block in a box of its rows (the kernel's kLastBoxA; others never read it).
+        a_last_desc = a_desc
+        if kind == GemmKind.DENSE and not a_mn_major(layout):
+            last_rows = dense_last_box_rows(config.block_m, self.m)
+            if last_rows != config.block_m:
+                a_last_desc = operand_descriptor(a, False, last_rows)
         return PackedArgs([
-            operand_descriptor(a, a_mn_major(layout), config.block_m),
+            a_desc,
+            a_last_desc,
             operand_descriptor(b, b_mn_major(layout), config.block_n),
             d_desc,
             U32(self.m),

@@ -92,12 +92,14 @@ using Kernel = deepgemm::Sm90Bf16Gemm<{spec.n}u, {spec.k}u, {c.block_m}u, {c.blo
 static_assert(Kernel::kSmemBytes == {spec.smem_bytes}u, "host and device disagree on the shared-memory size");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kNumThreads, 1)
-deepgemm_bf16_gemm(const __grid_constant__ deepgemm::TmaDescriptor tma_a, const __grid_constant__ deepgemm::TmaDescriptor tma_b,
+deepgemm_bf16_gemm(const __grid_constant__ deepgemm::TmaDescriptor tma_a,
+                   const __grid_constant__ deepgemm::TmaDescriptor tma_a_last,
+                   const __grid_constant__ deepgemm::TmaDescriptor tma_b,
                    const __grid_constant__ deepgemm::OutputDescriptors tma_d, deepgemm::u32 m, const deepgemm::i32* grouping,
                    deepgemm::u32 num_groups, deepgemm::u32 max_m, const void* c, deepgemm::u32 c_stride,
                    float* workspace, deepgemm::u32* counters) {{
     const deepgemm::GemmProblem tiles{{m, grouping, num_groups, max_m, workspace, counters}};
-    Kernel::run(&tma_a, &tma_b, &tma_d, deepgemm::Bf16GemmProblem{{tiles, c, c_stride}});
+    Kernel::run(&tma_a, &tma_a_last, &tma_b, &tma_d, deepgemm::Bf16GemmProblem{{tiles, c, c_stride}});
 }}
 """
     return KernelSource(code=code, entry="deepgemm_bf16_gemm", label=spec.label())

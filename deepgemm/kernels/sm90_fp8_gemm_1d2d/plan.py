@@ -13,7 +13,7 @@ from deepgemm.jit.runtime import LoadedKernel, current_raw_stream, launch_on_dev
 from deepgemm.jit.tma import encode_2d, encode_3d
 from deepgemm.kernels.common.device import sm_count
 from deepgemm.kernels.common.grid import balanced_grid
-from deepgemm.kernels.common.layout import masked_sfa_strides, mn_major_row_stride, tma_row_stride
+from deepgemm.kernels.common.layout import dense_last_box_rows, masked_sfa_strides, mn_major_row_stride, tma_row_stride
 from deepgemm.kernels.common.loader import load_kernel
 from deepgemm.kernels.common.output import output_descriptors
 from deepgemm.kernels.common.split_scratch import SplitLaunchArgs, split_scratch
@@ -21,8 +21,7 @@ from deepgemm.kernels.sm90_fp8_gemm_1d2d.config import GemmConfig
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics import choose_config
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind, GemmProblem
 from deepgemm.kernels.sm90_fp8_gemm_1d2d.schedule import split_tail_ranges, stream_tail_pieces
-from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import (Fp8GemmSpec, a_box_rows, dense_last_box_rows, last_box_rows_b,
-                                                      render_source)
+from deepgemm.kernels.sm90_fp8_gemm_1d2d.spec import Fp8GemmSpec, a_box_rows, last_box_rows_b, render_source
 from deepgemm.env import env_flag
 from deepgemm.utils import ceil_div
 

@@ -46,13 +46,6 @@ def a_box_rows(kind: GemmKind, block_m: int) -> int:
     return block_m
 
 
-def dense_last_box_rows(block_m: int, rows: int) -> int:
-    """Rows per TMA box of A and sfa for the last M-block of a dense GEMM of `rows` rows; mirrors
-    dense_last_box_rows in the kernel: the block's rows rounded up to 8 (block_m when M fills it)."""
-    rows = max(rows, 1)
-    return align_up(rows - (ceil_div(rows, block_m) - 1) * block_m, 8)
-
-
 def last_box_rows_b(spec: Fp8GemmSpec) -> int:
     """Rows per TMA box of B for the last N-block; mirrors kLastBoxRowsB: its columns rounded up to 8 when N leaves
     that block partial (narrow last block), else block_n."""

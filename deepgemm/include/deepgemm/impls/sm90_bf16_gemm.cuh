@@ -13,7 +13,8 @@
 // rows, both loaded by TMA with the 128B swizzle. Each K block is one wgmma commit group; the stage of the
 // previous one is released as soon as it retires (one group in flight). Epilogue: registers -> shared memory
 // -> TMA store (store_fragment.cuh), which clips the M and N tails (k-grouped: 3-D descriptors clip each group's
-// rows at M); TMA zero-fills the K tail of both operands (k-grouped K ranges are whole 64-wide blocks). With
+// rows at M); TMA zero-fills the K tail of both operands (k-grouped K ranges are whole 64-wide blocks). A dense
+// K-major A's partial last M-block is loaded in a box of its rows (dense_last_box_rows, a second descriptor). With
 // kStoreN < kBlockN a warpgroup stores its tile in kStoreN-column chunks through two small staging buffers in
 // turn (a chunk's shared-memory writes overlap the previous chunk's store), so wide FP32 tiles keep their stages.
 // kSplitK (dense, decode sizes): a last wave of at most half the grid is cut into K ranges
@@ -96,6 +97,9 @@ struct Sm90Bf16Gemm {
     static constexpr u32 kNumKBlocks = ceil_div(kK, kBlockK);
     static constexpr u32 kNumNBlocks = ceil_div(kN, kBlockN);
     static constexpr u32 kProducerRegisters = 40;
+    // A dense K-major A's last M-block is loaded through tma_a_last (its box: dense_last_box_rows); MN-major A
+    // boxes are whole 64-element atoms along M, and the grouped kinds walk their own rows.
+    static constexpr bool kLastBoxA = kKind == GemmKind::kDense && !kAMnMajor;
     static constexpr u32 kMathRegisters = kNumMathWarpgroups == 2 ? 232 : 240;
 
     using Mma = ptx::WgmmaBf16<kBlockN>;
@@ -193,12 +197,14 @@ struct Sm90Bf16Gemm {
         }
     }
 
-    DG_DEVICE static void producer(const Ring& ring, const TmaDescriptor* tma_a, const TmaDescriptor* tma_b,
-                                   const GemmProblem& problem) {
+    DG_DEVICE static void producer(const Ring& ring, const TmaDescriptor* tma_a, const TmaDescriptor* tma_a_last,
+                                   const TmaDescriptor* tma_b, const GemmProblem& problem) {
         Tiles tiles(problem);
         Tile t;
         u32 stage = 0;
         u32 phase = 0;
+        const u32 last_m_block = ceil_div(max(problem.m, 1u), kBlockM) - 1;
+        const u32 last_tx_bytes = dense_last_box_rows<kBlockM>(problem.m) * kBlockK * 2 + kStageBBytes;
         while (tiles.next(t)) {
             if (kContiguous && t.tile.padding) {
                 continue;  // stored as zeros, nothing read
@@ -206,13 +212,16 @@ struct Sm90Bf16Gemm {
             const i32 row_a = static_cast<i32>(t.tile.row_begin + t.tile.m_block * kBlockM);
             // M-grouped B is [G * N, K]: an N tail box reads the next expert's rows only for columns past N.
             const i32 row_b = static_cast<i32>((kMGrouped ? t.tile.group * kN : 0) + t.tile.n_block * kBlockN);
+            const bool last_box = kLastBoxA && t.tile.m_block == last_m_block;
+            const TmaDescriptor* desc_a = last_box ? tma_a_last : tma_a;
+            const u32 tx_bytes = last_box ? last_tx_bytes : kStageABytes + kStageBBytes;
             for (u32 k_block = 0; k_block < t.k_blocks; ++k_block) {
                 ptx::mbarrier_wait(&ring.empty[stage], phase ^ 1);
                 u64* full = &ring.full[stage];
                 const i32 k = static_cast<i32>(t.k_begin + k_block * kBlockK);
                 // Boxes overhanging M, N or K are zero-filled and still count all their bytes.
-                ptx::mbarrier_arrive_expect_tx(full, kStageABytes + kStageBBytes);
-                load_operand<kAMnMajor, kBlockM>(ring.smem + kOffsetA + stage * kStageABytes, tma_a, full, k, row_a);
+                ptx::mbarrier_arrive_expect_tx(full, tx_bytes);
+                load_operand<kAMnMajor, kBlockM>(ring.smem + kOffsetA + stage * kStageABytes, desc_a, full, k, row_a);
                 load_operand<kBMnMajor, kBlockN>(ring.smem + kOffsetB + stage * kStageBBytes, tma_b, full, k, row_b);
                 Ring::advance(stage, phase);
             }
@@ -399,12 +408,16 @@ struct Sm90Bf16Gemm {
         Store::drain(thread_in_wg);
     }
 
-    DG_DEVICE static void run(const TmaDescriptor* tma_a, const TmaDescriptor* tma_b, const OutputDescriptors* tma_d,
-                              const Bf16GemmProblem& problem) {
+    // tma_a_last: a dense K-major A's last M-block (kLastBoxA); other kernels never read it.
+    DG_DEVICE static void run(const TmaDescriptor* tma_a, const TmaDescriptor* tma_a_last, const TmaDescriptor* tma_b,
+                              const OutputDescriptors* tma_d, const Bf16GemmProblem& problem) {
         extern __shared__ __align__(1024) u8 smem[];
         const Ring ring = Ring::at(smem, kOffsetBarriers);
         if (threadIdx.x == 0) {
             ptx::tma_prefetch_descriptor(tma_a);
+            if constexpr (kLastBoxA) {
+                ptx::tma_prefetch_descriptor(tma_a_last);
+            }
             ptx::tma_prefetch_descriptor(tma_b);
             ptx::tma_prefetch_descriptor(&tma_d->width128);
             ring.init(kNumMathThreads / 32);
@@ -414,7 +427,7 @@ struct Sm90Bf16Gemm {
         if (threadIdx.x < 128) {
             ptx::setmaxnreg_dec<kProducerRegisters>();
             if (threadIdx.x == 0) {
-                producer(ring, tma_a, tma_b, problem.tiles);
+                producer(ring, tma_a, tma_a_last, tma_b, problem.tiles);
                 ptx::launch_dependents();  // this CTA's TMA loads are issued: a dependent may start its prologue
             }
         } else {
