@@ -97,11 +97,13 @@ def test_decode_ties_take_the_fullest_grid(m: int, n: int, k: int, layout: str, 
     assert (config.block_m, config.block_n) == before, config
 
 
-@pytest.mark.parametrize(("m", "n", "k"), [(64, 2112, 7168), (1, 4096, 7168), (64, 4096, 7168), (16, 4096, 14336)])
-def test_decode_split_choice_is_unchanged_by_the_tie_break(m: int, n: int, k: int,
+@pytest.mark.parametrize(("m", "n", "k", "layout"), [(64, 2112, 7168, "nt"), (64, 4096, 7168, "nt"), (8, 4096, 7168, "tt"),
+                                                     (16, 4096, 14336, "tt")])
+def test_decode_split_choice_is_unchanged_by_the_tie_break(m: int, n: int, k: int, layout: str,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    # decode_split was measured on the larger-tile pick: the tie-break never moves a split or its width
-    problem = bf16_problem(m, n, k, "nt", BF16, None, 132)
+    # decode_split was measured on the larger-tile pick: the tie-break never moves a split or its width (except that
+    # a K-major A's plain pick on a full grid drops the split: test_full_grid_plain_picks_drop_the_split)
+    problem = bf16_problem(m, n, k, layout, BF16, None, 132)
     with_fill = [config for _, config in cost_model.ranked_configs(problem)[:3]]
     monkeypatch.setattr(cost_model, "DECODE_FULL_FILL", 2.0)
     without = [config for _, config in cost_model.ranked_configs(problem)[:3]]
@@ -117,3 +119,25 @@ def test_decode_tie_break_leaves_large_m_alone() -> None:
     best = ranked[0][0]
     tied = [config for seconds, config in ranked if seconds == best]
     assert tied[0].block_m * tied[0].block_n == max(c.block_m * c.block_n for c in tied)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 4096, 14336), (16, 4096, 14336), (64, 4096, 14336), (32, 4096, 7168),
+                                           (1, 4096, 7168), (16, 4096, 4096)])
+def test_full_grid_plain_picks_drop_the_split(m: int, n: int, k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # NT, K-major A (its last M-block loaded in a box of M's rows): 64 x 32 on 128 tiles ran ahead of the widened
+    # 64 x 64 split (H100: 1 / 16 x 4096 x 14336 53.4 / 53.9 against 54.9 us, 32 x 4096 x 7168 32.9 against 34.4;
+    # H200: 64 x 4096 x 14336 42.2 against 43.1)
+    config = choose_config(bf16_problem(m, n, k, "nt", BF16, None, 132))
+    assert (config.block_m, config.block_n, config.split_k) == (64, 32, False), config
+    assert cost_model.wave_fill(bf16_problem(m, n, k, "nt", BF16, None, 132), 64, 32) >= cost_model.DECODE_FULL_FILL
+    monkeypatch.setattr(cost_model, "DECODE_FULL_FILL", 2.0)  # no full grid: the split of before
+    config = choose_config(bf16_problem(m, n, k, "nt", BF16, None, 132))
+    assert (config.block_m, config.block_n, config.split_k) == (64, 64, True), config
+
+
+@pytest.mark.parametrize(("m", "n", "k", "layout"), [(16, 4096, 14336, "tt"), (8, 4096, 7168, "tt"),
+                                                     (64, 2112, 7168, "nt"), (16, 1536, 7168, "nt")])
+def test_other_decode_splits_stay(m: int, n: int, k: int, layout: str) -> None:
+    # an MN-major A keeps its whole-atom box (and the split); sparse plain grids (N = 2112: 66 tiles of 64 x 32) split
+    config = choose_config(bf16_problem(m, n, k, layout, BF16, None, 132))
+    assert config.split_k, config

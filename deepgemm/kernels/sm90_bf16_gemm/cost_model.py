@@ -272,6 +272,11 @@ def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:
     others = [make_config(problem, larger.block_m, block_n, split_k=True) for block_n in DECODE_SPLIT_TUNER_BLOCK_N
               if tile_allowed(problem, larger.block_m, block_n) and split_k_ranges(problem, larger.block_m, block_n) > 1]
     ranked.sort(key=lambda item: (item[0], *decode_tie_order(problem, item[1].block_m, item[1].block_n)))
+    if split is not None and not problem.a_mn_major and wave_fill(problem, ranked[0][1].block_m,
+                                                                  ranked[0][1].block_n) >= DECODE_FULL_FILL:
+        # A plain pick that keeps nearly every SM pulling runs level with or ahead of the widened split where A is
+        # K-major (its last M-block's box is M's rows): e.g. 64 x 32 on 128 tiles at N = 4096 (measured: decode_split).
+        split = None
     ranked[1:1] = [(ranked[0][0], config) for config in others if config != split]
     if split is not None:
         ranked.insert(0, (ranked[0][0], split))
