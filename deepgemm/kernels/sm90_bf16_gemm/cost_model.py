@@ -13,7 +13,9 @@ SM pulling (decode_tie_order, DECODE_FULL_FILL), else to the larger tile.
 
 Split-K (dense decode sizes, decode_split): where the pick is a narrow tile (it fills the SMs by re-reading A once
 per N-block) or leaves three quarters of the SMs idle, a 64-wide (or the same) tile with its K cut into ranges on
-the idle SMs ran faster on the H200; elsewhere the plain pick did (2026-12-02, dev/bench_bf16_split.py).
+the idle SMs ran faster on the H200; elsewhere the plain pick did (2026-12-02, dev/bench_bf16_split.py). Where A is
+K-major and the plain pick's grid keeps DECODE_FULL_FILL of the SMs busy (64 x 32 on 128 tiles at N = 4096), the plain
+pick stays: its last M-block is loaded in a box of M's rows, and it ran 2-4% ahead of the split (2026-12-06).
 """
 
 from __future__ import annotations
@@ -275,7 +277,7 @@ def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:
     if split is not None and not problem.a_mn_major and wave_fill(problem, ranked[0][1].block_m,
                                                                   ranked[0][1].block_n) >= DECODE_FULL_FILL:
         # A plain pick that keeps nearly every SM pulling runs level with or ahead of the widened split where A is
-        # K-major (its last M-block's box is M's rows): e.g. 64 x 32 on 128 tiles at N = 4096 (measured: decode_split).
+        # K-major (its last M-block's box is M's rows): 64 x 32 on 128 tiles at N = 4096 (module docstring).
         split = None
     ranked[1:1] = [(ranked[0][0], config) for config in others if config != split]
     if split is not None:
