@@ -186,19 +186,23 @@ def estimate_seconds(problem: Bf16Problem, block_m: int, block_n: int) -> float:
     return seconds
 
 
-def decode_split(problem: Bf16Problem, plain: Bf16GemmConfig) -> Bf16GemmConfig | None:
+def decode_split(problem: Bf16Problem, larger: Bf16GemmConfig, plain: Bf16GemmConfig) -> Bf16GemmConfig | None:
     """The split-K build that replaces the model's plain pick at a dense decode size, or None (see the module
-    docstring): a narrow pick widened to 64 columns, or a pick that leaves 3/4 of the SMs idle, split as it is."""
+    docstring): the larger-tile pick (`larger`, which the rule was measured on) widened to 64 columns where it is
+    narrow, or split as it is where it leaves 3/4 of the SMs idle; none where A is K-major and the tile
+    decode_tie_order runs (`plain`) keeps DECODE_FULL_FILL of the SMs busy (its last M-block's box is M's rows)."""
     if not is_decode(problem):
         return None
-    block_n = plain.block_n
+    if not problem.a_mn_major and wave_fill(problem, plain.block_m, plain.block_n) >= DECODE_FULL_FILL:
+        return None
+    block_n = larger.block_n
     if block_n <= DECODE_SPLIT_MAX_BLOCK_N:
         block_n = DECODE_SPLIT_BLOCK_N
-        if not tile_allowed(problem, plain.block_m, block_n) or split_k_ranges(problem, plain.block_m, block_n) < 2:
+        if not tile_allowed(problem, larger.block_m, block_n) or split_k_ranges(problem, larger.block_m, block_n) < 2:
             return None
-    elif split_k_ranges(problem, plain.block_m, block_n) < DECODE_SPLIT_MIN_RANGES:
+    elif split_k_ranges(problem, larger.block_m, block_n) < DECODE_SPLIT_MIN_RANGES:
         return None
-    return make_config(problem, plain.block_m, block_n, split_k=True)
+    return make_config(problem, larger.block_m, block_n, split_k=True)
 
 
 def group_rows_for(m_blocks: int, n_blocks: int, num_sms: int) -> int:
@@ -270,15 +274,10 @@ def ranked_configs(problem: Bf16Problem) -> list[tuple[float, Bf16GemmConfig]]:
     # replaces it; the tuner times the other widths right after the plain pick: a 128-wide split won at
     # 1 x 4096 x 7168). Without a split, the plain tiles in decode_tie_order.
     larger = ranked[0][1]
-    split = decode_split(problem, larger)
     others = [make_config(problem, larger.block_m, block_n, split_k=True) for block_n in DECODE_SPLIT_TUNER_BLOCK_N
               if tile_allowed(problem, larger.block_m, block_n) and split_k_ranges(problem, larger.block_m, block_n) > 1]
     ranked.sort(key=lambda item: (item[0], *decode_tie_order(problem, item[1].block_m, item[1].block_n)))
-    if split is not None and not problem.a_mn_major and wave_fill(problem, ranked[0][1].block_m,
-                                                                  ranked[0][1].block_n) >= DECODE_FULL_FILL:
-        # A plain pick that keeps nearly every SM pulling runs level with or ahead of the widened split where A is
-        # K-major (its last M-block's box is M's rows): 64 x 32 on 128 tiles at N = 4096 (module docstring).
-        split = None
+    split = decode_split(problem, larger, ranked[0][1])
     ranked[1:1] = [(ranked[0][0], config) for config in others if config != split]
     if split is not None:
         ranked.insert(0, (ranked[0][0], split))
