@@ -110,9 +110,8 @@ struct Sm90Fp8Gemm1D2DConfig {
     static constexpr u32 kLoadRowsA = kKind == GemmKind::kGroupedMasked ? (kBlockM == 64 ? 16u : 64u) : kBlockM;
     static_assert(kBlockM % kLoadRowsA == 0, "A boxes must tile block_m");
     // A dense GEMM's last M-block, when M does not fill it, loads A and sfa through a second pair of
-    // descriptors whose box is that block's rows rounded up to 8 (scheduler/persistent_tiles.cuh). One box per
-    // stage either way (several smaller boxes per stage measured slower).
-    DG_DEVICE static u32 dense_last_box_rows(u32 m) { return deepgemm::dense_last_box_rows<kBlockM>(m); }
+    // descriptors whose box is dense_last_box_rows<kBlockM> (scheduler/persistent_tiles.cuh). One box per stage
+    // either way (several smaller boxes per stage measured slower).
 
     // Shared memory map. A/B stages first: each is a multiple of 1024 bytes, so every stage stays
     // 1024-byte aligned as the 128B swizzle requires.

@@ -37,7 +37,7 @@ struct Sm90Fp8Producer1D2D : Cfg {
     using Cfg::kStageSfaBytes;
     using Cfg::kStageTxBytes;
 
-    // tma_a_last / tma_sfa_last: a dense GEMM's last M-block (Cfg::dense_last_box_rows); tma_b_last: the
+    // tma_a_last / tma_sfa_last: a dense GEMM's last M-block (dense_last_box_rows); tma_b_last: the
     // last N-block's narrow B box (kNarrowLast).
     DG_DEVICE static void run(const Ring& ring, const TmaDescriptor* tma_a, const TmaDescriptor* tma_b,
                               const TmaDescriptor* tma_sfa, const TmaDescriptor* tma_a_last, const TmaDescriptor* tma_sfa_last,
@@ -49,7 +49,7 @@ struct Sm90Fp8Producer1D2D : Cfg {
         u32 phase = 0;
         // Dense: the last M-block and its stage bytes (kBlockM rows when M fills it).
         const u32 last_m_block = ceil_div(max(problem.m, 1u), kBlockM) - 1;
-        const u32 last_tx_bytes = kStageBBytes + Cfg::dense_last_box_rows(problem.m) * (kBlockK + 4);
+        const u32 last_tx_bytes = kStageBBytes + dense_last_box_rows<kBlockM>(problem.m) * (kBlockK + 4);
         while (tiles.next(tile, unit)) {
             if (tile.padding) {
                 continue;  // a block of padding rows: nothing to load (the consumers skip it too)
