@@ -13,6 +13,8 @@ from deepgemm.analysis.presets import PRESETS
 Shape = tuple[int, int, int]
 
 SUITE_M_VALUES = (64, 128, 4096)
+# Per-GPU decode batches below one 64-row block (the tokens one GPU sees per step in serving).
+DECODE_M_VALUES = (1, 8, 16, 32)
 
 # DeepSeek-V3 inference GEMMs with fused projections: q_a+kv_a, q_b, kv_b, o_proj, expert gate/up, expert down.
 DEEPSEEK_V3_NK = ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048))
@@ -32,6 +34,7 @@ def _llm_prefill() -> tuple[Shape, ...]:
 
 _EXPLICIT_SUITES: dict[str, tuple[Shape, ...]] = {
     "deepseek-v3": tuple((m, n, k) for m, (n, k) in product(SUITE_M_VALUES, DEEPSEEK_V3_NK)),
+    "deepseek-v3-decode": tuple((m, n, k) for m, (n, k) in product(DECODE_M_VALUES, DEEPSEEK_V3_NK)),
     "smoke": SMOKE,
 }
 _COMPUTED_SUITES = {"llm-prefill": _llm_prefill}

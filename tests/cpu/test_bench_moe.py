@@ -213,3 +213,13 @@ def test_k_grouped_fp8_implementations_match_the_float64_reference(monkeypatch: 
         assert calls[0] == ([128, 384, 0], [128, 384, 0], torch.int32, True, 1, 1)
     finally:
         deepseek.load.cache_clear()
+
+
+def test_deepseek_v3_decode_suite_is_the_small_batches() -> None:
+    """The decode suite: the DeepSeek-V3 (N, K) pairs at per-GPU decode batches below one 64-row block."""
+    from deepgemm.bench.suites import DEEPSEEK_V3_NK, suite_names, suite_shapes
+
+    shapes = suite_shapes("deepseek-v3-decode")
+    assert "deepseek-v3-decode" in suite_names() and len(shapes) == 24 and len(set(shapes)) == 24
+    assert {m for m, _, _ in shapes} == {1, 8, 16, 32}
+    assert {(n, k) for _, n, k in shapes} == set(DEEPSEEK_V3_NK)
