@@ -41,6 +41,7 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
     using typename Cfg::Store;
     using typename Cfg::Tiles;
     using Cfg::kDBytesPerWarpgroup;
+    using Cfg::kElectedProducer;
     using Cfg::kLastBlockN;
     using Cfg::kMathRegisters;
     using Cfg::kNarrowLast;
@@ -261,7 +262,7 @@ struct Sm90Fp8Gemm1D2D : Sm90Fp8Gemm1D2DConfig<kN, kK, kBlockM, kBlockN, kNumSta
 
         if (threadIdx.x < 128) {
             ptx::setmaxnreg_dec<kProducerRegisters>();
-            if (threadIdx.x == 0) {
+            if (is_producer_thread<kElectedProducer>()) {
                 Producer::run(ring, tma_a, tma_b, tma_sfa, tma_a_last, tma_sfa_last, tma_b_last, problem, cta_rank);
                 ptx::launch_dependents();  // this CTA's TMA loads are issued: a dependent may start its prologue
             } else if (kTileLoader && threadIdx.x / 32 == 1) {
