@@ -80,7 +80,14 @@ EXPLICIT = [
     ("bm256_bn128_cn2_k16384", 256, 128, 1, 7168, 16384, BF16, {"cluster_n": 2}),
     ("bm128_bn128_cn2_k7296", 128, 128, 1, 4000, 7296, BF16, {"cluster_n": 2}),
     ("bm256_bn128_cn2_fp32_k4096", 256, 128, 1, 2048, 4096, FP32, {"cluster_n": 2}),
+    # Narrow one-warpgroup tiles: their TMA producer is an elected lane (kElectedProducer), dense, masked (16-row A
+    # boxes) and split.
+    ("bm64_bn16_k7168", 64, 16, 1, 2112, 7168, BF16),
+    ("masked_bm64_bn32_k7168", 64, 32, 1, 4096, 7168, BF16, {"kind": GemmKind.GROUPED_MASKED}),
+    ("bm64_bn32_split_k7168", 64, 32, 1, 2112, 7168, BF16, {"split_tail": True}),
 ]
+# The explicit builds whose producer is an elected lane (one math warpgroup, block_n <= 32).
+ELECTED_IDS = ["bm64_bn16_k7168", "masked_bm64_bn32_k7168", "bm64_bn32_split_k7168"]
 
 QUANTIZE = [
     ("token_group_bf16_128", token_group_source, BF16, 128),
@@ -215,6 +222,22 @@ def test_wgmma_not_serialized_in_sass(builds: dict[str, Build], name: str) -> No
     waits = sass.count("WARPGROUP.DEPBAR")
     assert mmas > 0, f"{name}: no QGMMA in the SASS"
     assert 2 * waits <= mmas, f"{name}: {waits} wgmma waits for {mmas} QGMMA: ptxas serialized the MMAs"
+
+
+@pytest.mark.parametrize("name", ELECTED_IDS)
+def test_elected_producer_issues_each_load_once(builds: dict[str, Build], name: str) -> None:
+    """Narrow one-warpgroup tiles issue their TMA loads from an elected lane, so each UTMALDG stands alone. A
+    `threadIdx.x == 0` producer gets a loop over the active lanes around every load (ELECT, UTMALDG, BRA.U.ANY back),
+    which took ~200 cycles per stage more and held these tiles back (clock64 traces on an H100)."""
+    config = builds[name].spec.config
+    assert config.block_m == 64 and config.block_n <= 32
+    sass = subprocess.run([nvdisasm(), str(builds[name].cubin)], capture_output=True, text=True, check=True).stdout
+    code = [line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", line)]
+    loads = [i for i, line in enumerate(code) if "UTMALDG" in line]
+    assert len(loads) >= 3, f"{name}: {len(loads)} UTMALDG"
+    for i in loads:
+        window = code[i + 1:i + 5]
+        assert not any("BRA.U.ANY" in line for line in window), f"{name}: a lane loop around\n{code[i]}"
 
 
 # SASS instructions that may read or write global memory: global, generic, atomic and reduction accesses, TMA and

@@ -171,6 +171,33 @@ def test_straddling_block_n(m: int, n: int, k: int, block_m: int, block_n: int, 
     _run_checked(get_plan(0, m, n, k, out_dtype, config), random_operands(m, n, k, "cuda"), out_dtype)
 
 
+# Narrow one-warpgroup tiles (block_n <= 32), whose TMA producer is an elected lane: every narrow width (24 straddles
+# the 128-column scale blocks), M within one block and past it, N tails, split K ranges, FP32 output.
+NARROW = [
+    (1, 2112, 7168, 16, False, torch.bfloat16),
+    (63, 136, 7296, 8, False, torch.bfloat16),
+    (65, 2056, 2048, 24, False, torch.bfloat16),
+    (129, 4096, 7168, 32, False, torch.float32),
+    (16, 2112, 7168, 32, True, torch.bfloat16),
+    (64, 1544, 7168, 16, True, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("m,n,k,block_n,split,out_dtype", NARROW, ids=lambda v: str(v))
+def test_narrow_one_warpgroup_tiles(m: int, n: int, k: int, block_n: int, split: bool, out_dtype: torch.dtype) -> None:
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.cost_model import make_config
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import get_plan
+
+    out_bytes = 4 if out_dtype == torch.float32 else 2
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    config = make_config(m, n, k, 64, block_n, sms, out_bytes, split_tail=split)
+    plan = get_plan(0, m, n, k, out_dtype, config)
+    assert plan.spec.config.block_n == block_n and plan.spec.config.split_tail == split
+    operands = random_operands(m, n, k, "cuda")
+    out = _run_checked(plan, operands, out_dtype)
+    assert torch.equal(out, _run_checked(plan, operands, out_dtype)), "two launches on the same inputs differ"
+
+
 # block_m 192 (three math warpgroups; full blocks use all three): a last block with rows for one warpgroup
 # (M = 1000: 40 rows) or two (M = 4097: 65 rows, the second warpgroup with one; M = 320: 128; M = 700: 124),
 # a single partial block with rows for all three (M = 191), fp32 output, N tails, straddling block_n.

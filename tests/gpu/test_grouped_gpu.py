@@ -314,6 +314,33 @@ def masked_block_m_256(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     clear_grouped_plans()
 
 
+@pytest.mark.parametrize("block_n", [16, 32])
+def test_masked_narrow_tiles(block_n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Masked 64-row tiles of 16 or 32 columns (their TMA producer is an elected lane, loading A in 16-row boxes):
+    empty, partial and full groups, N tails past the last full block."""
+    import deepgemm.kernels.sm90_fp8_gemm_1d2d.heuristics as heuristics
+    from deepgemm.api.grouped import clear_grouped_plans
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.grouped_heuristics import masked_config_m
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.plan import Geometry, get_grouped_plan
+    from deepgemm.kernels.sm90_fp8_gemm_1d2d.problem import GemmKind
+
+    clear_grouped_plans()
+    monkeypatch.setattr(heuristics, "masked_tile", lambda *args: (64, block_n))
+    groups, max_m, n, k, expected_m = 5, 128, 1064, 7168, 42
+    a, b = masked_inputs(groups, max_m, n, k, seed=block_n)
+    masked_m = torch.tensor([0, 1, 17, 128, 65], dtype=torch.int32, device="cuda")
+    out = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    try:
+        geometry = Geometry(rows=groups * max_m, groups=groups, max_m=max_m, tiles_known=False)
+        plan = get_grouped_plan(0, GemmKind.GROUPED_MASKED, geometry, n, k, torch.bfloat16,
+                                masked_config_m(expected_m, max_m))
+        assert (plan.spec.config.block_m, plan.spec.config.block_n) == (64, block_n)
+        deepgemm.m_grouped_fp8_gemm_nt_masked(a, b, out, masked_m, expected_m=expected_m)
+    finally:
+        clear_grouped_plans()
+    check_masked(out, a, b, masked_m.cpu())
+
+
 @pytest.mark.usefixtures("masked_block_m_256")
 def test_masked_block_m_256_tails() -> None:
     """256-row masked tiles (long K): a group's last tile computes (and stores) only the 64-row pieces that start
