@@ -5,7 +5,7 @@ cost model's and against torch._grouped_mm and DeepGEMM HEAD (when importable), 
 
 Builds: the model's pick with C = out (TMA reduce-add stores), with a separate C (loaded in the epilogue) and with
 no C; the previous default (128 x 128, 5 stages, no raster, C = out loaded in the epilogue); and the model's C = out
-build on other tiles / without the raster band.
+build on other tiles, without the raster band and with bands of 4, 8 and 32 M-blocks.
 `--once`: one launch of the model's C = out plan only (for ncu).
 `--dense`: dense FP32-output GEMMs (LAYOUT:M:N:K, default DENSE_CASES), the model's pick (a chunked epilogue where
 the whole tile's staging would leave too few stages) against its best pick without chunks, interleaved.
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # (label, block_n, group_rows or None for the model's, store_n or None for the model's rule) on the C = out build.
 VARIANTS = [("128 x 128", 128, None, 0), ("128 x 192", 192, None, 0), ("128 x 256", 256, None, None),
-            ("no raster", None, 1, None)]
+            ("no raster", None, 1, None), ("band 4", None, 4, None), ("band 8", None, 8, None), ("band 32", None, 32, None)]
 DENSE_CASES = ["tn:4096:4096:7168", "tn:4096:7168:2048", "nt:4096:4096:7168", "tt:8192:4096:4096", "nt:4096:7168:2048",
                "tn:4096:2112:7168"]
 

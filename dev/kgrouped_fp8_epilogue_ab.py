@@ -4,13 +4,13 @@ build before the TMA epilogue), TMA stores with C read, and in-place TMA reduce-
 (128 x 144, 6 stages, and 128 x 160, 5 stages, rolled K loop; DeepGEMM HEAD's heuristic, re-derived from its
 heuristics/sm90.hpp, picks 128 x 152 with 4 stages for these cases, DG_PRINT_CONFIGS=1 prints what it ran: a 128 x 128
 tile's shared-memory traffic, 80 KB per 512 MMA clocks, caps it near 80% of the tensor rate, 128 x 160's near 89%),
-against
+and 128 x 160 in bands of 4, 8 and 32 M-blocks, against
 DeepGEMM HEAD's k_grouped_fp8_gemm_nt_contiguous where importable; all on the
 MoE suite's four FP8 k-grouped cases (deepgemm.bench.moe_cases), the same operands, C = out accumulated in place,
 interleaved sample by sample (CUDA-graph replay, L2 flushed, median of 30). Each build's first call from the addend is
 checked against float64 (calc_diff).
 
-Usage: python3 dev/kgrouped_fp8_epilogue_ab.py [--only LABEL_SUBSTRING]
+Usage: python3 dev/kgrouped_fp8_epilogue_ab.py [--only LABEL_SUBSTRING] [--builds NAME_SUBSTRING]
 (after `. .peers/use_deepgemm.sh` for the peer)
 """
 
@@ -40,7 +40,10 @@ from deepgemm.utils import calc_diff  # noqa: E402
 BUILDS = [("registers, C read", 0, False, 1, 128), ("TMA 32, C read", 32, False, 1, 128),
           ("TMA 32, reduce-add", 32, True, 1, 128), ("TMA 16, reduce-add", 16, True, 1, 128),
           ("TMA 32, reduce-add, band 16", 32, True, 16, 128), ("128 x 144, TMA 16, reduce-add", 16, True, 1, 144),
-          ("128 x 160, TMA 32, reduce-add", 32, True, 1, 160), ("128 x 160, TMA 32, reduce-add, band 16", 32, True, 16, 160)]
+          ("128 x 160, TMA 32, reduce-add", 32, True, 1, 160), ("128 x 160, TMA 32, reduce-add, band 16", 32, True, 16, 160),
+          ("128 x 160, TMA 32, reduce-add, band 4", 32, True, 4, 160),
+          ("128 x 160, TMA 32, reduce-add, band 8", 32, True, 8, 160),
+          ("128 x 160, TMA 32, reduce-add, band 32", 32, True, 32, 160)]
 
 
 def build_launch(problem: Any, store_n: int, in_place: bool, group_rows: int,
@@ -63,14 +66,15 @@ def build_launch(problem: Any, store_n: int, in_place: bool, group_rows: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="cases whose label contains this")
+    parser.add_argument("--builds", default="", help="builds whose name contains this (the first one is the base)")
     args = parser.parse_args()
-    print("| case | build | µs | TFLOPS | / registers | calc_diff |")
+    print("| case | build | µs | TFLOPS | / first build | calc_diff |")
     print("|---|---|---|---|---|---|")
     for case in [c for c in deepseek_v3_moe() if c.kind == "k-grouped" and args.only in c.label]:
         problem = make_moe_problem(case, device="cuda", seed=0)
         reference = problem.reference()
         rows: list[tuple[str, Callable[[], Any], float]] = []
-        for name, store_n, in_place, group_rows, block_n in BUILDS:
+        for name, store_n, in_place, group_rows, block_n in [b for b in BUILDS if args.builds in b[0]]:
             launch, out, label = build_launch(problem, store_n, in_place, group_rows, block_n)
             diff = calc_diff(launch().double(), reference)  # first call from the addend
             rows.append((f"{name} ({label.split(' bm')[1]})", launch, diff))

@@ -128,6 +128,21 @@ def test_wide_tiles_build_without_spills(m: int, n: int, c_in_place: bool, store
     assert_waits_for_previous_grid(spec.label(), compiled.cubin_path)
 
 
+def test_raster_band_rule() -> None:
+    """Bands of 8 M-blocks where N spans at least 17 N-blocks (the H100 measurement in kgrouped_group_rows), the
+    plain order elsewhere; explicit bands (the probe's) are kept."""
+    from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec, kgrouped_group_rows
+
+    expected = {(4096, 7168): 8, (7168, 7168): 8, (4096, 4096): 8, (7168, 2048): 1, (4100, 2056): 1, (1100, 2728): 8,
+                (1100, 2560): 1, (300, 2728): 3, (128, 7168): 1, (100, 36): 1, (129, 7): 1, (0, 7168): 1}
+    for (m, n), rows in expected.items():
+        spec = KGroupedSpec.for_shape(m, n, c_in_place=n % 4 == 0)
+        assert spec.group_rows == rows == kgrouped_group_rows(m, n, spec.block_n), (m, n, spec.label())
+        assert spec.label().endswith(f" g{rows}") == (rows > 1)
+    assert KGroupedSpec.for_shape(4096, 7168, group_rows=1).group_rows == 1
+    assert KGroupedSpec.for_shape(7168, 2048, group_rows=16).group_rows == 16
+
+
 def test_spec_refuses_inconsistent_epilogues() -> None:
     from deepgemm.kernels.sm90_fp8_gemm_1d1d.spec import KGroupedSpec
 

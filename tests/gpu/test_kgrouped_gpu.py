@@ -48,6 +48,7 @@ CASES = [
     (100, 36, [128, 0, 256]),
     (129, 7, [384]),
     (64, 4096, [0, 0, 128]),
+    (1100, 2728, [256, 0, 384]),  # 18 N-blocks: bands of 8 M-blocks, the last band one M-block (kgrouped_group_rows)
 ]
 
 
@@ -162,10 +163,38 @@ def test_k_grouped_in_place_adds_by_reduce_add_stores(monkeypatch: pytest.Monkey
         assert torch.equal(again, acc), "two in-place calls from the same out differ"
 
 
+def test_k_grouped_default_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The public call runs the raster band kgrouped_group_rows gives (bands of 8 M-blocks from 17 N-blocks on, the
+    last band short, the plain order below), in place and with C loaded, against float64."""
+    import deepgemm.api.kgrouped as api
+
+    real_plan = api.get_kgrouped_plan
+    planned: list[str] = []
+
+    def spy(device: int, m: int, n: int, c_in_place: bool = False):  # noqa: ANN202
+        plan = real_plan(device, m, n, c_in_place)
+        planned.append(plan.spec.label())
+        return plan
+
+    monkeypatch.setattr(api, "get_kgrouped_plan", spy)
+    for m, n, ks, band in ((1100, 2728, [384, 128], " g8"), (300, 2728, [256], " g3"), (1100, 2560, [256], "")):
+        a, b = operands(m, n, sum(ks), seed=m + n + 7)
+        start = torch.randn(len(ks), m, n, device="cuda")
+        refs, abs_refs = references(a, b, ks, start)
+        acc = start.clone()
+        deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, acc, ks, c=acc)
+        assert planned[-1].endswith(band) and (band or " g" not in planned[-1]), planned[-1]
+        out = torch.full_like(start, float("nan"))
+        deepgemm.k_grouped_fp8_gemm_tn_contiguous(a, b, out, ks, c=start)
+        for g in range(len(ks)):
+            assert_close_to_reference(acc[g], refs[g], abs_refs[g], max_diff=1e-5)
+            assert_close_to_reference(out[g], refs[g], abs_refs[g], max_diff=1e-5)
+
+
 @pytest.mark.parametrize("store_n,in_place,group_rows,block_n", [
     (0, False, 1, 128), (16, True, 1, 128), (16, False, 1, 128), (32, True, 1, 128), (32, False, 1, 128),
     (32, True, 4, 128), (16, True, 1, 144), (32, True, 1, 160), (32, True, 4, 160), (0, False, 1, 160),
-    (16, False, 1, 144), (0, False, 1, 144), (16, True, 4, 144),
+    (16, False, 1, 144), (0, False, 1, 144), (16, True, 4, 144), (32, True, 8, 160),
 ])
 def test_k_grouped_epilogue_builds(store_n: int, in_place: bool, group_rows: int, block_n: int,
                                    monkeypatch: pytest.MonkeyPatch) -> None:

@@ -68,15 +68,15 @@ class KGroupedPlan:
         launch_on_device(self.kernel, self.device_index, stream, config, args.address)
 
 
-_plans: dict[tuple[int, int, int, bool, int | None, int, int | None], KGroupedPlan] = {}
+_plans: dict[tuple[int, int, int, bool, int | None, int | None, int | None], KGroupedPlan] = {}
 _plans_lock = threading.Lock()
 
 
 def get_kgrouped_plan(device_index: int, m: int, n: int, c_in_place: bool = False, store_n: int | None = None,
-                      group_rows: int = 1, block_n: int | None = None) -> KGroupedPlan:
+                      group_rows: int | None = None, block_n: int | None = None) -> KGroupedPlan:
     """The plan of an M x N k-grouped GEMM; c_in_place: C is the output itself (TMA reduce-add stores, N % 4 == 0);
-    store_n, group_rows, block_n: the epilogue's chunk, the raster band and the tile width (None / 1 / None: the
-    shape's defaults, KGroupedSpec.for_shape; probes pass others)."""
+    store_n, group_rows, block_n: the epilogue's chunk, the raster band and the tile width (None: the shape's
+    defaults, KGroupedSpec.for_shape; probes pass others)."""
     key = (device_index, m, n, c_in_place, store_n, group_rows, block_n)
     plan = _plans.get(key)
     if plan is not None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from deepgemm.jit.compiler import CompiledKernel, KernelSource, compile_kernel
 from deepgemm.kernels.common.hopper import SMEM_CAPACITY
-from deepgemm.utils import align_up
+from deepgemm.utils import align_up, ceil_div
 
 BLOCK_M = 128
 BLOCK_K = 128
@@ -22,6 +22,28 @@ def kgrouped_block_n(n: int) -> int:
     k-grouped cases (N = 7168 and N = 2048, whose 12.8 N-blocks leave the last one partial), and 5-6% faster than
     DeepGEMM HEAD's 128 x 152: a 128-wide tile's shared-memory traffic caps its tensor rate near 80%."""
     return min(MAX_BLOCK_N, align_up(max(n, 1), 16))
+
+
+# The tile order (the kernel's kGroupRows). In the plain order (N-block fastest) a wave of ~132 CTAs covers every
+# N-block of ceil(132 / N-blocks) M-blocks, so where N spans more than 16 N-blocks each wave reads all of B again, and
+# B's panels over a group's tokens outgrow the L2 before the next wave reuses them (N = 7168, ~8192 tokens: 59 MB).
+# Bands of BAND_ROWS M-blocks keep a wave on 8 M-blocks x ~16 N-blocks (by count B then comes from DRAM ~4 times
+# per group at M = 4096 instead of ~11).
+# H100, 2026-12-06 (dev/kgrouped_fp8_epilogue_ab.py, 128 x 160, C = out, two interleaved runs, DeepGEMM HEAD
+# 2449 / 2445 us): 4 x ~8192 tokens, 4096 x 7168: plain 2773 / 2733 us, bands of 4 / 8 / 16 / 32 0.93-0.96 / 0.87 /
+# 0.88-0.89 / 0.86; 8 x ~4096, 4096 x 7168: bands 0.975-0.987; at N = 2048 (13 N-blocks) bands of 4 and 8 level,
+# 16 and 32 2% slower (the H200: bands of 16 at 128 x 160 0.2-1.7% slower on all four cases, 2026-12-05).
+BAND_ROWS = 8
+BAND_MIN_N_BLOCKS = 17
+
+
+def kgrouped_group_rows(m: int, n: int, block_n: int) -> int:
+    """The raster band of an M x N k-grouped GEMM on block_n-wide tiles: 1 (the plain order) unless N spans at least
+    BAND_MIN_N_BLOCKS N-blocks, then BAND_ROWS M-blocks (all of them when there are fewer)."""
+    m_blocks = ceil_div(max(m, 1), BLOCK_M)
+    if m_blocks < 2 or ceil_div(max(n, 1), block_n) < BAND_MIN_N_BLOCKS:
+        return 1
+    return min(BAND_ROWS, m_blocks)
 
 
 def tma_stores(n: int) -> bool:
@@ -80,11 +102,13 @@ class KGroupedSpec:
 
     @classmethod
     def for_shape(cls, m: int, n: int, c_in_place: bool = False, store_n: int | None = None,
-                  group_rows: int = 1, block_n: int | None = None) -> KGroupedSpec:
-        """The build a shape uses: the default block_n (kgrouped_block_n) and store_n (store_columns) unless given;
-        as many stages as fit."""
+                  group_rows: int | None = None, block_n: int | None = None) -> KGroupedSpec:
+        """The build a shape uses: the default block_n (kgrouped_block_n), store_n (store_columns) and raster band
+        (kgrouped_group_rows) unless given; as many stages as fit."""
         block_n = kgrouped_block_n(n) if block_n is None else block_n
         chunk = store_columns(block_n, n) if store_n is None else store_n
+        if group_rows is None:  # (a block_n of 0 is refused below)
+            group_rows = kgrouped_group_rows(m, n, block_n) if block_n > 0 else 1
         return cls(m, n, block_n, kgrouped_stages(block_n, chunk), c_in_place, chunk, group_rows)
 
     @property
