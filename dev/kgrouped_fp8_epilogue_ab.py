@@ -10,7 +10,7 @@ MoE suite's four FP8 k-grouped cases (deepgemm.bench.moe_cases), the same operan
 interleaved sample by sample (CUDA-graph replay, L2 flushed, median of 30). Each build's first call from the addend is
 checked against float64 (calc_diff).
 
-Usage: python3 dev/kgrouped_fp8_epilogue_ab.py [--only LABEL_SUBSTRING] [--builds NAME_SUBSTRING]
+Usage: python3 dev/kgrouped_fp8_epilogue_ab.py [--only LABEL_SUBSTRING] [--builds NAME_SUBSTRING | NAME,NAME,...]
 (after `. .peers/use_deepgemm.sh` for the peer)
 """
 
@@ -66,7 +66,9 @@ def build_launch(problem: Any, store_n: int, in_place: bool, group_rows: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="cases whose label contains this")
-    parser.add_argument("--builds", default="", help="builds whose name contains this (the first one is the base)")
+    parser.add_argument("--builds", default="",
+                        help="builds whose name contains this, or with commas: exactly these names (the first one "
+                             "is the base)")
     args = parser.parse_args()
     print("| case | build | µs | TFLOPS | / first build | calc_diff |")
     print("|---|---|---|---|---|---|")
@@ -74,7 +76,9 @@ def main() -> None:
         problem = make_moe_problem(case, device="cuda", seed=0)
         reference = problem.reference()
         rows: list[tuple[str, Callable[[], Any], float]] = []
-        for name, store_n, in_place, group_rows, block_n in [b for b in BUILDS if args.builds in b[0]]:
+        names = args.builds.split(",") if "," in args.builds else None
+        chosen = [b for b in BUILDS if (b[0] in names if names else args.builds in b[0])]
+        for name, store_n, in_place, group_rows, block_n in chosen:
             launch, out, label = build_launch(problem, store_n, in_place, group_rows, block_n)
             diff = calc_diff(launch().double(), reference)  # first call from the addend
             rows.append((f"{name} ({label.split(' bm')[1]})", launch, diff))
