@@ -426,7 +426,7 @@ struct Sm90Bf16Gemm {
         ptx::grid_dependency_wait();  // the previous kernel's writes are visible from here on
         if (threadIdx.x < 128) {
             ptx::setmaxnreg_dec<kProducerRegisters>();
-            if (threadIdx.x == 0) {
+            if (is_producer_thread<false>()) {  // thread 0 (an elected lane measured level, 2026-12-04)
                 producer(ring, tma_a, tma_a_last, tma_b, problem.tiles);
                 ptx::launch_dependents();  // this CTA's TMA loads are issued: a dependent may start its prologue
             }

@@ -269,7 +269,7 @@ struct Sm90Fp8GemmKGrouped1D1D {
         ptx::grid_dependency_wait();  // the previous kernel's writes are visible from here on
         if (threadIdx.x < 128) {
             ptx::setmaxnreg_dec<kProducerRegisters>();
-            if (threadIdx.x == 0) {
+            if (is_producer_thread<false>()) {  // thread 0
                 producer(ring, tma_a, tma_b, tma_sfa, tma_sfb, problem);
                 ptx::launch_dependents();  // this CTA's TMA loads are issued: a dependent may start its prologue
             }
