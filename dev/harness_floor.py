@@ -2,7 +2,8 @@
 fixed part can be told from the part any kernel can shorten.
 
 Times, with the bench's method (CUDA-graph replay between events, L2 flushed by zeroing 256 MiB before each sample,
-median of 30; deepgemm/tuning/timing.py): an empty kernel of one CTA and of 132 CTAs, a one-element torch add,
+median of 30; deepgemm/tuning/timing.py): an empty kernel of one CTA and of 132 CTAs, with three scalar parameters
+and with ten 128-byte structs (the size of a GEMM's parameter block of TMA descriptors), a one-element torch add,
 device copies of 1 / 16 / 64 MiB, and the public fp8_gemm_nt at decode shapes; each also without the flush. A
 decode GEMM's time minus the empty kernel's is what its kernel can still win or lose.
 
@@ -40,15 +41,21 @@ def main() -> None:
 
     empty = load_kernel(KernelSource(EMPTY_KERNELS, "small_params", "host probe small_params"), 0, 0)
     empty_args = PackedArgs([U64(0), U32(0), ctypes.c_float(0.0)])
+    # ten 128-byte structs: a GEMM's parameter block of TMA descriptors (does its size cost GPU time per launch?)
+    large = load_kernel(KernelSource(EMPTY_KERNELS, "large_params", "host probe large_params"), 0, 0)
+    large_args = PackedArgs([bytes(128)] * 10 + [U64(0), U32(0)])
 
-    def launch_empty(ctas: int):  # noqa: ANN202
+    def launch_empty(ctas: int, kernel=empty, args=empty_args):  # noqa: ANN001, ANN202
         def run() -> None:
             stream = current_raw_stream(0)
-            launch_on_device(empty, 0, stream, empty.launch_config(0, stream, ctas, 128), empty_args.address)
+            launch_on_device(kernel, 0, stream, kernel.launch_config(0, stream, ctas, 128), args.address)
         return run
 
     cases: list[tuple[str, object, int]] = [("empty kernel, 1 CTA", launch_empty(1), 0),
                                             ("empty kernel, 132 CTAs", launch_empty(132), 0)]
+    for ctas in (1, 132):
+        cases.append((f"empty kernel, {large_args.nbytes} B of parameters, {ctas} CTAs",
+                      launch_empty(ctas, large, large_args), 0))
     one = torch.ones(1, device="cuda")
     cases.append(("torch add_, one element", lambda: one.add_(1), 0))
     for mib in (1, 16, 64):
