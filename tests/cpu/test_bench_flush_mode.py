@@ -84,3 +84,36 @@ def test_zero_writes_the_buffer_and_read_only_reads_it(monkeypatch: pytest.Monke
     assert torch.equal(buffer, torch.arange(1, 1025, dtype=torch.int32))
     timing.l2_flush("zero")()
     assert not buffer.any()
+
+
+class _Event:
+    """A CPU stand-in for torch.cuda.Event that logs its records into the shared call log."""
+
+    def __init__(self, log: list[str], enable_timing: bool = True) -> None:
+        self.log = log
+
+    def record(self) -> None:
+        self.log.append("record")
+
+    def elapsed_time(self, other: "_Event") -> float:
+        return 0.005
+
+
+@pytest.mark.parametrize("flush_l2", [True, False])
+def test_every_sample_has_gpu_work_queued_ahead_of_its_start_event(monkeypatch: pytest.MonkeyPatch,
+                                                                   flush_l2: bool) -> None:
+    """Unflushed, a memory-free spin precedes each start event (else a short kernel's sample is the host's launch
+    gap); flushed, the flush does and no spin runs. The order per sample: hold, start, the call, end."""
+    log: list[str] = []
+    buffer = torch.zeros(16, dtype=torch.int32)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(timing, "_flush_buffer", lambda device: buffer)
+    monkeypatch.setattr(buffer, "zero_", lambda: log.append("flush"))
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(f"spin {cycles}"))
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: _Event(log, enable_timing))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    result = timing.bench_gpu(lambda: log.append("call"), iters=3, warmup=0, flush_l2=flush_l2, use_graph=False)
+    assert result.median_us == pytest.approx(5.0) and not result.graph
+    hold = "flush" if flush_l2 else f"spin {timing.HOLD_CYCLES}"
+    assert log == ["call"] + [hold, "record", "call", "record"] * 3  # (the first call: the eager launch before timing)
+    assert timing.HOLD_CYCLES >= 100_000  # ~50 us at 2 GHz: more than a slow host takes to queue a graph replay
