@@ -224,6 +224,27 @@ def test_wgmma_not_serialized_in_sass(builds: dict[str, Build], name: str) -> No
     assert 2 * waits <= mmas, f"{name}: {waits} wgmma waits for {mmas} QGMMA: ptxas serialized the MMAs"
 
 
+@pytest.mark.parametrize("name", GEMM_IDS)
+def test_pipelined_promotion_follows_all_four_mmas(builds: dict[str, Build], name: str) -> None:
+    """With two accumulators the promotion of K block k runs while block k + 1's MMAs do. Left alone, ptxas puts its
+    FFMAs (independent of those MMAs) between the first and the second of the four wgmma of a block, so the tensor
+    cores overlap a quarter of the block with it: no FFMA may sit inside a block's wgmma group (from its first QGMMA
+    to the one that commits the group, `gsb0`)."""
+    spec = builds[name].spec
+    assert spec is not None
+    sass = subprocess.run([nvdisasm(), str(builds[name].cubin)], capture_output=True, text=True, check=True).stdout
+    code = [line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", line)]
+    groups = 0
+    inside = False
+    for line in code:
+        if "QGMMA" in line:
+            inside = "gsb0" not in line
+            groups += not inside
+        elif inside:
+            assert "FFMA" not in line or not spec.config.pipelined, f"{name}: a promotion FFMA inside a wgmma group\n{line}"
+    assert groups >= 1, f"{name}: no committed wgmma group"
+
+
 @pytest.mark.parametrize("name", ELECTED_IDS)
 def test_elected_producer_issues_each_load_once(builds: dict[str, Build], name: str) -> None:
     """Narrow one-warpgroup tiles issue their TMA loads from an elected lane, so each UTMALDG stands alone. A

@@ -149,6 +149,17 @@ struct Sm90Fp8KLoop1D2D : Cfg {
             release_stage(ring, stage, t.lane);
             Ring::advance(stage, phase);
         };
+        // The promotion's FFMAs do not depend on the MMAs just issued, and ptxas would schedule them between the
+        // first and the second of the four wgmma (the other three then wait for the whole promotion, and the
+        // tensor cores get a quarter of the block to overlap it with). A branch on an opaque non-zero value
+        // ends the basic block after the fourth.
+        u32 after_issue = ptx::opaque_nonzero();
+        const auto promote = [&](const float (&partial)[kTileN / 2], const BlockScales& scales) {
+            ptx::opaque(after_issue);
+            if (after_issue != 0) {
+                promotion.template apply<kStraddleCol, kTileN>(result, partial, scales);
+            }
+        };
         // Only wait_group<0> is used, and each promotion reads the accumulator retired by the
         // previous wait while the other one's MMAs run: ptxas can then prove no in-flight
         // accumulator is read and keeps the MMAs asynchronous (a wait_group<1> loop gets serialized).
@@ -157,15 +168,15 @@ struct Sm90Fp8KLoop1D2D : Cfg {
         for (; k_block + 2 < t.k_end; k_block += 2) {
             retire(partial0);
             issue(partial1, scales1);
-            promotion.template apply<kStraddleCol, kTileN>(result, partial0, scales0);
+            promote(partial0, scales0);
             retire(partial1);
             issue(partial0, scales0);
-            promotion.template apply<kStraddleCol, kTileN>(result, partial1, scales1);
+            promote(partial1, scales1);
         }
         retire(partial0);
         if ((t.k_end - t.k_begin) % 2 == 0) {
             issue(partial1, scales1);
-            promotion.template apply<kStraddleCol, kTileN>(result, partial0, scales0);
+            promote(partial0, scales0);
             retire(partial1);
             promotion.template apply<kStraddleCol, kTileN>(result, partial1, scales1);
         } else {

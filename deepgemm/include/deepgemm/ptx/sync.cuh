@@ -100,6 +100,19 @@ DG_DEVICE u32 lane_index() {
     return lane;
 }
 
+// A run-time non-zero value (the launch's dynamic shared-memory size) that neither NVVM nor ptxas can fold. A branch
+// on it (re-hidden from NVVM with `opaque` before each use, so the branch stays where it is) ends a basic block:
+// ptxas does not move instructions across it.
+DG_DEVICE u32 opaque_nonzero() {
+    u32 value;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(value));
+    return value;
+}
+
+DG_DEVICE void opaque(u32& value) {
+    asm volatile("" : "+r"(value));
+}
+
 // Two FP32 values rounded to nearest-even into packed BF16 (lo in the low half).
 DG_DEVICE u32 pack_bf16x2(float lo, float hi) {
     u32 packed;
