@@ -39,6 +39,7 @@ struct Sm90Fp8KLoop1D2D : Cfg {
     using Cfg::kOffsetB;
     using Cfg::kOffsetSfa;
     using Cfg::kPipelinedPromotion;
+    using Cfg::kPromoteAfterIssue;
     using Cfg::kScaleBlock;
     using Cfg::kStageABytes;
     using Cfg::kStageBBytes;
@@ -149,14 +150,18 @@ struct Sm90Fp8KLoop1D2D : Cfg {
             release_stage(ring, stage, t.lane);
             Ring::advance(stage, phase);
         };
-        // The promotion's FFMAs do not depend on the MMAs just issued, and ptxas would schedule them between the
-        // first and the second of the four wgmma (the other three then wait for the whole promotion, and the
-        // tensor cores get a quarter of the block to overlap it with). A branch on an opaque non-zero value
-        // ends the basic block after the fourth.
-        u32 after_issue = ptx::opaque_nonzero();
+        // The promotion's FFMAs do not depend on the MMAs just issued, and ptxas schedules them between the first
+        // and the second of the four wgmma (the other three then wait for the whole promotion, and the tensor
+        // cores get a quarter of the block to overlap it with). With kPromoteAfterIssue a branch on an opaque
+        // non-zero value ends the basic block after the fourth.
+        u32 after_issue = kPromoteAfterIssue ? ptx::opaque_nonzero() : 1u;
         const auto promote = [&](const float (&partial)[kTileN / 2], const BlockScales& scales) {
-            ptx::opaque(after_issue);
-            if (after_issue != 0) {
+            if constexpr (kPromoteAfterIssue) {
+                ptx::opaque(after_issue);
+                if (after_issue != 0) {
+                    promotion.template apply<kStraddleCol, kTileN>(result, partial, scales);
+                }
+            } else {
                 promotion.template apply<kStraddleCol, kTileN>(result, partial, scales);
             }
         };
