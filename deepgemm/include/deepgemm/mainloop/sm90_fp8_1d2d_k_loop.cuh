@@ -124,6 +124,25 @@ struct Sm90Fp8KLoop1D2D : Cfg {
         }
     }
 
+    // The promotion of the block before the one just issued. Its FFMAs do not depend on those MMAs, and ptxas
+    // schedules them between the first and the second of the four wgmma (the other three then wait for the whole
+    // promotion, and the tensor cores get a quarter of the block to overlap it with). With kPromoteAfterIssue a
+    // branch on `after_issue` (non-zero, opaque to both compilers: ptx::opaque_nonzero, hidden again before each
+    // use so NVVM does not hoist the branch out of the loop) ends the basic block after the fourth.
+    template <u32 kStraddleCol, u32 kTileN>
+    DG_DEVICE static void promote_after_issue(const Promotion& promotion, float (&result)[kBlockN / 2],
+                                              const float (&partial)[kTileN / 2], const BlockScales& scales,
+                                              u32& after_issue) {
+        if constexpr (kPromoteAfterIssue) {
+            ptx::opaque(after_issue);
+            if (after_issue != 0) {
+                promotion.template apply<kStraddleCol, kTileN>(result, partial, scales);
+            }
+        } else {
+            promotion.template apply<kStraddleCol, kTileN>(result, partial, scales);
+        }
+    }
+
     // Two accumulators: block k+1's MMAs run while block k is promoted, so the tensor cores stay busy even
     // when every warpgroup promotes at the same time (one wave per warpgroup).
     template <u32 kStraddleCol, u32 kTileN>
@@ -150,38 +169,24 @@ struct Sm90Fp8KLoop1D2D : Cfg {
             release_stage(ring, stage, t.lane);
             Ring::advance(stage, phase);
         };
-        // The promotion's FFMAs do not depend on the MMAs just issued, and ptxas schedules them between the first
-        // and the second of the four wgmma (the other three then wait for the whole promotion, and the tensor
-        // cores get a quarter of the block to overlap it with). With kPromoteAfterIssue a branch on an opaque
-        // non-zero value ends the basic block after the fourth.
-        u32 after_issue = kPromoteAfterIssue ? ptx::opaque_nonzero() : 1u;
-        const auto promote = [&](const float (&partial)[kTileN / 2], const BlockScales& scales) {
-            if constexpr (kPromoteAfterIssue) {
-                ptx::opaque(after_issue);
-                if (after_issue != 0) {
-                    promotion.template apply<kStraddleCol, kTileN>(result, partial, scales);
-                }
-            } else {
-                promotion.template apply<kStraddleCol, kTileN>(result, partial, scales);
-            }
-        };
         // Only wait_group<0> is used, and each promotion reads the accumulator retired by the
         // previous wait while the other one's MMAs run: ptxas can then prove no in-flight
         // accumulator is read and keeps the MMAs asynchronous (a wait_group<1> loop gets serialized).
         issue(partial0, scales0);
         u32 k_block = t.k_begin;
+        u32 after_issue = kPromoteAfterIssue ? ptx::opaque_nonzero() : 1u;
         for (; k_block + 2 < t.k_end; k_block += 2) {
             retire(partial0);
             issue(partial1, scales1);
-            promote(partial0, scales0);
+            promote_after_issue<kStraddleCol, kTileN>(promotion, result, partial0, scales0, after_issue);
             retire(partial1);
             issue(partial0, scales0);
-            promote(partial1, scales1);
+            promote_after_issue<kStraddleCol, kTileN>(promotion, result, partial1, scales1, after_issue);
         }
         retire(partial0);
         if ((t.k_end - t.k_begin) % 2 == 0) {
             issue(partial1, scales1);
-            promote(partial0, scales0);
+            promotion.template apply<kStraddleCol, kTileN>(result, partial0, scales0);  // (once per tile: as timed)
             retire(partial1);
             promotion.template apply<kStraddleCol, kTileN>(result, partial1, scales1);
         } else {

@@ -100,9 +100,9 @@ DG_DEVICE u32 lane_index() {
     return lane;
 }
 
-// A run-time non-zero value (the launch's dynamic shared-memory size) that neither NVVM nor ptxas can fold. A branch
-// on it (re-hidden from NVVM with `opaque` before each use, so the branch stays where it is) ends a basic block:
-// ptxas does not move instructions across it.
+// A run-time non-zero value (the launch's dynamic shared-memory size) that neither NVVM nor ptxas can fold: a branch
+// on it ends a basic block, and ptxas does not move instructions across it. `opaque` hides a value from NVVM again
+// (no instruction), so a branch on it is not hoisted out of a loop.
 DG_DEVICE u32 opaque_nonzero() {
     u32 value;
     asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(value));
