@@ -260,8 +260,8 @@ def test_two_warpgroup_promotion_follows_all_four_mmas(builds: dict[str, Build],
     """With two accumulators the promotion of K block k runs while block k + 1's MMAs do. Left alone, ptxas puts its
     FFMAs (independent of those MMAs) between the first and the second of the four wgmma of a block, so the tensor
     cores overlap only a quarter of the block with it. In the K loop of two pipelined math warpgroups (block_m 128)
-    no FFMA sits inside a block's wgmma group (from its first QGMMA to the one that commits the group, `gsb0`); one
-    math warpgroup keeps ptxas's order (measured faster)."""
+    no FFMA sits inside a block's wgmma group (from its first QGMMA to the one that commits the group, `gsb0`). One
+    math warpgroup keeps ptxas's order (level on the decode picks, faster on 64 x 64), so only block_m 128 is checked."""
     spec = builds[name].spec
     assert spec is not None
     config = spec.config
@@ -284,8 +284,6 @@ def test_two_warpgroup_promotion_follows_all_four_mmas(builds: dict[str, Build],
     assert groups >= 1, f"{name}: no committed wgmma group in the K loop"
     if config.pipelined and config.block_m == 128:
         assert split == 0, f"{name}: {split} of {groups} wgmma groups in the K loop have promotion FFMAs inside"
-    elif config.pipelined:
-        assert split > 0, f"{name}: ptxas's order changed for one math warpgroup (FFMAs no longer inside a group)"
 
 
 @pytest.mark.parametrize("name", ELECTED_IDS)

@@ -72,7 +72,7 @@ struct Sm90Fp8Gemm1D2DConfig {
     // warpgroups the producer warpgroup runs the TMA thread and the tile loader warp, each with its own
     // tile scheduler; one math warpgroup has no loader, and 56 is more than its TMA thread needs.
     // Two pipelined math warpgroups issue all four MMAs of the next K block before promoting the previous one (the
-    // K loop's kPromoteAfterIssue; ptxas would put the promotion after the first). On an H100 that ran dense
+    // K loop's kPromoteAfterIssue; ptxas would put the promotion after the first MMA). On an H100 that ran dense
     // 128 x 128 1-2% faster, but masked 128 x 128 2-4% slower until the producer was elected too (then 3-4%
     // faster); a one-warpgroup 64 x 64 ran 2-4% slower with it, so one math warpgroup keeps ptxas's order.
     static constexpr bool kPromoteAfterIssue = kPipelinedPromotion && kNumMathWarpgroups == 2;

@@ -186,7 +186,7 @@ struct Sm90Fp8KLoop1D2D : Cfg {
         retire(partial0);
         if ((t.k_end - t.k_begin) % 2 == 0) {
             issue(partial1, scales1);
-            promotion.template apply<kStraddleCol, kTileN>(result, partial0, scales0);  // (once per tile: as timed)
+            promotion.template apply<kStraddleCol, kTileN>(result, partial0, scales0);  // ptxas's order (as timed)
             retire(partial1);
             promotion.template apply<kStraddleCol, kTileN>(result, partial1, scales1);
         } else {
