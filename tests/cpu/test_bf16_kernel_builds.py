@@ -6,7 +6,6 @@ FP32 out, with and without C), and the grouped kinds' plans (contiguous, psum, m
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from deepgemm.kernels.common.kind import GemmKind
 from deepgemm.kernels.sm90_bf16_gemm.plan import Bf16Geometry, bf16_spec, grouped_spec
 from deepgemm.kernels.sm90_bf16_gemm.spec import LAYOUTS, Bf16GemmSpec, b_mn_major, compile_spec, render_source
 from deepgemm.utils import ceil_div
-from tests.cpu.test_kernel_builds import assert_waits_for_previous_grid, nvdisasm
+from tests.cpu.test_kernel_builds import assert_waits_for_previous_grid, disassemble
 from tests.helpers import assert_clean_build, build_in_isolated_cache
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -167,7 +166,7 @@ def test_no_wgmma_serialization(builds: dict[str, Build], name: str) -> None:
 def test_wgmma_not_serialized_in_sass(builds: dict[str, Build], name: str) -> None:
     """Each 64-deep K block issues four k16 wgmmas as one group: only its last HGMMA carries the group's scoreboard
     (gsb0). ptxas serializing them (it can do so without a C7514 message) gives every HGMMA its own gsb0 and wait."""
-    sass = subprocess.run([nvdisasm(), str(builds[name].cubin)], capture_output=True, text=True, check=True).stdout
+    sass = disassemble(builds[name].cubin)
     mma_lines = [line for line in sass.splitlines() if "HGMMA" in line]
     group_ends = sum("gsb0" in line for line in mma_lines)
     assert mma_lines, f"{name}: no HGMMA in the SASS"

@@ -213,12 +213,17 @@ def nvdisasm() -> str:
     return found
 
 
+def disassemble(cubin: Path) -> str:
+    """The cubin's SASS as nvdisasm prints it."""
+    return subprocess.run([nvdisasm(), str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
 @pytest.mark.parametrize("name", GEMM_IDS)
 def test_wgmma_not_serialized_in_sass(builds: dict[str, Build], name: str) -> None:
     """Each K block issues four k32 wgmmas and waits once (a wait per K block and accumulator at most): a wait after
     every wgmma means ptxas serialized them. It can do so silently: a first narrow last N-block, which issued its MMAs
     into a prefix of the wide accumulator array, got a wait after every wgmma of every K loop and no C7514 message."""
-    sass = subprocess.run([nvdisasm(), str(builds[name].cubin)], capture_output=True, text=True, check=True).stdout
+    sass = disassemble(builds[name].cubin)
     mmas = sass.count("QGMMA")
     waits = sass.count("WARPGROUP.DEPBAR")
     assert mmas > 0, f"{name}: no QGMMA in the SASS"
@@ -227,25 +232,25 @@ def test_wgmma_not_serialized_in_sass(builds: dict[str, Build], name: str) -> No
 
 def innermost_mma_loop(sass: str) -> list[str]:
     """The instructions of the smallest loop (a label up to a branch back to it) that issues wgmma, [] if none."""
-    code: list[tuple[int, str]] = []
-    labels: dict[str, int] = {}
+    code: list[str] = []
+    labels: dict[str, int] = {}  # label -> index of the instruction it marks
     pending: str | None = None
     for line in sass.splitlines():
         label = re.match(r"\s*\.(L_x_\d+):", line)
         if label:
             pending = label.group(1)
             continue
-        instruction = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+([^.\s].*?);", line)
+        instruction = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+([^.\s].*?);", line)
         if instruction:
             if pending is not None:
                 labels[pending] = len(code)
                 pending = None
-            code.append((len(code), instruction.group(2)))
+            code.append(instruction.group(1))
     loops = []
-    for index, text in code:
+    for index, text in enumerate(code):
         target = re.search(r"BRA.*`\(\.(L_x_\d+)\)", text)
         if target and labels.get(target.group(1), index) < index:
-            body = [t for _, t in code[labels[target.group(1)]:index + 1]]
+            body = code[labels[target.group(1)]:index + 1]
             if any("QGMMA" in t for t in body):
                 loops.append(body)
     return min(loops, key=len) if loops else []
@@ -265,7 +270,7 @@ def test_two_warpgroup_promotion_follows_all_four_mmas(builds: dict[str, Build],
     spec = builds[name].spec
     assert spec is not None
     config = spec.config
-    sass = subprocess.run([nvdisasm(), str(builds[name].cubin)], capture_output=True, text=True, check=True).stdout
+    sass = disassemble(builds[name].cubin)
     loop = innermost_mma_loop(sass)
     assert loop, f"{name}: no loop issuing wgmma"
     groups = 0
@@ -294,7 +299,7 @@ def test_elected_producer_issues_each_load_once(builds: dict[str, Build], name: 
     tiles back."""
     config = builds[name].spec.config
     assert (config.block_m == 64 and config.block_n <= 32) or (config.block_m == 128 and config.pipelined)
-    sass = subprocess.run([nvdisasm(), str(builds[name].cubin)], capture_output=True, text=True, check=True).stdout
+    sass = disassemble(builds[name].cubin)
     code = [line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", line)]
     loads = [i for i, line in enumerate(code) if "UTMALDG" in line]
     assert len(loads) >= 3, f"{name}: {len(loads)} UTMALDG"
@@ -314,7 +319,7 @@ def assert_waits_for_previous_grid(name: str, cubin: Path) -> None:
     order, and lets its own dependents launch (griddepcontrol.launch_dependents, PREEXIT). (Program order stands
     for execution order here: the wait follows the prologue's barrier, which every thread passes, and precedes the
     role branches.)"""
-    sass = subprocess.run([nvdisasm(), str(cubin)], capture_output=True, text=True, check=True).stdout
+    sass = disassemble(cubin)
     code = [line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", line)]
     waits = [i for i, line in enumerate(code) if "ACQBULK" in line]
     accesses = [i for i, line in enumerate(code) if GLOBAL_ACCESS.search(line)]
