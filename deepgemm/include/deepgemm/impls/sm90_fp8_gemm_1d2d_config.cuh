@@ -71,15 +71,11 @@ struct Sm90Fp8Gemm1D2DConfig {
     // (exactly 64K: 512 threads launch with 128 each), 128 x 56 + 128 x 240 for one. With two or three math
     // warpgroups the producer warpgroup runs the TMA thread and the tile loader warp, each with its own
     // tile scheduler; one math warpgroup has no loader, and 56 is more than its TMA thread needs.
-    // Two pipelined math warpgroups issue all four MMAs of the next K block before promoting the previous one (the
-    // K loop's kPromoteAfterIssue; ptxas would put the promotion after the first MMA). On an H100 that ran dense
-    // 128 x 128 1-2% faster, but masked 128 x 128 2-4% slower until the producer was elected too (then 3-4%
-    // faster); a one-warpgroup 64 x 64 ran 2-4% slower with it, so one math warpgroup keeps ptxas's order.
-    static constexpr bool kPromoteAfterIssue = kPipelinedPromotion && kNumMathWarpgroups == 2;
-    // Narrow one-warpgroup tiles are producer-bound with thread 0 as the producer: an elected lane (no per-load
-    // waterfall) runs 64 x 16 and 64 x 32 3-8% faster on an H100, and the faster consumer above needs it. Other
-    // tiles keep thread 0 (the elected lane measured level to 2% slower there: 64 x 128, 256 x 128).
-    static constexpr bool kElectedProducer = (kNumMathWarpgroups == 1 && kBlockN <= 32) || kPromoteAfterIssue;
+    // The TMA producer is an elected lane (no per-load waterfall) in narrow one-warpgroup tiles, which are
+    // producer-bound with thread 0 (64 x 16 and 64 x 32 ran 3-8% faster with it on an H100), and in every pipelined
+    // build, whose K loop promotes after issuing all four MMAs and so leaves each stage sooner (the K loop's
+    // promote_after_issue). Other tiles keep thread 0 (the elected lane measured level to 2% slower there: 256 x 128).
+    static constexpr bool kElectedProducer = (kNumMathWarpgroups == 1 && kBlockN <= 32) || kPipelinedPromotion;
     static constexpr u32 kProducerRegisters = kNumMathWarpgroups == 1 ? 56 : (kNumMathWarpgroups == 3 ? 32 : 40);
     static constexpr u32 kMathRegisters = kNumMathWarpgroups == 1 ? 240 : (kNumMathWarpgroups == 3 ? 160 : 232);
 

@@ -39,7 +39,6 @@ struct Sm90Fp8KLoop1D2D : Cfg {
     using Cfg::kOffsetB;
     using Cfg::kOffsetSfa;
     using Cfg::kPipelinedPromotion;
-    using Cfg::kPromoteAfterIssue;
     using Cfg::kScaleBlock;
     using Cfg::kStageABytes;
     using Cfg::kStageBBytes;
@@ -125,20 +124,18 @@ struct Sm90Fp8KLoop1D2D : Cfg {
     }
 
     // The promotion of the block before the one just issued. Its FFMAs do not depend on those MMAs, and ptxas
-    // schedules them between the first and the second of the four wgmma (the other three then wait for the whole
-    // promotion, and the tensor cores get a quarter of the block to overlap it with). With kPromoteAfterIssue a
-    // branch on `after_issue` (non-zero, opaque to both compilers: ptx::opaque_nonzero, hidden again before each
-    // use so NVVM does not hoist the branch out of the loop) ends the basic block after the fourth.
+    // would schedule them between the first and the second of the four wgmma (the other three then wait for the
+    // whole promotion, and the tensor cores get a quarter of the block to overlap it with). A branch on
+    // `after_issue` (non-zero, opaque to both compilers: ptx::opaque_nonzero, hidden again before each use so NVVM
+    // does not hoist the branch out of the loop) ends the basic block after the fourth. On an H100 that ran dense
+    // 128 x 128 1-2% faster, but masked 128 x 128 2-4% and 64 x 64 3-4% slower until the producer was elected too
+    // (Cfg::kElectedProducer): a consumer that leaves each stage sooner makes thread 0's per-load lane loop the limit.
     template <u32 kStraddleCol, u32 kTileN>
     DG_DEVICE static void promote_after_issue(const Promotion& promotion, float (&result)[kBlockN / 2],
                                               const float (&partial)[kTileN / 2], const BlockScales& scales,
                                               u32& after_issue) {
-        if constexpr (kPromoteAfterIssue) {
-            ptx::opaque(after_issue);
-            if (after_issue != 0) {
-                promotion.template apply<kStraddleCol, kTileN>(result, partial, scales);
-            }
-        } else {
+        ptx::opaque(after_issue);
+        if (after_issue != 0) {
             promotion.template apply<kStraddleCol, kTileN>(result, partial, scales);
         }
     }
@@ -174,7 +171,7 @@ struct Sm90Fp8KLoop1D2D : Cfg {
         // accumulator is read and keeps the MMAs asynchronous (a wait_group<1> loop gets serialized).
         issue(partial0, scales0);
         u32 k_block = t.k_begin;
-        u32 after_issue = kPromoteAfterIssue ? ptx::opaque_nonzero() : 1u;
+        u32 after_issue = ptx::opaque_nonzero();
         for (; k_block + 2 < t.k_end; k_block += 2) {
             retire(partial0);
             issue(partial1, scales1);
