@@ -1,4 +1,5 @@
-// Shared-memory addressing, fences, named barriers and register reallocation (setmaxnreg).
+// Shared-memory addressing, fences, named barriers, register reallocation (setmaxnreg), lane helpers and values
+// opaque to the compilers (scheduling barriers).
 #pragma once
 #include <deepgemm/ptx/types.cuh>
 
